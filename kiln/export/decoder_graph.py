@@ -1,0 +1,191 @@
+"""Emit the standard decoder graph: HF semantics, explicit dense KV inputs and outputs.
+
+Inputs:  input_ids [B,S] i64, position_ids [B,S] i64, attention_mask [B,T] i64 (T = P + S),
+         past_key_values.{i}.key/.value [B, kv_heads, P, head_dim]
+Outputs: logits [B,S,V], present.{i}.key/.value [B, kv_heads, T, head_dim]
+
+Inside, attention works kv-head-major ([kv_heads, B, ...]) so that grouped query heads share
+one K/V without a repeat copy, and so the kv_io pass can swap the dense past for a gather from
+a head-major paged pool. The mask is expressed through two tensors the kv_io pass rewrites:
+key_positions [B,T] (absolute position of each key, or FAR for a padded one) and
+query_positions [B,S]; a query attends to a key iff key_position <= query_position.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.export.graph_builder import FLOAT, INT64, GraphBuilder
+from kiln.export.spec import ModelSpec
+
+FAR = 1 << 40          # key position of a padded key: never <= any query position
+MASKED = -1e30         # additive bias of a masked score; finite, so an all-masked row gives no NaN
+
+# Deterministic names the passes look for.
+KEY_POSITIONS = "/model/attn_mask/key_positions"
+QUERY_POSITIONS = "/model/attn_mask/query_positions"
+FINAL_HIDDEN = "/model/final_hidden"
+
+
+def past_transpose_name(layer: int, kind: str) -> str:
+    return f"/model/layers.{layer}/attn/past_{kind}_kv_major"
+
+
+def new_kv_name(layer: int, kind: str) -> str:
+    return f"/model/layers.{layer}/attn/new_{kind}_kv_major"
+
+
+def build_decoder(spec: ModelSpec, weights: dict[str, np.ndarray]):
+    g = GraphBuilder(f"kiln-{spec.family}")
+    w = _Weights(g, weights)
+    ids = g.input("input_ids", INT64, ["batch", "seq"])
+    pos = g.input("position_ids", INT64, ["batch", "seq"])
+    mask = g.input("attention_mask", INT64, ["batch", "total"])
+    with g.scope("model"):
+        x = g.op("Gather", [w.add("model.embed_tokens.weight"), ids], "embed_tokens")
+        cos, sin = _rotary_tables(g, spec, pos)
+        bias = _attention_bias(g, mask, ids)
+        for i in range(spec.num_layers):
+            with g.scope(f"layers.{i}"):
+                x = _decoder_layer(g, spec, w, i, x, cos, sin, bias)
+        x = g.op("Identity", [x], "final_hidden")
+        with g.scope("final_norm"):
+            x = rms_norm(g, spec, x, w.add("model.norm.weight"))
+        logits = g.op("MatMul", [x, w.lm_head(spec)], "lm_head")
+    g.output(logits, "logits", FLOAT, ["batch", "seq", spec.vocab_size])
+    return g.model()
+
+
+class _Weights:
+    """Adds HF weights as initializers, linears transposed to ONNX's [in, out]."""
+
+    def __init__(self, g: GraphBuilder, weights: dict[str, np.ndarray]):
+        self.g, self.weights = g, weights
+
+    def add(self, name: str) -> str:
+        return self.g.weight(name, self.weights[name])
+
+    def linear(self, name: str) -> str:
+        return self.g.weight(name, self.weights[name].T)
+
+    def lm_head(self, spec: ModelSpec) -> str:
+        if spec.tie_word_embeddings:
+            return self.g.weight("lm_head.weight", self.weights["model.embed_tokens.weight"].T)
+        return self.linear("lm_head.weight")
+
+
+# rms_norm: x ─ Pow(2) ─ ReduceMean ─ Add(eps) ─ Sqrt ─ Reciprocal ─┐
+#           └─────────────────────────────────────────────────── Mul ─ Mul(weight)
+def rms_norm(g: GraphBuilder, spec: ModelSpec, x: str, weight: str) -> str:
+    sq = g.op("Pow", [x, g.const(2.0, np.float32)], "Pow")
+    var = g.op("ReduceMean", [sq, g.const([-1])], "ReduceMean", keepdims=1)
+    var = g.op("Add", [var, g.const(spec.rms_norm_eps, np.float32)], "AddEps")
+    inv = g.op("Reciprocal", [g.op("Sqrt", [var], "Sqrt")], "Reciprocal")
+    return g.op("Mul", [g.op("Mul", [x, inv], "Normalize"), weight], "Scale")
+
+
+# rotary tables: position_ids ─ Cast ─ Unsqueeze ─ Mul(inv_freq) ─ Concat(f, f) ─ Cos / Sin ─ Unsqueeze(2)
+def _rotary_tables(g: GraphBuilder, spec: ModelSpec, pos: str) -> tuple[str, str]:
+    half = spec.head_dim // 2
+    inv_freq = 1.0 / (spec.rope_theta ** (np.arange(0, half, dtype=np.float64) * 2 / spec.head_dim))
+    with g.scope("rotary"):
+        p = g.op("Unsqueeze", [g.op("Cast", [pos], "Cast", to=FLOAT), g.const([-1])], "Unsqueeze")
+        freqs = g.op("Mul", [p, g.weight("/model/rotary/inv_freq", inv_freq.astype(np.float32))], "Freqs")
+        emb = g.op("Concat", [freqs, freqs], "Concat", axis=-1)
+        cos = g.op("Unsqueeze", [g.op("Cos", [emb], "Cos"), g.const([2])], "cos")
+        sin = g.op("Unsqueeze", [g.op("Sin", [emb], "Sin"), g.const([2])], "sin")
+    return cos, sin
+
+
+# rope(x): x ─ Slice[:h] ─────────┐
+#          └ Slice[h:] ─ Neg ─ Concat(-x2, x1) ─ Mul(sin) ─ Add ─ out
+#          └────────────────────── Mul(cos) ──────────────┘
+def apply_rope(g: GraphBuilder, spec: ModelSpec, x: str, cos: str, sin: str) -> str:
+    half = spec.head_dim // 2
+    x1 = g.op("Slice", [x, g.const([0]), g.const([half]), g.const([-1])], "SliceLow")
+    x2 = g.op("Slice", [x, g.const([half]), g.const([spec.head_dim]), g.const([-1])], "SliceHigh")
+    rot = g.op("Concat", [g.op("Neg", [x2], "Neg"), x1], "RotateHalf", axis=-1)
+    return g.op("Add", [g.op("Mul", [x, cos], "MulCos"), g.op("Mul", [rot, sin], "MulSin")], "Add")
+
+
+def _attention_bias(g: GraphBuilder, mask: str, ids: str) -> str:
+    """[B,S,T] additive bias; causal by position, padded keys masked."""
+    with g.scope("attn_mask"):
+        total = g.op("Squeeze", [g.op("Shape", [mask], "Total", start=1, end=2)], "TotalScalar")
+        seq = g.op("Squeeze", [g.op("Shape", [ids], "Seq", start=1, end=2)], "SeqScalar")
+        key_index = g.op("Range", [g.const(0), total, g.const(1)], "KeyIndex")
+        is_key = g.op("Cast", [mask], "IsKey", to=9)  # BOOL
+        kp = g.op("Where", [is_key, key_index, g.const(FAR)], "key_positions")
+        past = g.op("Sub", [total, seq], "PastLen")
+        qp = g.op("Add", [g.op("Range", [g.const(0), seq, g.const(1)], "QueryIndex"), past], "QueryPos")
+        qp = g.op("Unsqueeze", [qp, g.const([0])], "query_positions")
+        allowed = g.op("LessOrEqual", [g.op("Unsqueeze", [kp, g.const([1])], "KeyCol"),
+                                       g.op("Unsqueeze", [qp, g.const([2])], "QueryRow")], "Allowed")
+        bias = g.op("Where", [allowed, g.const(0.0, np.float32), g.const(MASKED, np.float32)], "Bias")
+        return g.op("Unsqueeze", [bias, g.const([0, 2])], "bias")  # [1,B,1,S,T]
+
+
+def _decoder_layer(g, spec, w, i, x, cos, sin, bias) -> str:
+    p = f"model.layers.{i}."
+    with g.scope("input_norm"):
+        h = rms_norm(g, spec, x, w.add(p + "input_layernorm.weight"))
+    with g.scope("attn"):
+        x = g.op("Add", [x, _attention(g, spec, w, i, h, cos, sin, bias)], "residual")
+    with g.scope("post_attn_norm"):
+        h = rms_norm(g, spec, x, w.add(p + "post_attention_layernorm.weight"))
+    with g.scope("mlp"):
+        return g.op("Add", [x, _mlp(g, w, p, h)], "residual")
+
+
+def _projection(g, w, prefix: str, name: str, h: str, bias: bool) -> str:
+    with g.scope(name):
+        y = g.op("MatMul", [h, w.linear(prefix + name + ".weight")], "MatMul")
+        return g.op("Add", [y, w.add(prefix + name + ".bias")], "Bias") if bias else y
+
+
+def _attention(g, spec, w, i, h, cos, sin, bias) -> str:
+    p = f"model.layers.{i}.self_attn."
+    kvh, nrep, hd = spec.num_kv_heads, spec.num_queries_per_kv, spec.head_dim
+    q, k, v = (_projection(g, w, p, n, h, spec.attention_bias) for n in ("q_proj", "k_proj", "v_proj"))
+    with g.scope("q_rotary"):
+        q = apply_rope(g, spec, g.op("Reshape", [q, g.const([0, 0, spec.num_heads, hd])], "Heads"), cos, sin)
+    with g.scope("k_rotary"):
+        k = apply_rope(g, spec, g.op("Reshape", [k, g.const([0, 0, kvh, hd])], "Heads"), cos, sin)
+    v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])], "v_heads")
+    keys = _cache_io(g, spec, i, "key", g.op("Transpose", [k], "new_key_kv_major", perm=[2, 0, 1, 3]))
+    values = _cache_io(g, spec, i, "value", g.op("Transpose", [v], "new_value_kv_major", perm=[2, 0, 1, 3]))
+    q = g.op("Transpose", [g.op("Reshape", [q, g.const([0, 0, kvh, nrep, hd])], "q_groups")],
+             "q_kv_major", perm=[2, 0, 3, 1, 4])                          # [kvh,B,nrep,S,hd]
+    out = _scaled_dot_product(g, spec, q, keys, values, bias)               # [kvh,B,nrep,S,hd]
+    out = g.op("Transpose", [out], "out_token_major", perm=[1, 3, 0, 2, 4])
+    out = g.op("Reshape", [out, g.const([0, 0, spec.num_heads * hd])], "out_merge")
+    with g.scope("o_proj"):
+        return g.op("MatMul", [out, w.linear(p + "o_proj.weight")], "MatMul")
+
+
+def _cache_io(g, spec, i, kind: str, new: str) -> str:
+    """Dense past [B,kvh,P,hd] in, present [B,kvh,T,hd] out; returns all keys [kvh,B,T,hd]."""
+    past = g.input(f"past_key_values.{i}.{kind}", FLOAT, ["batch", spec.num_kv_heads, "past", spec.head_dim])
+    past = g.op("Transpose", [past], f"past_{kind}_kv_major", perm=[1, 0, 2, 3])
+    full = g.op("Concat", [past, new], f"all_{kind}s", axis=2)
+    present = g.op("Transpose", [full], f"present_{kind}", perm=[1, 0, 2, 3])
+    g.output(present, f"present.{i}.{kind}", FLOAT, ["batch", spec.num_kv_heads, "total", spec.head_dim])
+    return full
+
+
+# scores = q·Kᵀ·scale + bias ─ Softmax ─ ·V      (K, V broadcast over the nrep query heads of a group)
+def _scaled_dot_product(g, spec, q, keys, values, bias) -> str:
+    k = g.op("Unsqueeze", [keys, g.const([2])], "k_group")
+    v = g.op("Unsqueeze", [values, g.const([2])], "v_group")
+    kt = g.op("Transpose", [k], "k_transposed", perm=[0, 1, 2, 4, 3])
+    scores = g.op("MatMul", [q, kt], "QK")
+    scores = g.op("Mul", [scores, g.const(spec.head_dim ** -0.5, np.float32)], "Scale")
+    probs = g.op("Softmax", [g.op("Add", [scores, bias], "Mask")], "Softmax", axis=-1)
+    return g.op("MatMul", [probs, v], "PV")
+
+
+def _mlp(g, w, p: str, h: str) -> str:
+    gate = _projection(g, w, p + "mlp.", "gate_proj", h, False)
+    up = _projection(g, w, p + "mlp.", "up_proj", h, False)
+    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], "Sigmoid")], "SiLU")
+    return _projection(g, w, p + "mlp.", "down_proj", g.op("Mul", [act, up], "GateUp"), False)
