@@ -1,0 +1,288 @@
+"""In-flight batching: each step, every request's num_computed_tokens catches up with its token
+count under one token budget. There is no prefill or decode phase: a chunked prefill is just a
+smaller count, a decode a count of one, and a prefix-cache hit raises num_computed_tokens."""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from kiln.runtime.kv_manager import KVCacheManager
+from kiln.runtime.request import Request, RequestStatus
+
+
+class SchedulingPolicy(enum.Enum):
+    FCFS = "fcfs"
+    PRIORITY = "priority"       # lower SamplingParams.priority first, then arrival
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512       # the per-step token budget
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = True
+    policy: SchedulingPolicy = SchedulingPolicy.FCFS
+    long_prefill_token_threshold: int = 0   # cap on one request's chunk; 0 = no cap
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0 (0 = no cap)")
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> SchedulerConfig:
+        if name not in PRESETS:
+            raise ValueError(f"unknown scheduler preset {name!r}; choose from {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+# Latency: small steps so decodes are never stuck behind a long prefill. Throughput: big batches.
+PRESETS = {
+    "latency": dict(max_num_batched_tokens=256, max_num_seqs=16),
+    "throughput": dict(max_num_batched_tokens=2048, max_num_seqs=64),
+}
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+    # Read before update(): request.num_computed_tokens is still this chunk's start.
+    @property
+    def samples_token(self) -> bool:
+        """True when the chunk reaches the end of the known tokens, so a token is sampled."""
+        return self.request.num_computed_tokens + self.num_new_tokens >= self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    num_scheduled_tokens: int = 0
+    preempted_request_ids: list[str] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)   # freed since the last step
+    num_running: int = 0
+    num_waiting: int = 0
+
+
+@dataclass
+class RunnerOutput:
+    # One token per request whose chunk reached the end of its tokens; none mid-prefill.
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class StepStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    num_scheduled_tokens: int = 0
+    batch_size: int = 0
+    num_prefill_chunks: int = 0
+    num_preempted: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager):
+        self.config = config
+        self.kv = kv_manager
+        self.requests: dict[str, Request] = {}      # every unfinished request
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []            # oldest admission first
+        self.num_preemptions = 0
+        self.last_step_stats = StepStats()
+        self._finished_ids: list[str] = []
+
+    # -- admission ----------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        self._check_fits(request)
+        limit = self.config.max_model_len
+        # Generation ends with "length" at max_model_len.
+        request.max_tokens = min(request.max_tokens, limit - request.num_prompt_tokens)
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def _check_fits(self, request: Request) -> None:
+        n, limit = request.num_prompt_tokens, self.config.max_model_len
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        if n == 0:
+            raise ValueError("the prompt is empty; at least one token is needed")
+        if n >= limit:
+            raise ValueError(f"the prompt has {n} tokens but max_model_len is {limit}: "
+                             f"at most {limit - 1} fit, leaving room for one generated token")
+        # The last sampled token is never computed, so a full request holds one token fewer.
+        max_len = min(n + request.max_tokens, limit) - 1
+        blocks = -(-max_len // self.kv.block_size)
+        if blocks > self.kv.num_blocks:
+            raise ValueError(f"the request can grow to {max_len} tokens ({blocks} KV blocks) but "
+                             f"the KV cache holds {self.kv.num_blocks} blocks; lower max_tokens")
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_request_ids=self._finished_ids)
+        self._finished_ids = []
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted_request_ids:
+            self._schedule_waiting(out, budget)
+        out.num_running, out.num_waiting = len(self.running), len(self.waiting)
+        self._record_stats(out)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            n = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
+            if n > 0:
+                if not self._allocate_or_preempt(request, n, out):
+                    break
+                self._add(out, request, n)
+                budget -= n
+            i += 1
+        return budget
+
+    def _allocate_or_preempt(self, request: Request, n: int, out: SchedulerOutput) -> bool:
+        """Free-and-requeue the newest running requests until `request` fits; False if it was
+        the newest itself. NOTE: running requests before `request` are already scheduled and
+        are older, so a victim is never a request scheduled this step."""
+        while not self.kv.allocate_slots(request, n):
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted_request_ids.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+            request = self._next_waiting()
+            hits, num_hit = self._computed_blocks(request)
+            n = self._chunk(request.num_tokens - num_hit, budget)
+            if not self.kv.allocate_slots(request, n, hits):
+                break       # the KV-capacity check: wait for blocks to free up
+            self.waiting.remove(request)
+            self._admit(request, num_hit)
+            self._add(out, request, n)
+            budget -= n
+
+    def _computed_blocks(self, request: Request):
+        if not self.config.enable_prefix_caching:
+            return [], 0
+        return self.kv.get_computed_blocks(request)
+
+    def _next_waiting(self) -> Request:
+        if self.config.policy is SchedulingPolicy.PRIORITY:
+            return min(self.waiting, key=lambda r: (r.sampling_params.priority, r.arrival_time))
+        return self.waiting[0]
+
+    def _admit(self, request: Request, num_hit: int) -> None:
+        if request.status == RequestStatus.WAITING:
+            request.num_cached_tokens = num_hit
+        request.num_computed_tokens = num_hit
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+
+    def _chunk(self, num_remaining: int, budget: int) -> int:
+        cap = self.config.long_prefill_token_threshold or num_remaining
+        return min(num_remaining, budget, cap)
+
+    @staticmethod
+    def _add(out: SchedulerOutput, request: Request, n: int) -> None:
+        out.scheduled.append(ScheduledRequest(request, n))
+        out.num_scheduled_tokens += n
+
+    def _record_stats(self, out: SchedulerOutput) -> None:
+        prefills = sum(1 for s in out.scheduled
+                       if s.request.num_computed_tokens < s.request.num_prompt_tokens)
+        self.last_step_stats = StepStats(
+            num_running=out.num_running, num_waiting=out.num_waiting,
+            num_scheduled_tokens=out.num_scheduled_tokens, batch_size=len(out.scheduled),
+            num_prefill_chunks=prefills, num_preempted=len(out.preempted_request_ids))
+
+    # -- results ------------------------------------------------------------------------------
+
+    def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[Request]:
+        """Advance each scheduled request by its chunk, append sampled tokens and retire
+        the requests that finished; returns those."""
+        finished = []
+        for scheduled in scheduler_output.scheduled:
+            request = scheduled.request
+            if request.is_finished:     # aborted while its step ran
+                continue
+            request.num_computed_tokens += scheduled.num_new_tokens
+            self.kv.cache_computed_blocks(request)
+            token = runner_output.sampled_token_ids.get(request.request_id)
+            if token is None or request.num_computed_tokens < request.num_tokens:
+                continue    # mid-prefill: nothing is sampled
+            request.append_output_token(token)
+            status = self._stop_status(request, token)
+            if status is not None:
+                self.finish_request(request.request_id, status)
+                finished.append(request)
+        return finished
+
+    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if token in params.stop_token_ids:
+            request.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if token == request.eos_token_id and not params.ignore_eos:
+            return RequestStatus.FINISHED_STOPPED
+        if (request.num_output_tokens >= request.max_tokens
+                or request.num_tokens >= self.config.max_model_len):
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def finish_request(self, request_id: str, status: RequestStatus,
+                       stop_reason: int | str | None = None) -> None:
+        """Retire a request in any state; its blocks return to the pool at once. Unknown ids
+        (already finished, never added) are ignored."""
+        if not RequestStatus.is_finished(status):
+            raise ValueError(f"{status.name} is not a final status")
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        request.status = status
+        if stop_reason is not None:
+            request.stop_reason = stop_reason
+        self._finished_ids.append(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
