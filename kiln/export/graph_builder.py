@@ -51,7 +51,7 @@ class GraphBuilder:
         arr = np.asarray(value, dtype=dtype)
         key = (arr.dtype.str, arr.shape, arr.tobytes())
         if key not in self._const_cache:
-            name = f"/const/{dtype.__name__}_{len(self._const_cache)}"
+            name = f"/const/{self.name}/{dtype.__name__}_{len(self._const_cache)}"
             self.initializers.append(numpy_helper.from_array(arr, name))
             self._const_cache[key] = name
         return self._const_cache[key]

@@ -1,0 +1,188 @@
+"""kv_io: rewrite the dense KV inputs/outputs to the paged layout the runtime feeds.
+
+Before: attention_mask [B,T], past_key_values.{i}.{key,value} [B,kvh,P,hd] -> present.* [B,kvh,T,hd]
+After:  past_lens [B], block_tables [B,MB], logits_index [B,K],
+        key_cache.{i} / value_cache.{i} [kvh, num_blocks, block_size, hd]   (the runtime's pool, bound
+        zero-copy; head-major so the gather needs no transpose) -> logits [B,K,V] and
+        new_kv [2L, kvh, B, S, hd] (the new tokens' K/V, layer-major, key before value), which the
+        runtime scatters into the pool slots of slot_mapping in one vectorised write.
+
+Each layer gathers its sequences' blocks from the pool and attends over past + new tokens; a key is
+visible to a query iff key_position <= query_position, with past keys beyond past_lens at FAR.
+Decode cost in context length: one gather of the context (a read and a write) plus attention's own
+read. A native paged-attention kernel can replace the gather without changing these inputs.
+logits_index picks the positions whose logits are computed (the last token of each sequence when
+decoding; every position for perplexity), so prefill does not pay the LM head for every token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from kiln.export.decoder_graph import (FAR, FINAL_HIDDEN, KEY_POSITIONS, QUERY_POSITIONS, new_kv_name,
+                                       past_transpose_name)
+from kiln.export.graph_builder import FLOAT, INT64, GraphBuilder
+from kiln.export.spec import ModelSpec
+
+KV_KINDS = ("key", "value")
+
+
+class KvIoPass:
+    name = "kv_io"
+    rel_tolerance = 1e-4
+
+    def __init__(self, spec: ModelSpec, block_size: int = 16):
+        self.spec, self.block_size = spec, block_size
+        self._rewired = 0
+
+    def details(self) -> dict:
+        return {"layout": "paged-gather", "block_size": self.block_size,
+                "pool_shape": ["kv_heads", "num_blocks", "block_size", "head_dim"],
+                "layers_rewired": self._rewired}
+
+    def run(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        g = out.graph
+        b = GraphBuilder("kv_io")
+        self._add_inputs(b)
+        renames = self._positions(b)
+        renames |= {self._output_of(g, FINAL_HIDDEN): self._gather_logit_rows(b, g)}
+        replaced = {FINAL_HIDDEN, KEY_POSITIONS, QUERY_POSITIONS}
+        for i in range(self.spec.num_layers):
+            for kind in KV_KINDS:
+                renames |= {self._output_of(g, past_transpose_name(i, kind)): self._gather_past(b, i, kind)}
+                replaced.add(past_transpose_name(i, kind))
+        self._rewired = self.spec.num_layers
+        new_kv = self._concat_new_kv(b, g)
+        _splice(g, b, replaced, renames)
+        _replace_io(g, b, new_kv, self.spec)
+        _prune(g)
+        _toposort(g)
+        return out
+
+    @staticmethod
+    def _output_of(g: onnx.GraphProto, node_name: str) -> str:
+        return next(n.output[0] for n in g.node if n.name == node_name)
+
+    def _add_inputs(self, b: GraphBuilder) -> None:
+        s = self.spec
+        b.input("past_lens", INT64, ["batch"])
+        b.input("block_tables", INT64, ["batch", "max_blocks"])
+        b.input("logits_index", INT64, ["batch", "logits_positions"])
+        for i in range(s.num_layers):
+            for kind in KV_KINDS:
+                b.input(f"{kind}_cache.{i}", FLOAT, [s.num_kv_heads, "num_blocks", self.block_size, s.head_dim])
+
+    # key_positions: [past slots: j if j < past_len else FAR | new tokens: past_len + s]
+    # query_positions: past_len + s
+    def _positions(self, b: GraphBuilder) -> dict[str, str]:
+        with b.scope("model"), b.scope("paged_positions"):
+            lens = b.op("Unsqueeze", ["past_lens", b.const([1])], "PastLensCol")            # [B,1]
+            slots = b.op("Mul", [_dim(b, "block_tables", 1), b.const(self.block_size)], "PastSlots")
+            past_idx = b.op("Range", [b.const(0), slots, b.const(1)], "PastIndex")           # [Tp]
+            valid = b.op("Less", [b.op("Unsqueeze", [past_idx, b.const([0])], "PastRow"), lens], "PastValid")
+            kp_past = b.op("Where", [valid, past_idx, b.const(FAR)], "PastKeyPositions")    # [B,Tp]
+            new_idx = b.op("Range", [b.const(0), _dim(b, "input_ids", 1), b.const(1)], "NewIndex")
+            qp = b.op("Add", [b.op("Unsqueeze", [new_idx, b.const([0])], "NewRow"), lens], "query_positions")
+            kp = b.op("Concat", [kp_past, qp], "key_positions", axis=1)                     # [B,Tp+S]
+        return {_out(KEY_POSITIONS): kp, _out(QUERY_POSITIONS): qp}
+
+    # pool [kvh,NB,bs,hd] ─ Gather(block_tables, axis=1) ─ [kvh,B,MB,bs,hd] ─ Reshape ─ [kvh,B,MB*bs,hd]
+    def _gather_past(self, b: GraphBuilder, i: int, kind: str) -> str:
+        with b.scope("model"), b.scope(f"layers.{i}"), b.scope("attn"):
+            blocks = b.op("Gather", [f"{kind}_cache.{i}", "block_tables"], f"gather_{kind}_blocks", axis=1)
+            return b.op("Reshape", [blocks, b.const([0, 0, -1, self.spec.head_dim])], f"past_{kind}s")
+
+    # hidden [B,S,H] ─ GatherElements(axis=1, logits_index expanded to [B,K,H]) ─ [B,K,H]
+    def _gather_logit_rows(self, b: GraphBuilder, g: onnx.GraphProto) -> str:
+        hidden = next(n.input[0] for n in g.node if n.name == FINAL_HIDDEN)
+        with b.scope("model"), b.scope("logits_rows"):
+            idx = b.op("Unsqueeze", ["logits_index", b.const([-1])], "Unsqueeze")
+            shape = b.op("Concat", [b.op("Shape", ["logits_index"], "IndexShape"),
+                                    b.const([self.spec.hidden_size])], "Shape", axis=0)
+            idx = b.op("Expand", [idx, shape], "Expand")
+            return b.op("GatherElements", [hidden, idx], "GatherElements", axis=1)
+
+    def _concat_new_kv(self, b: GraphBuilder, g: onnx.GraphProto) -> str:
+        parts = []
+        with b.scope("model"), b.scope("new_kv"):
+            for i in range(self.spec.num_layers):
+                for kind in KV_KINDS:
+                    t = self._output_of(g, new_kv_name(i, kind))
+                    parts.append(b.op("Unsqueeze", [t, b.const([0])], f"layers.{i}.{kind}"))
+            return b.op("Concat", parts, "Concat", axis=0)
+
+
+def _out(node_name: str) -> str:
+    return f"{node_name}_output_0"
+
+
+def _dim(b: GraphBuilder, tensor: str, axis: int) -> str:
+    shape = b.op("Shape", [tensor], f"Shape_{tensor}_{axis}", start=axis, end=axis + 1)
+    return b.op("Squeeze", [shape], f"Dim_{tensor}_{axis}")
+
+
+def _splice(g: onnx.GraphProto, b: GraphBuilder, replaced: set[str], renames: dict[str, str]) -> None:
+    """Drop the replaced nodes, add the new ones, and point consumers at the new tensors."""
+    kept = [n for n in g.node if n.name not in replaced]
+    for n in kept:
+        for j, name in enumerate(n.input):
+            if name in renames:
+                n.input[j] = renames[name]
+    del g.node[:]
+    g.node.extend(b.nodes + kept)   # out of order until _toposort
+    g.initializer.extend(b.initializers)
+
+
+def _replace_io(g: onnx.GraphProto, b: GraphBuilder, new_kv: str, spec: ModelSpec) -> None:
+    old_inputs = [i for i in g.input if i.name not in ("attention_mask",) and not i.name.startswith("past_key_values.")]
+    del g.input[:]
+    g.input.extend(old_inputs + b.inputs)
+    logits = next(o for o in g.output if o.name == "logits")
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("logits", FLOAT, ["batch", "logits_positions", spec.vocab_size]))
+    g.node.append(helper.make_node("Identity", [new_kv], ["new_kv"], name="/outputs/new_kv"))
+    g.output.append(helper.make_tensor_value_info(
+        "new_kv", FLOAT, [2 * spec.num_layers, spec.num_kv_heads, "batch", "seq", spec.head_dim]))
+    del logits
+
+
+def _prune(g: onnx.GraphProto) -> None:
+    """Remove nodes and initializers nothing reaches from the outputs (works on unordered nodes)."""
+    producer = {o: n for n in g.node for o in n.output}
+    needed, stack, live = set(), [o.name for o in g.output], set()
+    while stack:
+        name = stack.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        node = producer.get(name)
+        if node is not None and id(node) not in live:
+            live.add(id(node))
+            stack.extend(i for i in node.input if i)
+    nodes = [n for n in g.node if id(n) in live]
+    del g.node[:]
+    g.node.extend(nodes)
+    inits = [t for t in g.initializer if t.name in needed]
+    del g.initializer[:]
+    g.initializer.extend(inits)
+
+
+def _toposort(g: onnx.GraphProto) -> None:
+    produced = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
+    pending, ordered = list(g.node), []
+    while pending:
+        ready = [n for n in pending if all(i in produced for i in n.input)]
+        if not ready:
+            missing = sorted({i for n in pending for i in n.input if i not in produced})[:5]
+            raise ValueError(f"kv_io: dangling inputs after the rewrite: {missing}")
+        ids = {id(n) for n in ready}
+        pending = [n for n in pending if id(n) not in ids]
+        for n in ready:
+            produced.update(n.output)
+        ordered.extend(ready)
+    del g.node[:]
+    g.node.extend(ordered)

@@ -1,0 +1,58 @@
+"""Numeric check of the kv_io rewrite: the paged graph against the dense graph it came from.
+
+The dense graph's past KV (one row left-padded) is written into a pool through a shuffled block
+table; logits at every position and the new tokens' K/V must match the dense run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from kiln.passes.verify import _session, seeded_feeds
+
+KINDS = ("key", "value")
+
+
+def _pool_from_past(feeds: dict, num_layers: int, past_lens: np.ndarray, block_size: int, seed: int):
+    past0 = feeds["past_key_values.0.key"]
+    batch, kvh, past, hd = past0.shape
+    per_seq = -(-past // block_size)
+    num_blocks = batch * per_seq + 3
+    order = np.random.default_rng(seed).permutation(num_blocks)
+    tables = order[: batch * per_seq].reshape(batch, per_seq)
+    pool = np.zeros((num_layers, 2, kvh, num_blocks, block_size, hd), np.float32)
+    for b in range(batch):
+        n = int(past_lens[b])
+        slots = np.arange(n)
+        blocks, offsets = tables[b][slots // block_size], slots % block_size
+        for layer in range(num_layers):
+            for k, kind in enumerate(KINDS):
+                pool[layer, k][:, blocks, offsets] = feeds[f"past_key_values.{layer}.{kind}"][b][:, past - n:]
+    return pool, tables
+
+
+def compare_paged(before: onnx.ModelProto, after: onnx.ModelProto, num_layers: int, block_size: int,
+                  seed: int = 0) -> tuple[float, float]:
+    """(max abs error, relative error) over logits and new K/V."""
+    feeds = seeded_feeds(before, seed=seed)
+    dense = _session(before)
+    ref = dict(zip([o.name for o in dense.get_outputs()], dense.run(None, feeds)))
+    mask = feeds["attention_mask"]
+    batch, seq = feeds["input_ids"].shape
+    past = mask.shape[1] - seq
+    past_lens = mask[:, :past].sum(1)     # left padding drops out: the pool holds only real tokens
+    pool, tables = _pool_from_past(feeds, num_layers, past_lens, block_size, seed)
+    paged_feeds = {"input_ids": feeds["input_ids"], "position_ids": feeds["position_ids"],
+                   "past_lens": past_lens.astype(np.int64), "block_tables": tables.astype(np.int64),
+                   "logits_index": np.tile(np.arange(seq), (batch, 1))}
+    for layer in range(num_layers):
+        paged_feeds[f"key_cache.{layer}"] = pool[layer, 0]
+        paged_feeds[f"value_cache.{layer}"] = pool[layer, 1]
+    logits, new_kv = _session(after).run(["logits", "new_kv"], paged_feeds)
+    err = float(np.abs(logits - ref["logits"]).max())
+    for layer in range(num_layers):
+        for k, kind in enumerate(KINDS):
+            mine = new_kv[2 * layer + k].transpose(1, 0, 2, 3)       # [B,kvh,S,hd]
+            err = max(err, float(np.abs(mine - ref[f"present.{layer}.{kind}"][:, :, past:]).max()))
+    return err, err / max(float(np.abs(ref["logits"]).max()), 1e-12)
