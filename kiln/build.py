@@ -1,0 +1,117 @@
+"""The build pipeline: export -> passes -> engines -> artifact, as a short sequence of stages."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager
+
+import onnx
+
+from kiln.artifact import TOKENIZER_DIR, ArtifactWriter, Manifest, current_versions, file_record
+from kiln.engines.base import BucketGrid, KvLayout
+from kiln.engines.ort_engine import compile_ort
+from kiln.export.decoder_graph import build_decoder
+from kiln.export.sources import ModelSource, load_source
+from kiln.passes.base import run_pass
+from kiln.passes.kv_io import KvIoPass
+from kiln.passes.quantize import QuantMode, QuantizePass
+from kiln.passes.verify import compare_logits
+from kiln.passes.verify_paged import compare_paged
+from kiln.tokenizer import TEMPLATE_FILE, Tokenizer
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", TEMPLATE_FILE)
+StageFn = Callable[[str], ContextManager]
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    source: str
+    out: Path
+    quant: QuantMode = QuantMode.NONE
+    block_size: int = 16
+    buckets: BucketGrid = field(default_factory=BucketGrid)
+    fuse: bool = True
+    verify: bool = True           # numeric check after every pass
+    force: bool = False
+
+
+def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> Path:
+    """Build an artifact folder; `stage(name)` wraps each stage (progress display, timing)."""
+    with ArtifactWriter(config.out, config.force) as writer:
+        with stage("load model source"):
+            src = load_source(config.source)
+        with stage("export ONNX decoder graph"):
+            model = build_decoder(src.spec, src.weights)
+        reports = []
+        for p, check in _passes(src, config):
+            with stage(f"pass {p.name}"):
+                model, report = run_pass(p, model, check if config.verify else None)
+                reports.append(report.to_dict())
+        with stage("compile ONNX Runtime engine"):
+            engine = compile_ort(model.SerializeToString(), writer.tmp / "engines" / "ort")
+            io = _io_shapes(model)
+        with stage("write artifact"):
+            tokenizer = _copy_tokenizer(src, writer.tmp / TOKENIZER_DIR)
+            manifest = Manifest(
+                spec=src.spec, quant=_quant_record(config, reports), buckets=config.buckets,
+                kv_layout=KvLayout(src.spec.num_layers, src.spec.num_kv_heads, src.spec.head_dim, config.block_size),
+                engines=[{"backend": "ort", **file_record(writer.tmp, engine), "io": io}],
+                generation=_generation_defaults(src, writer.tmp / TOKENIZER_DIR),
+                tokenizer=tokenizer, passes=reports, source=src.description, versions=current_versions())
+            return writer.commit(manifest)
+
+
+def _passes(src: ModelSource, config: BuildConfig) -> list:
+    from kiln.passes.cleanup import CleanupPass
+
+    layers, bs = src.spec.num_layers, config.block_size
+    passes = [(CleanupPass(), compare_logits)]
+    if config.fuse:
+        from kiln.passes.fusion import FUSION_PASSES
+
+        passes += [(p, compare_logits) for p in FUSION_PASSES]
+    if config.quant is not QuantMode.NONE:
+        passes.append((QuantizePass(config.quant), compare_logits))
+    passes.append((KvIoPass(src.spec, bs), lambda a, b: compare_paged(a, b, layers, bs)))
+    return passes
+
+
+def _quant_record(config: BuildConfig, reports: list[dict]) -> dict:
+    details = next((r["details"] for r in reports if r["name"].startswith("quantize")), {})
+    return {"mode": config.quant.value, **details}
+
+
+def _io_shapes(model: onnx.ModelProto) -> dict[str, list]:
+    def dims(v):
+        return [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim]
+    return {v.name: dims(v) for v in [*model.graph.input, *model.graph.output]}
+
+
+def _copy_tokenizer(src: ModelSource, out: Path) -> dict:
+    out.mkdir(parents=True)
+    files = {}
+    for name in TOKENIZER_FILES:
+        if (src.tokenizer_dir / name).is_file():
+            shutil.copy(src.tokenizer_dir / name, out / name)
+            files[f"{TOKENIZER_DIR}/{name}"] = file_record(out.parent, out / name)["sha256"]
+    template = Tokenizer(out).chat_template or ""
+    return {"files": files, "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()}
+
+
+def _generation_defaults(src: ModelSource, tokenizer_dir: Path) -> dict:
+    tok = Tokenizer(tokenizer_dir)
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    return {"eos_token_ids": eos, "max_model_len": src.spec.max_position_embeddings,
+            "has_chat_template": tok.chat_template is not None}
+
+
+@contextmanager
+def timed_stage(name: str, sink: Callable[[str, float], None]):
+    t0 = time.perf_counter()
+    yield
+    sink(name, time.perf_counter() - t0)

@@ -1,0 +1,73 @@
+"""`kiln inspect`: the manifest as readable rich tables."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+
+from kiln.artifact import EngineArtifact
+from kiln.units import format_bytes
+
+
+def render_manifest(art: EngineArtifact, context_len: int, memory_bytes: int) -> Group:
+    return Group(_summary(art, context_len, memory_bytes), _passes(art), _files(art))
+
+
+def _summary(art: EngineArtifact, context_len: int, memory_bytes: int) -> Table:
+    m, kv = art.manifest, art.manifest.kv_layout
+    s = m.spec
+    t = Table(title=f"kiln artifact {art.path}", show_header=False)
+    rows = [
+        ("schema", f"v{m.schema_version}"),
+        ("model", f"{s.family}: {s.num_layers} layers, hidden {s.hidden_size}, {s.num_heads} heads "
+                  f"({s.num_kv_heads} KV), vocab {s.vocab_size}"),
+        ("config hash", m.spec.config_hash()),
+        ("source", m.source),
+        ("quantization", _quant_line(m.quant)),
+        ("buckets", f"batch {list(m.buckets.batch_sizes)} × seq {list(m.buckets.seq_lens)}"),
+        ("KV layout", f"[layers {kv.num_layers}, k/v, kv_heads {kv.num_kv_heads}, blocks, "
+                      f"{kv.block_size}, head_dim {kv.head_dim}] {kv.dtype}"),
+        ("KV bytes / token", f"{kv.bytes_per_token:,} ({format_bytes(kv.bytes_per_token)})"),
+        ("capacity", _capacity_line(kv, context_len, memory_bytes)),
+        ("max context", str(m.generation.get("max_model_len"))),
+        ("eos token ids", str(m.generation.get("eos_token_ids"))),
+        ("toolchain", ", ".join(f"{k} {v}" for k, v in m.versions.items())),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def _quant_line(q: dict) -> str:
+    extras = ", ".join(f"{k}={v}" for k, v in q.items() if k != "mode" and not isinstance(v, (dict, list)))
+    return f"{q.get('mode')}" + (f" ({extras})" if extras else "")
+
+
+def _capacity_line(kv, context_len: int, memory_bytes: int) -> str:
+    blocks = memory_bytes // kv.bytes_per_block
+    per_seq = -(-context_len // kv.block_size)
+    return (f"{format_bytes(memory_bytes)} of KV = {blocks:,} blocks = {blocks * kv.block_size:,} tokens "
+            f"= {blocks // per_seq:,} sequences at context {context_len}")
+
+
+def _passes(art: EngineArtifact) -> Table:
+    t = Table(title="passes")
+    for col in ("pass", "nodes before", "nodes after", "seconds", "max abs err", "max rel err"):
+        t.add_column(col, justify="right" if col != "pass" else "left")
+    for r in art.manifest.passes:
+        t.add_row(r["name"], str(r["nodes_before"]), str(r["nodes_after"]), f"{r['seconds']:.2f}",
+                  _num(r.get("max_abs_error")), _num(r.get("max_rel_error")))
+    return t
+
+
+def _files(art: EngineArtifact) -> Table:
+    t = Table(title="engine files")
+    for col in ("backend", "file", "size", "sha256"):
+        t.add_column(col)
+    for e in art.manifest.engines:
+        t.add_row(e["backend"], e["file"], format_bytes(e["bytes"]), e["sha256"][:16] + "…")
+    return t
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.2e}"

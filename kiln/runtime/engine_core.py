@@ -1,0 +1,127 @@
+"""The engine core step: schedule() -> runner.execute() -> scheduler.update(), plus statistics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+
+from kiln.artifact import EngineArtifact
+from kiln.config import RuntimeConfig
+from kiln.engines.ort_engine import OrtEngine
+from kiln.runtime.kv_manager import KVCacheManager
+from kiln.runtime.kv_pool import KvPool
+from kiln.runtime.memory import plan_kv_blocks
+from kiln.runtime.request import Request, RequestStatus
+from kiln.runtime.runner import ModelRunner
+from kiln.runtime.scheduler import Scheduler
+
+log = logging.getLogger("kiln")
+
+
+@dataclass
+class RequestDelta:
+    """What one step produced for one request."""
+    request: Request
+    new_token_ids: list[int]
+    logprobs: object | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.request.is_finished
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prefill_seconds: float = 0.0       # steps that ran at least one prefill chunk
+    decode_seconds: float = 0.0        # steps that only decoded
+    step_seconds: float = 0.0
+    finished_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class EngineCore:
+    def __init__(self, artifact: EngineArtifact, config: RuntimeConfig = RuntimeConfig()):
+        self.artifact, self.config = artifact, config
+        m = artifact.manifest
+        self.engine = OrtEngine(artifact.engine_file("ort"), m.buckets, m.kv_layout, config.threads)
+        self.plan = plan_kv_blocks(m.kv_layout, config, self._scheduler_config().max_model_len)
+        log.info("%s", self.plan.describe())
+        self.kv = KVCacheManager(self.plan.num_blocks, m.kv_layout.block_size,
+                                 config.scheduler.enable_prefix_caching)
+        self.pool = KvPool(m.kv_layout, self.plan.num_blocks)
+        self.scheduler = Scheduler(self._scheduler_config(), self.kv)
+        self.runner = ModelRunner(self.engine, self.pool, self.kv, config.seed)
+        self.stats = EngineStats()
+
+    def _scheduler_config(self):
+        """The user's scheduler knobs, clipped to what the artifact can run."""
+        m, cfg = self.artifact.manifest, self.config.scheduler
+        threshold = cfg.long_prefill_token_threshold or m.buckets.max_seq
+        return replace(cfg, max_model_len=min(cfg.max_model_len, m.generation["max_model_len"]),
+                       max_num_seqs=min(cfg.max_num_seqs, m.buckets.max_batch),
+                       long_prefill_token_threshold=min(threshold, m.buckets.max_seq))
+
+    @property
+    def eos_token_id(self) -> int | None:
+        ids = self.artifact.manifest.generation.get("eos_token_ids") or [None]
+        return ids[0]
+
+    def add_request(self, request: Request) -> None:
+        """Raises ValueError (nothing else changes) when the request can never run."""
+        self.scheduler.add_request(request)
+
+    def abort(self, request_id: str) -> None:
+        self.finish(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def finish(self, request_id: str, status: RequestStatus, stop_reason=None) -> None:
+        self.scheduler.finish_request(request_id, status, stop_reason)
+        self.runner.release(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestDelta]:
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return []
+        for s in out.scheduled:
+            if s.request.timings.first_scheduled_time is None:
+                s.request.timings.first_scheduled_time = t0
+        runner_out = self.runner.execute(out)
+        before = {s.request.request_id: s.request.num_output_tokens for s in out.scheduled}
+        finished = self.scheduler.update(out, runner_out)
+        now = time.perf_counter()
+        deltas = self._deltas(out, before, runner_out, now)
+        for r in finished:
+            self._retire(r, now)
+        self._record_step(out, now - t0)
+        return deltas
+
+    def _deltas(self, out, before: dict[str, int], runner_out, now: float) -> list[RequestDelta]:
+        """One delta per request that gained tokens in this step's update()."""
+        deltas = []
+        for s in out.scheduled:
+            r = s.request
+            new = r.output_token_ids[before[r.request_id]:]
+            if not new:
+                continue
+            r.timings.first_token_time = r.timings.first_token_time or now
+            r.timings.token_times.append(now)
+            deltas.append(RequestDelta(r, new, runner_out.logprobs.get(r.request_id)))
+        return deltas
+
+    def _retire(self, request: Request, now: float) -> None:
+        request.timings.finished_time = now
+        self.runner.release(request.request_id)
+        reason = request.finish_reason or "unknown"
+        self.stats.finished_by_reason[reason] = self.stats.finished_by_reason.get(reason, 0) + 1
+
+    def _record_step(self, out, seconds: float) -> None:
+        self.stats.steps += 1
+        self.stats.step_seconds += seconds
+        if any(s.num_new_tokens > 1 for s in out.scheduled):
+            self.stats.prefill_seconds += seconds
+        else:
+            self.stats.decode_seconds += seconds

@@ -1,0 +1,69 @@
+"""The Python API: LLM(artifact).generate(...) for batches, .stream(...) for async token streams."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import AsyncIterator, Sequence
+
+from kiln.artifact import EngineArtifact
+from kiln.config import RuntimeConfig
+from kiln.runtime.engine_core import EngineCore
+from kiln.runtime.outputs import CompletionOutput, OutputProcessor, StreamDelta
+from kiln.runtime.request import Request
+from kiln.runtime.sampling_params import SamplingParams
+from kiln.tokenizer import Tokenizer
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    def __init__(self, artifact: str | Path | EngineArtifact, config: RuntimeConfig | None = None):
+        self.artifact = artifact if isinstance(artifact, EngineArtifact) else EngineArtifact.load(artifact)
+        self.core = EngineCore(self.artifact, config or RuntimeConfig())
+        self.tokenizer = Tokenizer(self.artifact.tokenizer_dir)
+        self.outputs = OutputProcessor(self.core, self.tokenizer)
+        self._ids = itertools.count()
+        self._async = None
+
+    # -- requests -----------------------------------------------------------------------------
+    def make_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> Request:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return Request(request_id or f"req-{next(self._ids)}", ids, params, eos_token_id=self.core.eos_token_id)
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        return self.tokenizer.encode_chat(messages)
+
+    # -- batch API ----------------------------------------------------------------------------
+    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[CompletionOutput]:
+        """Run all prompts to completion in one in-flight batch; outputs in prompt order."""
+        prompts = [prompts] if isinstance(prompts, str) or _is_token_list(prompts) else list(prompts)
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        requests = [self.make_request(p, sp) for p, sp in zip(prompts, params_list)]
+        for r in requests:
+            self.core.add_request(r)
+            self.outputs.add(r)
+        while self.core.has_unfinished():
+            for delta in self.core.step():
+                self.outputs.process(delta)
+        return [self.outputs.result(r) for r in requests]
+
+    def chat(self, conversations: list[list[dict]], params: SamplingParams | None = None) -> list[CompletionOutput]:
+        return self.generate([self.chat_prompt(c) for c in conversations], params)
+
+    # -- streaming API ------------------------------------------------------------------------
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncIterator[StreamDelta]:
+        from kiln.runtime.async_engine import AsyncEngine
+
+        if self._async is None:
+            self._async = AsyncEngine(self)
+        return self._async.generate(prompt, params or SamplingParams())
+
+    def shutdown(self) -> None:
+        if self._async is not None:
+            self._async.shutdown()
+
+
+def _is_token_list(x) -> bool:
+    return isinstance(x, (list, tuple)) and bool(x) and isinstance(x[0], int)
