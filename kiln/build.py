@@ -72,9 +72,9 @@ def _passes(src: ModelSource, config: BuildConfig) -> list:
     layers, bs = src.spec.num_layers, config.block_size
     passes = [(CleanupPass(), compare_logits)]
     if config.fuse:
-        from kiln.passes.fusion import FUSION_PASSES
+        from kiln.passes.fusion import fusion_passes
 
-        passes += [(p, compare_logits) for p in FUSION_PASSES]
+        passes += [(p, compare_logits) for p in fusion_passes(src.spec)]
     if config.quant is not QuantMode.NONE:
         passes.append((QuantizePass(config.quant), compare_logits))
     passes.append((KvIoPass(src.spec, bs), lambda a, b: compare_paged(a, b, layers, bs)))

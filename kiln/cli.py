@@ -13,6 +13,39 @@ from rich.console import Console
 console = Console(stderr=True)
 
 
+def runtime_options(fn):
+    """The runtime knobs shared by generate, serve and bench."""
+    opts = [
+        click.option("--kv-cache-memory", default=None, help="KV pool size, e.g. 2GiB (default: a share of free memory)."),
+        click.option("--policy", type=click.Choice(["latency", "throughput"]), default=None,
+                     help="Scheduler preset; the knobs below override it one by one."),
+        click.option("--max-num-seqs", type=int, default=None, help="Cap on running sequences."),
+        click.option("--token-budget", type=int, default=None, help="Tokens per step (decodes + prefill chunks)."),
+        click.option("--max-model-len", type=int, default=None, help="Context cap (default: the model's)."),
+        click.option("--no-prefix-caching", is_flag=True, help="Disable prefix caching."),
+        click.option("--threads", type=int, default=None, help="Engine threads (default: usable CPUs)."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def runtime_config(kv_cache_memory, policy, max_num_seqs, token_budget, max_model_len, no_prefix_caching, threads):
+    from kiln.config import RuntimeConfig
+    from kiln.runtime.scheduler import SchedulerConfig
+    from kiln.units import parse_bytes
+
+    knobs = {k: v for k, v in dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget,
+                                   max_model_len=max_model_len).items() if v is not None}
+    if max_model_len is None:
+        knobs["max_model_len"] = 1 << 30      # clipped to the artifact's context by the engine core
+    if no_prefix_caching:
+        knobs["enable_prefix_caching"] = False
+    sched = SchedulerConfig.preset(policy, **knobs) if policy else SchedulerConfig(**knobs)
+    return RuntimeConfig(kv_cache_memory=parse_bytes(kv_cache_memory) if kv_cache_memory else None,
+                         scheduler=sched, threads=threads)
+
+
 @click.group()
 @click.version_option(package_name="kiln")
 def main():
@@ -57,6 +90,35 @@ def inspect(artifact, as_json, context, memory):
         click.echo(json.dumps(art.manifest.to_json(), indent=1))
         return
     Console().print(render_manifest(art, context_len=context, memory_bytes=parse_bytes(memory)))
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--prompt", "prompts", multiple=True, help="A raw prompt (repeatable).")
+@click.option("--chat", "chats", multiple=True, help="A user message, wrapped in the chat template (repeatable).")
+@click.option("--prompt-file", type=click.Path(exists=True, path_type=Path), help="JSONL of prompts or {messages}.")
+@click.option("--max-tokens", default=64, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True)
+@click.option("--top-p", default=1.0, show_default=True)
+@click.option("--top-k", default=0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per output line.")
+@runtime_options
+def generate(artifact, prompts, chats, prompt_file, max_tokens, temperature, top_p, top_k, seed, stop,
+             as_json, **runtime):
+    """Generate from an artifact: every prompt joins one in-flight batch."""
+    from kiln.cli_generate import collect_prompts, run_generate
+    from kiln.runtime.llm import LLM
+    from kiln.runtime.sampling_params import SamplingParams
+
+    def go():
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                seed=seed, stop=stop)
+        llm = LLM(artifact, runtime_config(**runtime))
+        console.print(f"[dim]{llm.core.plan.describe()}[/]")
+        run_generate(llm, collect_prompts(llm, prompts, chats, prompt_file), params, as_json)
+    _guarded(go)
 
 
 @contextmanager

