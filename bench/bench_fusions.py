@@ -1,12 +1,12 @@
 """Which fusions win on ONNX Runtime CPU: decode-step and prefill latency, side by side in one run.
 
-    .venv/bin/python bench/bench_fusions.py [--model smollm2-135m] [--rounds 5]
+    .venv/bin/python bench/bench_fusions.py [--model smollm2-135m] [--decode-iterations 100]
 
 Variants: no fusion, each fusion alone (FuseSkipRMSNorm needs FuseRMSNorm first, so its row
 is the pair), and all fusions. Every session: ORT_ENABLE_ALL, 2 intra-op threads, 1 inter-op
 thread, sequential. Shapes: decode B=1, S=1 over a past of 256; prefill B=1, S=256, no past.
-Rounds interleave the variants so that drift on the machine hits all of them alike; each cell
-is the median over all rounds' runs, and the ratio is against "none" from the same run.
+Variants run round-robin, one run each per iteration, so drift on the machine hits all of them
+alike; the ratio is the median of each iteration's time over "none"'s in that same iteration.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -67,23 +68,37 @@ def build_variants(base: onnx.ModelProto, spec) -> dict[str, ort.InferenceSessio
     return sessions
 
 
-def time_runs(sess: ort.InferenceSession, f: dict, runs: int) -> list[float]:
-    samples = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run(["logits"], f)
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return samples
+def time_one(sess: ort.InferenceSession, f: dict) -> float:
+    t0 = time.perf_counter()
+    sess.run(["logits"], f)
+    return (time.perf_counter() - t0) * 1e3
 
 
-def measure(sessions: dict, f: dict, rounds: int, runs: int) -> dict[str, float]:
-    for sess in sessions.values():
-        time_runs(sess, f, 2)                                   # warm-up: allocations, prepacking
-    samples: dict[str, list[float]] = {name: [] for name in sessions}
-    for _ in range(rounds):
-        for name, sess in sessions.items():
-            samples[name] += time_runs(sess, f, runs)
-    return {name: statistics.median(s) for name, s in samples.items()}
+@dataclass
+class Cell:
+    median_ms: float
+    min_ms: float
+    ratio: float          # median over iterations of this variant's time / "none"'s in the same iteration
+
+
+def measure(sessions: dict, f: dict, iterations: int) -> dict[str, Cell]:
+    """Round-robin, one run per variant per iteration, the order rotating each time.
+
+    NOTE: the machine is shared and its load drifts within seconds, so each ratio is taken
+    between runs a few milliseconds apart (paired), not between two medians minutes apart.
+    """
+    names = list(sessions)
+    for name in names:
+        for _ in range(2):
+            time_one(sessions[name], f)                        # warm-up: allocations, prepacking
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for it in range(iterations):
+        k = it % len(names)
+        for name in names[k:] + names[:k]:
+            samples[name].append(time_one(sessions[name], f))
+    base = samples["none"]
+    return {name: Cell(statistics.median(s), min(s), statistics.median(a / b for a, b in zip(s, base)))
+            for name, s in samples.items()}
 
 
 def max_logit_diff(sessions: dict, f: dict) -> dict[str, float]:
@@ -91,22 +106,22 @@ def max_logit_diff(sessions: dict, f: dict) -> dict[str, float]:
     return {name: float(np.abs(s.run(["logits"], f)[0] - ref).max()) for name, s in sessions.items()}
 
 
-def print_table(cases: dict[str, dict[str, float]], errors: dict[str, float]) -> None:
+def print_table(cases: dict[str, dict[str, Cell]], errors: dict[str, float]) -> None:
     names = list(next(iter(cases.values())))
-    head = f"{'variant':<20}" + "".join(f"{c + ' ms':>20}{'ratio':>8}" for c in cases) + f"{'max|Δlogit|':>14}"
+    head = f"{'variant':<20}" + "".join(f"{c + ' median ms':>26}{'min ms':>9}{'ratio':>7}"
+                                       for c in cases) + f"{'max|Δlogit|':>13}"
     print(head)
     print("-" * len(head))
     for n in names:
-        cells = "".join(f"{ms[n]:>20.3f}{ms[n] / ms['none']:>8.3f}" for ms in cases.values())
-        print(f"{n:<20}{cells}{errors[n]:>14.2e}")
+        cells = "".join(f"{c[n].median_ms:>26.2f}{c[n].min_ms:>9.2f}{c[n].ratio:>7.3f}" for c in cases.values())
+        print(f"{n:<20}{cells}{errors[n]:>13.2e}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--decode-runs", type=int, default=30)
-    ap.add_argument("--prefill-runs", type=int, default=3)
+    ap.add_argument("--decode-iterations", type=int, default=100)
+    ap.add_argument("--prefill-iterations", type=int, default=12)
     ap.add_argument("--past", type=int, default=256)
     ap.add_argument("--prefill-len", type=int, default=256)
     args = ap.parse_args()
@@ -117,9 +132,9 @@ def main() -> None:
     decode = feeds(base, 1, 1, args.past)
     prefill = feeds(base, 1, args.prefill_len, 0)
     del base
-    cases = {f"decode(past {args.past})": measure(sessions, decode, args.rounds, args.decode_runs),
-             f"prefill(S {args.prefill_len})": measure(sessions, prefill, args.rounds, args.prefill_runs)}
-    print(f"{args.model}: ORT {ort.__version__}, ORT_ENABLE_ALL, 2 intra-op threads; median ms, ratio vs none")
+    cases = {f"decode(past {args.past})": measure(sessions, decode, args.decode_iterations),
+             f"prefill(S {args.prefill_len})": measure(sessions, prefill, args.prefill_iterations)}
+    print(f"{args.model}: ORT {ort.__version__}, ORT_ENABLE_ALL, 2 intra-op threads; ratio = median of paired time/none")
     print_table(cases, max_logit_diff(sessions, decode))
 
 
