@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/bench_quant_ppl.py [--model smollm2-135m] [--variants fp32,int8,int4]
 
-Variants: fp32, int8, int4, plus int4 options joined by '-': sym (symmetric), bs16/bs64 (block size),
-t8 (embedding and LM head at 8-bit), e.g. int4-sym-t8.
+Variants: fp32, int8, int4 (the pass's default recipe), plus options joined by '-': sym (symmetric),
+bs16/bs64 (block size), t4/t8 (bits of the embedding and LM head), pure (no linear kept at 8 bits),
+k8=a+b (these node-name segments at 8 bits), e.g. int4-pure-t4 (everything 4-bit), int4-sym-bs16.
 """
 
 from __future__ import annotations
@@ -26,8 +27,12 @@ def make_pass(variant: str) -> QuantizePass:
     for o in opts:
         if o.startswith("bs"):
             kw["block_size"] = int(o[2:])
-        if o.startswith("t"):
+        if o[0] == "t" and o[1:].isdigit():
             kw["table_bits"] = int(o[1:])
+        if o == "pure":
+            kw["int8_linears"] = ()
+        if o.startswith("k8="):
+            kw["int8_linears"] = tuple(o[3:].split("+"))
     return QuantizePass(QuantMode.NONE if mode == "fp32" else QuantMode(mode), **kw)
 
 

@@ -15,6 +15,7 @@ Tied embeddings share one table: MatMulNBits' B for the LM head [N=V, H/bs, blob
 from __future__ import annotations
 
 import enum
+from collections import Counter
 
 import numpy as np
 import onnx
@@ -46,15 +47,26 @@ class QuantMode(enum.Enum):
 _REL_TOLERANCE = {QuantMode.NONE: 0.0, QuantMode.INT8: 0.5, QuantMode.INT4: 1.5}
 
 
+# The INT4 recipe keeps the most sensitive weights at 8 bits (like llama.cpp's Q4_K_M): on SmolLM2,
+# 4-bit tables alone cost +9% perplexity, down_proj +6%, v_proj +4%, each other linear +0.3-2.8%
+# (bench/bench_quant_ppl.py); all-4-bit is +37%, this recipe about +8%.
+_TABLE_BITS = {QuantMode.INT8: 8, QuantMode.INT4: 8}
+# NOTE: after MergeProjections, v_proj lives inside qkv_proj, so the whole fused projection stays 8-bit.
+_INT8_LINEARS = {QuantMode.INT8: (), QuantMode.INT4: ("v_proj", "qkv_proj", "down_proj")}
+
+
 class QuantizePass:
     name = "quantize"
 
     def __init__(self, mode: QuantMode, block_size: int = 32, quantize_embedding: bool = True,
-                 quantize_lm_head: bool = True, symmetric: bool = False, table_bits: int | None = None):
-        """table_bits: bits of the embedding and LM head (None: the mode's); e.g. 8 with INT4 layers."""
+                 quantize_lm_head: bool = True, symmetric: bool = False, table_bits: int | None = None,
+                 int8_linears: tuple[str, ...] | None = None):
+        """table_bits: bits of the embedding and LM head; int8_linears: node-name segments (e.g.
+        "down_proj") of linears kept at 8 bits. None takes the mode's recipe; (4, ()) is pure int4."""
         self.mode, self.block_size, self.symmetric = mode, block_size, symmetric
         self.quantize_embedding, self.quantize_lm_head = quantize_embedding, quantize_lm_head
-        self.table_bits = table_bits or mode.bits
+        self.table_bits = table_bits or _TABLE_BITS.get(mode)
+        self.int8_linears = tuple(_INT8_LINEARS.get(mode, ()) if int8_linears is None else int8_linears)
         self.rel_tolerance = _REL_TOLERANCE[mode]
         self._details: dict = {"mode": mode.value}
 
@@ -96,7 +108,8 @@ class _Rewrite:
         self.p._details |= {
             "bits": self.p.mode.bits, "table_bits": self.p.table_bits, "block_size": self.p.block_size,
             "symmetric": self.p.symmetric, "accuracy_level": 4,
-            "matmuls_quantized": len(self.quantized), "skipped": self.skipped,
+            "int8_linears": list(self.p.int8_linears), "matmuls_quantized": len(self.quantized),
+            "matmuls_by_bits": dict(Counter(_bits(n) for n in self.quantized.values())), "skipped": self.skipped,
             "lm_head": self._head_note(), "embedding": embed_note,
         }
 
@@ -116,12 +129,15 @@ class _Rewrite:
         b = node.input[1]
         if b in self.quantized:    # NOTE: a weight shared by two MatMuls keeps one quantized copy
             return [_rewire(self.quantized[b], node)]
-        bits = self.p.table_bits if is_head else self.p.mode.bits
+        bits = self.p.table_bits if is_head else self._linear_bits(node)
         (q,) = weight_quantizer(bits, self.p.block_size, self.p.symmetric).quantize_matmul(node, [self.graph])
         self.quantized[b] = q
         if is_head:
             self.head_table = QuantizedTable.of_matmul_nbits(q, bits)
         return [q]
+
+    def _linear_bits(self, node: onnx.NodeProto) -> int:
+        return 8 if set(node.name.split("/")) & set(self.p.int8_linears) else self.p.mode.bits
 
     def _embedding(self, nodes: list[list[onnx.NodeProto]]) -> str:
         if self.embed is None:
@@ -150,6 +166,10 @@ class _Rewrite:
         if self.head_table is None:
             return "fp32"
         return f"MatMulNBits {self.head_table.bits}-bit"
+
+
+def _bits(node: onnx.NodeProto) -> int:
+    return next(a.i for a in node.attribute if a.name == "bits")
 
 
 def _skip_reason(node: onnx.NodeProto, inits: dict[str, TensorProto], block_size: int) -> str | None:

@@ -48,18 +48,20 @@ def test_every_linear_and_the_embedding_are_quantized(models, name, mode):
     assert ops(out)["MatMulNBits"] == linears == 15
     assert ops(out)["GatherBlockQuantized"] == 1 and ops(out)["Gather"] == ops(model)["Gather"] - 1
     assert weight_matmuls(out) == []
-    assert all(a.i == mode.bits for n in out.graph.node if n.domain == "com.microsoft"
-               for a in n.attribute if a.name == "bits")
+    # INT4's recipe keeps v_proj, down_proj and the tables at 8 bits
+    assert report.details["matmuls_by_bits"] == ({8: 15} if mode is QuantMode.INT8 else {4: 10, 8: 5})
     assert all(a.i == 4 for n in out.graph.node if n.op_type == "MatMulNBits"
                for a in n.attribute if a.name == "accuracy_level")
     d = report.details
     assert d["matmuls_quantized"] == 15 and d["bits"] == mode.bits and d["block_size"] == 32
+    assert d["table_bits"] == 8
     assert all("not an initializer" in s["reason"] for s in d["skipped"])   # only attention's QK / PV
     assert report.max_rel_error <= QuantizePass(mode).rel_tolerance
 
 
-def test_tied_embedding_shares_the_lm_heads_table(models):
-    p = QuantizePass(QuantMode.INT4)
+@pytest.mark.parametrize("table_bits", [4, 8])
+def test_tied_embedding_shares_the_lm_heads_table(models, table_bits):
+    p = QuantizePass(QuantMode.INT4, table_bits=table_bits)
     out = p.run(models["tiny-qwen2"])
     gather = next(n for n in out.graph.node if n.op_type == "GatherBlockQuantized")
     head = next(n for n in out.graph.node if n.name.startswith("/model/lm_head"))
@@ -69,7 +71,7 @@ def test_tied_embedding_shares_the_lm_heads_table(models):
     names = {t.name for t in out.graph.initializer}
     assert "model.embed_tokens.weight" not in names and "lm_head.weight" not in names
     vocab_tables = sorted(n for n in names if n.startswith(("lm_head", "model.embed_tokens")))
-    assert vocab_tables == ["lm_head.weight_Q4", "lm_head.weight_scales", "lm_head.weight_zero_points"]
+    assert vocab_tables == [f"lm_head.weight_Q{table_bits}", "lm_head.weight_scales", "lm_head.weight_zero_points"]
     assert "sharing the LM head's quantized table" in p.details()["embedding"]
 
 
@@ -81,14 +83,24 @@ def test_untied_embedding_gets_its_own_table(models):
     assert "own table" in p.details()["embedding"]
 
 
-@pytest.mark.parametrize("mode,bound", [(QuantMode.INT8, 0.35), (QuantMode.INT4, 0.22)])
-def test_weight_bytes_shrink(models, mode, bound):
-    p = QuantizePass(mode)
+PURE_INT4 = dict(table_bits=4, int8_linears=())
+
+
+@pytest.mark.parametrize("mode,options,bound", [(QuantMode.INT8, {}, 0.35), (QuantMode.INT4, PURE_INT4, 0.22),
+                                                (QuantMode.INT4, {}, 0.30)])
+def test_weight_bytes_shrink(models, mode, options, bound):
+    p = QuantizePass(mode, **options)
     out = p.run(models["tiny-llama"])
     d = p.details()
     assert d["weight_bytes_before"] == weight_bytes(models["tiny-llama"].graph)
     assert d["weight_bytes_after"] == weight_bytes(out.graph)
     assert d["weight_bytes_after"] < bound * d["weight_bytes_before"]
+
+
+def test_pure_int4_is_all_4_bit(models):
+    out, report = run_pass(QuantizePass(QuantMode.INT4, **PURE_INT4), models["tiny-qwen2"], compare_logits)
+    assert report.details["matmuls_by_bits"] == {4: 15}
+    assert {a.i for n in out.graph.node if n.domain == "com.microsoft" for a in n.attribute if a.name == "bits"} == {4}
 
 
 def test_none_is_the_identity(models):
@@ -118,13 +130,19 @@ def test_tied_embedding_without_a_quantized_head_gets_its_own_table(models):
     assert ops(out)["GatherBlockQuantized"] == 1 and "own table" in p.details()["embedding"]
 
 
-def test_mixed_precision_tables(models):
-    p = QuantizePass(QuantMode.INT4, table_bits=8)
-    out, _ = run_pass(p, models["tiny-qwen2"], compare_logits)
+def test_int4_recipe_keeps_the_sensitive_weights_at_8_bits(models):
+    out, _ = run_pass(QuantizePass(QuantMode.INT4), models["tiny-qwen2"], compare_logits)
     bits = {n.name: next(a.i for a in n.attribute if a.name == "bits")
             for n in out.graph.node if n.domain == "com.microsoft"}
     assert bits["/model/lm_head_Q8"] == 8 and bits["/model/embed_tokens_Q8"] == 8
-    assert sorted(set(bits.values())) == [4, 8]
+    assert bits["/model/layers.1/mlp/down_proj/MatMul_Q8"] == 8 and bits["/model/layers.0/attn/v_proj/MatMul_Q8"] == 8
+    assert bits["/model/layers.0/attn/q_proj/MatMul_Q4"] == 4 and bits["/model/layers.1/mlp/up_proj/MatMul_Q4"] == 4
+
+
+def test_int8_linears_match_whole_name_segments(models):
+    p = QuantizePass(QuantMode.INT4, int8_linears=("proj",))      # no segment is exactly "proj"
+    p.run(models["tiny-llama"])
+    assert p.details()["matmuls_by_bits"] == {4: 14, 8: 1}
 
 
 def test_any_matmul_with_a_weight_is_quantized_whatever_its_name(models):
@@ -166,3 +184,19 @@ def test_quantized_logits_stay_close_on_a_real_sequence(models):
     a = logits(model, feeds)
     b = logits(QuantizePass(QuantMode.INT8).run(model), feeds)
     assert np.mean(a.argmax(-1) == b.argmax(-1)) >= 0.9
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_quantizes_the_fused_graph(models, name):
+    """Fusion runs first: merged qkv / gate_up MatMuls are linears like any other."""
+    from kiln.passes.fusion import fusion_passes
+
+    model = models[name]
+    spec = load_source(name).spec
+    for p in fusion_passes(spec):
+        model = p.run(model)
+    linears = len(weight_matmuls(model))                  # per layer: qkv, o, gate_up, down; + head
+    assert linears == 2 * 4 + 1
+    out, report = run_pass(QuantizePass(QuantMode.INT4), model, compare_logits)
+    assert weight_matmuls(out) == [] and ops(out)["GatherBlockQuantized"] == 1
+    assert report.details["matmuls_by_bits"] == {4: 4, 8: 5}   # qkv, down and the head stay 8-bit
