@@ -1,6 +1,9 @@
 """Perplexity, weight bytes and decode latency of fp32 / int8 / int4 builds of one model, side by side.
 
-    .venv/bin/python bench/bench_quant_ppl.py [--model smollm2-135m] [--variants fp32,int8,int4]
+    .venv/bin/python bench/bench_quant_ppl.py [--model smollm2-135m] [--variants fp32,int8,int4] [--fuse]
+
+--fuse runs the build's fusion passes first (as `kiln build` does). Decode latency: B=1, S=1 after 256
+cached tokens, sessions with ORT_ENABLE_ALL and 2 threads, interleaved rounds over all variants.
 
 Variants: fp32, int8, int4 (the pass's default recipe), plus options joined by '-': sym (symmetric),
 bs16/bs64 (block size), t4/t8 (bits of the embedding and LM head), pure (no linear kept at 8 bits),
@@ -36,23 +39,29 @@ def make_pass(variant: str) -> QuantizePass:
     return QuantizePass(QuantMode.NONE if mode == "fp32" else QuantMode(mode), **kw)
 
 
-def decode_latency_ms(model, past: int = 256, runs: int = 60) -> tuple[float, float]:
-    """Median / min ms of one B=1, S=1 step after `past` cached tokens (random KV)."""
-    sess = make_session(model)
+def decode_feeds(sess, past: int = 256) -> dict:
     rng = np.random.default_rng(0)
     feeds = {"input_ids": np.array([[42]], np.int64), "position_ids": np.array([[past]], np.int64),
              "attention_mask": np.ones((1, past + 1), np.int64)}
     for i in sess.get_inputs():
         if i.name.startswith("past_key_values."):
             feeds[i.name] = rng.normal(0, 1, (1, i.shape[1], past, i.shape[3])).astype(np.float32)
-    for _ in range(5):
-        sess.run(["logits"], feeds)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run(["logits"], feeds)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), min(times)
+    return feeds
+
+
+def decode_latencies_ms(models: dict, rounds: int = 4, runs: int = 20) -> dict[str, tuple[float, float]]:
+    """Median / min ms per variant of one decode step; rounds interleave the variants against drift."""
+    sessions = {v: make_session(m) for v, m in models.items()}
+    feeds = {v: decode_feeds(s) for v, s in sessions.items()}
+    times: dict[str, list[float]] = {v: [] for v in models}
+    for r in range(rounds):
+        for v, sess in sessions.items():
+            for i in range(runs + (5 if r == 0 else 0)):
+                t0 = time.perf_counter()
+                sess.run(["logits"], feeds[v])
+                if r or i >= 5:
+                    times[v].append((time.perf_counter() - t0) * 1e3)
+    return {v: (statistics.median(t), min(t)) for v, t in times.items()}
 
 
 def main() -> None:
@@ -60,25 +69,33 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--variants", default="fp32,int8,int4")
     ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--fuse", action="store_true")
     args = ap.parse_args()
     src = load_source(args.model)
     fp32 = build_decoder(src.spec, src.weights)
+    if args.fuse:
+        from kiln.passes.fusion import fusion_passes
+
+        for p in fusion_passes(src.spec):
+            fp32 = p.run(fp32)
     tokens = text_token_ids(src.tokenizer_dir)
     base_bytes = weight_bytes(fp32.graph)
-    print(f"{args.model}: {len(tokens)} tokens, window {args.window}, fp32 weights {base_bytes / 1e6:.1f} MB")
-    print("| variant | ppl | Δppl | weight MB | ratio | decode ms (median / min) | quantize s |")
-    print("|---|---|---|---|---|---|---|")
-    base_ppl = None
+    print(f"{args.model}{' (fused)' if args.fuse else ''}: {len(tokens)} tokens, window {args.window}, "
+          f"fp32 weights {base_bytes / 1e6:.1f} MB", flush=True)
+    models, rows = {}, {}
     for variant in args.variants.split(","):
         t0 = time.perf_counter()
-        model = make_pass(variant).run(fp32)
-        qs = time.perf_counter() - t0
-        ppl = perplexity(model, tokens, args.window)
-        base_ppl = base_ppl or ppl
-        med, low = decode_latency_ms(model)
-        size = weight_bytes(model.graph)
-        print(f"| {variant} | {ppl:.4f} | {100 * (ppl / base_ppl - 1):+.2f}% | {size / 1e6:.1f} | "
-              f"{size / base_bytes:.3f} | {med:.2f} / {low:.2f} | {qs:.1f} |", flush=True)
+        models[variant] = make_pass(variant).run(fp32)
+        rows[variant] = (perplexity(models[variant], tokens, args.window), time.perf_counter() - t0)
+        print(f"  {variant}: ppl {rows[variant][0]:.4f}", flush=True)
+    latency = decode_latencies_ms(models)
+    base_ppl = next(iter(rows.values()))[0]
+    print("| variant | ppl | Δppl | weight MB | ratio | decode ms (median / min) | quantize + ppl s |")
+    print("|---|---|---|---|---|---|---|")
+    for v, (ppl, secs) in rows.items():
+        size = weight_bytes(models[v].graph)
+        print(f"| {v} | {ppl:.4f} | {100 * (ppl / base_ppl - 1):+.2f}% | {size / 1e6:.1f} | "
+              f"{size / base_bytes:.3f} | {latency[v][0]:.2f} / {latency[v][1]:.2f} | {secs:.0f} |")
 
 
 if __name__ == "__main__":
