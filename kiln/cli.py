@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 
 
 def runtime_options(fn):
@@ -89,7 +89,8 @@ def inspect(artifact, as_json, context, memory):
     if as_json:
         click.echo(json.dumps(art.manifest.to_json(), indent=1))
         return
-    Console().print(render_manifest(art, context_len=context, memory_bytes=parse_bytes(memory)))
+    wide = Console(width=max(Console().width, 160))   # tables must not wrap their lines when piped
+    wide.print(render_manifest(art, context_len=context, memory_bytes=parse_bytes(memory)))
 
 
 @main.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 
 from kiln.artifact import EngineArtifact
@@ -34,7 +35,7 @@ def _summary(art: EngineArtifact, context_len: int, memory_bytes: int) -> Table:
         ("toolchain", ", ".join(f"{k} {v}" for k, v in m.versions.items())),
     ]
     for k, v in rows:
-        t.add_row(k, v)
+        t.add_row(k, escape(v))
     return t
 
 

@@ -57,3 +57,13 @@ def smollm2_hf():
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return model.eval(), tok
+
+
+@pytest.fixture(scope="session")
+def smollm2_int8_artifact(tmp_path_factory):
+    """Built from the GGUF *path* (not the preset name), so that source kind is covered too."""
+    _need_smollm2()
+    from kiln.export.presets import smollm2_gguf_path
+
+    out = tmp_path_factory.mktemp("artifacts") / "smollm2-int8"
+    return build(BuildConfig(source=str(smollm2_gguf_path()), out=out, quant=QuantMode.INT8))

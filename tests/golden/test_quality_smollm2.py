@@ -1,0 +1,32 @@
+"""Quantization quality on SmolLM2: artifact perplexity on the fixed text (tests/data/perplexity.txt)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.artifact import EngineArtifact
+from kiln.eval import PERPLEXITY_TEXT, text_token_ids
+from kiln.eval.sequence import artifact_perplexity
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fp32_perplexity(smollm2_fp32_artifact):
+    art = EngineArtifact.load(smollm2_fp32_artifact)
+    ids = text_token_ids(art.tokenizer_dir, PERPLEXITY_TEXT)
+    assert len(ids) >= 2000
+    return artifact_perplexity(art, ids)
+
+
+def test_fp32_perplexity_is_sane(fp32_perplexity):
+    # SmolLM2-135M on plain English prose; a broken graph gives hundreds or thousands.
+    assert 5 < fp32_perplexity < 40
+
+
+def test_int8_within_one_percent(smollm2_int8_artifact, fp32_perplexity):
+    art = EngineArtifact.load(smollm2_int8_artifact)
+    assert art.manifest.quant["mode"] == "int8"
+    ppl = artifact_perplexity(art, text_token_ids(art.tokenizer_dir, PERPLEXITY_TEXT))
+    print(f"\nperplexity fp32 {fp32_perplexity:.3f}, int8 {ppl:.3f} ({ppl / fp32_perplexity - 1:+.2%})")
+    assert ppl / fp32_perplexity - 1 <= 0.01

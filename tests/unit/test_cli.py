@@ -1,0 +1,46 @@
+"""The kiln CLI end to end on a tiny preset: build, inspect, generate."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from kiln.cli import main
+
+
+def test_build_inspect_generate(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "tiny"
+    res = runner.invoke(main, ["build", "tiny-qwen2", "--out", str(out), "--quant", "int8"])
+    assert res.exit_code == 0, res.output
+    assert "pass kv_io" in res.output and "built" in res.output
+
+    res = runner.invoke(main, ["inspect", str(out), "--context", "1024", "--memory", "1MiB"])
+    assert res.exit_code == 0, res.output
+    assert "KV bytes / token" in res.output
+    # 2 layers x k/v x 2 kv heads x 16 dims x 4 bytes = 512 B/token; 1 MiB = 128 blocks of 16
+    assert "128 blocks = 2,048 tokens = 2 sequences at context 1024" in res.output
+
+    res = runner.invoke(main, ["inspect", str(out), "--json"])
+    manifest = json.loads(res.output)
+    assert manifest["quant"]["mode"] == "int8" and manifest["schema_version"] == 1
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"hello"\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+    res = runner.invoke(main, ["generate", str(out), "--prompt-file", str(prompts), "--max-tokens", "5",
+                               "--json", "--kv-cache-memory", "16MiB"])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(line) for line in res.output.splitlines() if line.startswith("{")]
+    assert len(lines) == 2 and all(1 <= len(line["token_ids"]) <= 5 for line in lines)
+
+
+def test_build_refuses_existing_folder(tmp_path):
+    (tmp_path / "x").mkdir()
+    res = CliRunner().invoke(main, ["build", "tiny-llama", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 1 and "--force" in res.output
+
+
+def test_generate_on_missing_artifact_is_a_clear_error(tmp_path):
+    res = CliRunner().invoke(main, ["generate", str(tmp_path / "nope"), "--prompt", "hi"])
+    assert res.exit_code == 1 and "not an artifact folder" in res.output
