@@ -30,6 +30,8 @@ VARIANTS = {
     "rms_norm+skip": [FuseRMSNorm, FuseSkipRMSNorm],
     "rotary": [FuseRotary],
     "merge_projections": [MergeProjections],
+    "rms_norm+rotary": [FuseRMSNorm, FuseRotary],
+    "rms_norm+rotary+merge": [FuseRMSNorm, FuseRotary, MergeProjections],
     "all": [FuseRMSNorm, FuseSkipRMSNorm, FuseRotary, MergeProjections],
 }
 
@@ -60,10 +62,11 @@ def session(model_bytes: bytes, spin: bool) -> ort.InferenceSession:
     return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
 
 
-def build_variants(base: onnx.ModelProto, spec, spin: bool) -> dict[str, ort.InferenceSession]:
+def build_variants(base: onnx.ModelProto, spec, spin: bool, names: list[str]) -> dict[str, ort.InferenceSession]:
     sessions = {}
-    for name, passes in VARIANTS.items():
+    for name in names:
         model = base
+        passes = VARIANTS[name]
         for cls in passes:
             model = cls.for_spec(spec).run(model)
         sessions[name] = session(model.SerializeToString(), spin)
@@ -125,6 +128,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--decode-iterations", type=int, default=100)
     ap.add_argument("--prefill-iterations", type=int, default=12)
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     ap.add_argument("--spin", action="store_true", help="let ORT's intra-op workers spin (default: off)")
     ap.add_argument("--past", type=int, default=256)
     ap.add_argument("--prefill-len", type=int, default=256)
@@ -132,7 +136,8 @@ def main() -> None:
 
     src = load_source(args.model)
     base = build_decoder(src.spec, src.weights)
-    sessions = build_variants(base, src.spec, args.spin)
+    names = ["none", *[v for v in args.variants if v != "none"]]
+    sessions = build_variants(base, src.spec, args.spin, names)
     decode = feeds(base, 1, 1, args.past)
     prefill = feeds(base, 1, args.prefill_len, 0)
     del base
