@@ -91,11 +91,11 @@ def _live_nodes(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.Nod
     live, stack = set(), [producer[o] for o in outputs if o in producer]
     while stack:
         n = stack.pop()
-        if n.name in live:
+        if id(n) in live:           # by identity: a foreign graph may leave node names empty
             continue
-        live.add(n.name)
+        live.add(id(n))
         stack.extend(producer[i] for i in n.input if i in producer)
-    return [n for n in nodes if n.name in live]
+    return [n for n in nodes if id(n) in live]
 
 
 def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
