@@ -122,6 +122,26 @@ def generate(artifact, prompts, chats, prompt_file, max_tokens, temperature, top
     _guarded(go)
 
 
+@main.command("triton-repo")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Model repository folder.")
+@click.option("--instances", default=1, show_default=True, help="Model instances (each its own engine).")
+@click.option("--max-queue", default=256, show_default=True, help="Waiting requests before new ones are refused.")
+@click.option("--name", default="kiln", show_default=True, help="Model name in the repository.")
+@click.option("--print-command", is_flag=True, help="Also print the tritonserver command that serves it.")
+@runtime_options
+def triton_repo(artifact, out, instances, max_queue, name, print_command, **runtime):
+    """Render a Triton model repository serving ARTIFACT (python backend, decoupled streaming)."""
+    from kiln.serving.triton.launch import command_text
+    from kiln.serving.triton.repo import RepoOptions, render_repository
+
+    options = RepoOptions(name=name, instances=instances, max_queue=max_queue, runtime=runtime)
+    path = _guarded(lambda: render_repository(artifact, out, options))
+    console.print(f"[bold green]rendered[/] {path}")
+    if print_command:
+        click.echo(_guarded(lambda: command_text(out)))
+
+
 @contextmanager
 def _rich_stage(name: str):
     t0 = time.perf_counter()
