@@ -142,6 +142,32 @@ def triton_repo(artifact, out, instances, max_queue, name, print_command, **runt
         click.echo(_guarded(lambda: command_text(out)))
 
 
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
+@click.option("--port", default=8000, show_default=True)
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1/*.")
+@click.option("--served-model-name", default=None, help="Model id clients send (default: the folder name).")
+@click.option("--ttft-slo", type=float, default=None, help="Refuse (429) when the predicted TTFT exceeds S seconds.")
+@click.option("--max-waiting", type=int, default=None, help="Refuse when N requests await their first token.")
+@click.option("--max-waiting-tokens", type=int, default=None, help="Refuse when their prompts exceed N tokens.")
+@click.option("--request-timeout", type=float, default=None, help="End requests after S seconds (finish_reason timeout).")
+@click.option("--no-response-cache", is_flag=True, help="Do not cache deterministic responses.")
+@runtime_options
+def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waiting, max_waiting_tokens,
+          request_timeout, no_response_cache, **runtime):
+    """Serve an artifact over an OpenAI-compatible HTTP API."""
+    from kiln.serving.config import ServeConfig
+    from kiln.serving.server import run_server
+
+    def go():
+        cfg = ServeConfig(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
+                          ttft_slo=ttft_slo, max_waiting=max_waiting, max_waiting_tokens=max_waiting_tokens,
+                          request_timeout=request_timeout, response_cache=not no_response_cache)
+        run_server(artifact, runtime_config(**runtime), cfg, announce=lambda m: console.print(f"[dim]{m}[/]"))
+    _guarded(go)
+
+
 @contextmanager
 def _rich_stage(name: str):
     t0 = time.perf_counter()

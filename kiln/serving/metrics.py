@@ -1,0 +1,107 @@
+"""Prometheus metrics, in a registry of the app's own (so two servers in one process, as in
+tests, never share series). Request latencies come from the engine's timestamps on each Request;
+engine-wide counters and gauges are read from the EngineClient's snapshot at scrape time."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from kiln.runtime.request import Request
+from kiln.serving.engine_client import StepReport
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class ServerMetrics:
+    def __init__(self):
+        disable_created_metrics()        # the *_created series only double what a scrape says
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("kiln_time_to_first_token_seconds", "Arrival to first token.",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("kiln_inter_token_latency_seconds", "Between consecutive tokens of a request.",
+                             buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("kiln_e2e_request_latency_seconds", "Arrival to finish.",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("kiln_request_queue_time_seconds", "Arrival to first scheduled.",
+                               buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill = Histogram("kiln_request_prefill_time_seconds", "First scheduled to first token.",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.decode = Histogram("kiln_request_decode_time_seconds", "First token to finish.",
+                                buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("kiln_batch_size", "Requests per engine step.",
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("kiln_prompt_tokens", "Prompt tokens of engine requests.", registry=r)
+        self.generation_tokens = Counter("kiln_generation_tokens", "Tokens generated.", registry=r)
+        self.finished = Counter("kiln_requests_finished", "Engine requests by finish reason.",
+                                ["finish_reason"], registry=r)
+        self.rejected = Counter("kiln_requests_rejected", "Requests refused: 429 by admission bound, "
+                                "or invalid (4xx).", ["reason"], registry=r)
+        self.aborted = Counter("kiln_requests_aborted", "Engine requests aborted because every "
+                               "client waiting on them disconnected.", registry=r)
+        self.cache_hits = Counter("kiln_response_cache_hits", "Responses served from the response cache "
+                                  "(stored) or by joining an identical request in flight.", ["kind"], registry=r)
+
+    def observe_step(self, step: StepReport) -> None:
+        """Engine thread; prometheus-client metrics are thread-safe."""
+        self.batch_size.observe(step.batch_size)
+
+    def observe_request(self, request: Request, num_generated: int, finish_reason: str) -> None:
+        self.finished.labels(finish_reason).inc()
+        self.prompt_tokens.inc(request.num_prompt_tokens)
+        self.generation_tokens.inc(num_generated)
+        t = request.timings
+        for hist, start, end in ((self.queue, request.arrival_time, t.first_scheduled_time),
+                                 (self.prefill, t.first_scheduled_time, t.first_token_time),
+                                 (self.ttft, request.arrival_time, t.first_token_time),
+                                 (self.decode, t.first_token_time, t.finished_time),
+                                 (self.e2e, request.arrival_time, t.finished_time)):
+            if start is not None and end is not None:
+                hist.observe(max(end - start, 0.0))
+        for a, b in zip(t.token_times, t.token_times[1:]):
+            self.itl.observe(b - a)
+
+    def watch(self, client, admission) -> None:
+        """Publish the engine snapshot and the admission state at every scrape."""
+        self.registry.register(_EngineCollector(client, admission))
+
+
+class _EngineCollector:
+    def __init__(self, client, admission):
+        self.client, self.admission = client, admission
+
+    def collect(self):
+        s = self.client.snapshot
+        yield _gauge("kiln_requests_running", "Requests in the running batch.", s.num_running)
+        yield _gauge("kiln_requests_waiting", "Requests in the engine's waiting queue.", s.num_waiting)
+        yield _gauge("kiln_kv_blocks_used", "KV-cache blocks held by requests.", s.kv_blocks_used)
+        yield _gauge("kiln_kv_blocks_total", "KV-cache blocks in the pool.", s.kv_blocks_total)
+        yield _gauge("kiln_kv_bytes_used", "Bytes of the KV blocks in use.", s.kv_blocks_used * s.kv_bytes_per_block)
+        yield _gauge("kiln_kv_bytes_total", "Bytes of the KV pool.", s.kv_blocks_total * s.kv_bytes_per_block)
+        yield _gauge("kiln_admission_waiting_requests", "Admitted requests without a first token.",
+                     self.admission.pending)
+        yield _gauge("kiln_admission_waiting_tokens", "Their prompt tokens.", self.admission.pending_tokens)
+        yield _gauge("kiln_prefill_tokens_per_second", "Measured prefill rate used to predict TTFT.",
+                     self.admission.rate.tokens_per_second)
+        yield _counter("kiln_preemptions", "Requests preempted (freed and recomputed).", s.num_preemptions)
+        yield _counter("kiln_kv_evictions", "Cached KV blocks evicted for reuse.", s.kv_evictions)
+        yield _counter("kiln_kv_allocation_failures", "KV block allocations that did not fit.",
+                       s.kv_allocation_failures)
+        yield _counter("kiln_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                       s.prefix_queries)
+        yield _counter("kiln_prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_hits)
+
+
+def _gauge(name, doc, value):
+    family = GaugeMetricFamily(name, doc)
+    family.add_metric([], value)
+    return family
+
+
+def _counter(name, doc, value):
+    family = CounterMetricFamily(name, doc)
+    family.add_metric([], value)
+    return family

@@ -1,0 +1,85 @@
+"""The OpenAI request bodies kiln accepts, as pydantic models. Types only: what the values must
+satisfy (ranges, context limits) is checked in requests.py against the engine."""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kiln.serving.errors import ApiError, bad_request
+
+
+class _Body(BaseModel):
+    # Unknown fields are ignored, as OpenAI-compatible servers do, so newer clients still work.
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Body):
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    logprobs: int | None = None
+    echo: bool = False
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")     # tool calls, names ... reach the template as they are
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: Union[str, list[ContentPart], None] = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+def parse_body(model: type[_Body], data) -> _Body:
+    """The body as `model`, or a 400 naming the first offending field."""
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _as_api_error(e) from None
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "none", "list", "dict"}
+
+
+def _as_api_error(e: ValidationError) -> ApiError:
+    first = e.errors()[0]
+    # Union members add their type name to the location; the field is the leading plain parts.
+    parts = [str(p) for p in first["loc"] if isinstance(p, int) or p not in _UNION_TAGS and "[" not in p]
+    param = ".".join(parts) or None
+    if first["type"] == "missing":
+        return bad_request(f"'{param}' is a required property", param, "missing_required_parameter")
+    return bad_request(f"invalid value for '{param}': {first['msg']}", param, "invalid_value")

@@ -1,0 +1,141 @@
+"""An OpenAI request body -> prompt token ids + SamplingParams, checked against the engine's limits
+before anything is queued, so a bad request is a 400 and never disturbs the ones in flight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kiln.runtime.sampling_params import SamplingParams
+from kiln.serving.errors import ApiError, bad_request
+from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest
+from kiln.tokenizer import ChatTemplateError, Tokenizer
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Plain numbers read once at start-up, so the HTTP thread never touches the engine core."""
+    max_model_len: int
+    num_kv_blocks: int
+    block_size: int
+    vocab_size: int
+
+    @property
+    def kv_tokens(self) -> int:
+        # NOTE: the last sampled token is never computed, so a request of kv_tokens + 1 still fits.
+        return self.num_kv_blocks * self.block_size + 1
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    kind: str                       # "completion" or "chat": how the answer is rendered
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+
+    @property
+    def deterministic(self) -> bool:
+        return self.params.temperature == 0 or self.params.seed is not None
+
+    @property
+    def cache_key(self) -> tuple:
+        # The engine's output depends on these alone; how it is rendered (chat or completion,
+        # streamed or not) is applied afterwards, so both kinds share one entry.
+        return self.prompt_ids, self.params
+
+
+def prepare_completion(body: CompletionRequest, tok: Tokenizer, limits: EngineLimits) -> PreparedRequest:
+    if body.echo:
+        raise bad_request("echo is not supported", "echo")
+    ids = _prompt_ids(body.prompt, tok, limits)
+    return _prepare("completion", body, ids, body.max_tokens, body.logprobs, limits, "prompt")
+
+
+def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimits) -> PreparedRequest:
+    try:
+        ids = tok.encode_chat([_message_dict(m) for m in body.messages])
+    except ChatTemplateError as e:
+        raise bad_request(str(e), "messages") from None
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return _prepare("chat", body, ids, max_tokens, logprobs, limits, "messages")
+
+
+def _prepare(kind, body, ids, max_tokens, logprobs, limits, prompt_param) -> PreparedRequest:
+    _check_n(body.n)
+    _check_prompt_fits(len(ids), limits, prompt_param)
+    max_tokens = _max_tokens(kind, max_tokens, len(ids), limits)
+    params = _sampling_params(body, max_tokens, logprobs)
+    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage)
+
+
+def _prompt_ids(prompt, tok: Tokenizer, limits: EngineLimits) -> list[int]:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise bad_request("batched prompts are not supported; send one prompt per request", "prompt")
+        prompt = prompt[0]
+    ids = tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise bad_request("the prompt is empty", "prompt")
+    if any(not 0 <= t < limits.vocab_size for t in ids):
+        raise bad_request(f"prompt token ids must be in [0, {limits.vocab_size})", "prompt")
+    return ids
+
+
+def _message_dict(message) -> dict:
+    d = message.model_dump(exclude_none=True)
+    if isinstance(message.content, list):
+        if any(p.type != "text" for p in message.content):
+            raise bad_request("only text content parts are supported", "messages")
+        d["content"] = "".join(p.text or "" for p in message.content)
+    return d
+
+
+def _check_n(n: int | None) -> None:
+    if n is not None and n != 1:
+        raise bad_request(f"only n=1 is supported, got {n}", "n")
+
+
+def _check_prompt_fits(num_prompt: int, limits: EngineLimits, param: str) -> None:
+    limit = min(limits.max_model_len, limits.kv_tokens)
+    if num_prompt >= limit:
+        raise bad_request(f"the prompt has {num_prompt} tokens but this model's context is {limit} "
+                          f"tokens, one of which must be left for the answer", param, "context_length_exceeded")
+
+
+def _max_tokens(kind: str, requested: int | None, num_prompt: int, limits: EngineLimits) -> int:
+    room = min(limits.max_model_len, limits.kv_tokens) - num_prompt
+    if requested is None:
+        # Chat answers may use the whole context (as OpenAI's do); completions default to 16.
+        return room if kind == "chat" else min(DEFAULT_COMPLETION_MAX_TOKENS, room)
+    if requested < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {requested}", "max_tokens")
+    if requested > room:
+        raise bad_request(f"max_tokens is {requested} but the prompt ({num_prompt} tokens) leaves room "
+                          f"for {room} in the context", "max_tokens", "context_length_exceeded")
+    return requested
+
+
+def _sampling_params(body, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    given = dict(temperature=body.temperature, top_p=body.top_p, min_p=body.min_p,
+                 presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                 repetition_penalty=body.repetition_penalty, seed=body.seed)
+    knobs = {k: v for k, v in given.items() if v is not None}
+    if body.top_k is not None:
+        knobs["top_k"] = max(body.top_k, 0)          # vLLM's -1 also means "off"
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    try:
+        return SamplingParams(max_tokens=max_tokens, stop=stop, ignore_eos=body.ignore_eos,
+                              logprobs=logprobs, **knobs)
+    except ValueError as e:
+        raise _sampling_error(str(e)) from None
+
+
+def _sampling_error(message: str) -> ApiError:
+    # SamplingParams' messages open with the field they are about ("top_p must be ...").
+    first = message.split()[0]
+    param = first if first in SamplingParams.__dataclass_fields__ else "stop" if "stop" in message else None
+    return bad_request(message, param, "invalid_value")

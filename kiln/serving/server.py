@@ -1,0 +1,25 @@
+"""`kiln serve`: load the artifact, then run the app under uvicorn until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from kiln.config import RuntimeConfig
+from kiln.serving.config import ServeConfig
+
+
+def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, announce=print) -> None:
+    import uvicorn
+
+    from kiln.runtime.llm import LLM
+    from kiln.serving.app import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    llm = LLM(artifact, runtime)         # logs the KV plan it sized
+    model_name = config.served_model_name or Path(artifact).resolve().name
+    app = create_app(llm, config, model_name)
+    announce(f"serving '{model_name}' on http://{config.host}:{config.port}/v1 (ready once /ready says so)")
+    # Access logs off: one line per request costs the engine's thread GIL time under load.
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
+                timeout_graceful_shutdown=5)
