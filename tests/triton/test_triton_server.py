@@ -1,0 +1,106 @@
+"""A real tritonserver serving the tiny model: streaming, batching, cancellation, errors, metrics."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from kiln import LLM, RuntimeConfig, SamplingParams
+
+from triton_client import MODEL, Stream, infer_inputs, scrape, text_of, token_ids_of, wait_for
+
+GREEDY = dict(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_artifact):
+    llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
+    return lambda prompts: llm.generate(prompts, SamplingParams(**GREEDY))
+
+
+def test_streamed_greedy_equals_generate(tiny_server, reference):
+    stream = Stream(tiny_server.grpc_url)
+    stream.send("a", "The capital of France is", stream=True, **GREEDY)
+    responses = stream.collect(1)["a"]
+    stream.close()
+    expected = reference(["The capital of France is"])[0]
+    assert len(responses) > 1                                   # streamed, one response per step
+    assert token_ids_of(responses) == expected.token_ids
+    assert text_of(responses) == expected.text
+    assert responses[-1].as_numpy("finish_reason")[0] == b"length"
+
+
+def test_not_streamed_is_one_response_with_the_whole_text(tiny_server, reference):
+    """Through HTTP `generate` too, which accepts exactly one response."""
+    body = json.dumps({"text_input": "Hello there", **GREEDY}).encode()
+    request = urllib.request.Request(f"http://{tiny_server.http_url}/v2/models/{MODEL}/generate", body)
+    with urllib.request.urlopen(request, timeout=30) as r:
+        reply = json.loads(r.read())
+    expected = reference(["Hello there"])[0]
+    assert reply["text_output"] == expected.text
+    assert reply["token_ids"] == expected.token_ids and reply["finish_reason"] == "length"
+
+
+def test_concurrent_streams_share_one_batch(tiny_server, reference):
+    prompts = [f"Request number {i} says" for i in range(4)]
+    before = scrape(tiny_server)
+    stream = Stream(tiny_server.grpc_url)
+    for i, prompt in enumerate(prompts):
+        stream.send(str(i), prompt, stream=True, **{**GREEDY, "max_tokens": 48})
+    responses = stream.collect(len(prompts))
+    stream.close()
+    batch_sizes = [int(r.as_numpy("batch_size")[0]) for rs in responses.values() for r in rs]
+    assert max(batch_sizes) > 1
+    expected = reference(prompts)           # same tokens as alone: batching does not change outputs
+    assert [token_ids_of(responses[str(i)])[:24] for i in range(4)] == [e.token_ids for e in expected]
+    after = wait_for(lambda: (m := scrape(tiny_server))["kiln_kv_blocks_used"] == 0 and m)
+    steps = after["kiln_steps_total"] - before.get("kiln_steps_total", 0)
+    sequences = after["kiln_scheduled_sequences_total"] - before.get("kiln_scheduled_sequences_total", 0)
+    assert sequences / steps > 1                                # mean batch size above one
+
+
+def test_cancelled_stream_frees_its_blocks(tiny_server):
+    aborted_before = scrape(tiny_server).get('kiln_requests_finished_total', 0)
+    stream = Stream(tiny_server.grpc_url)
+    stream.send("long", "x" * 40, stream=True, max_tokens=900, temperature=0.0, ignore_eos=True)
+    for _ in range(3):
+        _, result, error = stream.next()
+        assert error is None and result.as_numpy("finish_reason")[0] == b""
+    assert wait_for(lambda: scrape(tiny_server)["kiln_kv_blocks_used"] > 0)
+    stream.close(cancel=True)
+    metrics = wait_for(lambda: (m := scrape(tiny_server))["kiln_kv_blocks_used"] == 0 and m, timeout=20)
+    aborted = [v for k, v in metrics.items() if k.startswith("kiln_requests_finished_total{") and 'reason="abort"' in k]
+    assert aborted and aborted[0] >= 1
+    assert metrics["kiln_requests_finished_total"] > aborted_before
+    assert metrics["kiln_num_requests_running"] == 0
+
+
+@pytest.mark.parametrize("prompt, knobs, message", [
+    (None, dict(max_tokens=4), "text_input"),                       # Triton refuses: required input
+    ("hi", dict(temperature=-1.0), "temperature must be >= 0"),     # kiln refuses: bad parameter
+    ("x" * 2000, dict(max_tokens=4), "max_model_len"),              # kiln refuses: prompt too long
+])
+def test_bad_request_is_an_error_and_the_server_keeps_serving(tiny_server, prompt, knobs, message):
+    stream = Stream(tiny_server.grpc_url)
+    if prompt is None:
+        inputs = [i for i in infer_inputs("unused", **knobs) if i.name() != "text_input"]
+        stream.client.async_stream_infer(MODEL, inputs, request_id="bad")
+    else:
+        stream.send("bad", prompt, **knobs)
+    _, result, error = stream.next()
+    assert result is None and message in str(error)
+    stream.send("good", "still there?", max_tokens=3, temperature=0.0, ignore_eos=True)
+    good = stream.collect(1)["good"]
+    stream.close()
+    assert len(token_ids_of(good)) == 3
+
+
+def test_http_errors_are_json(tiny_server):
+    body = json.dumps({"text_input": "hi", "top_p": 0}).encode()
+    request = urllib.request.Request(f"http://{tiny_server.http_url}/v2/models/{MODEL}/generate", body)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert "top_p must be in" in refused.value.read().decode()

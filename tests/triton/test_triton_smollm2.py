@@ -1,0 +1,43 @@
+"""tritonserver serving the SmolLM2 int8 artifact: streamed greedy text equals LLM.generate, alone
+and with concurrent streams batched together."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln import LLM, RuntimeConfig, SamplingParams
+
+from triton_client import Stream, scrape, text_of, token_ids_of, wait_for
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
+GREEDY = dict(max_tokens=32, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def expected(smollm2_int8_artifact):
+    llm = LLM(smollm2_int8_artifact, RuntimeConfig(kv_cache_memory=256 << 20))
+    return llm.generate(PROMPTS, SamplingParams(**GREEDY))
+
+
+def test_streamed_greedy_equals_generate(smollm2_server, expected):
+    stream = Stream(smollm2_server.grpc_url)
+    stream.send("alone", PROMPTS[0], stream=True, **GREEDY)
+    responses = stream.collect(1, timeout=120)["alone"]
+    stream.close()
+    assert len(responses) > 1
+    assert text_of(responses) == expected[0].text
+    assert token_ids_of(responses) == expected[0].token_ids
+    assert "Paris" in text_of(responses)
+
+
+def test_concurrent_streams_batched_and_equal(smollm2_server, expected):
+    stream = Stream(smollm2_server.grpc_url)
+    for i, prompt in enumerate(PROMPTS):
+        stream.send(str(i), prompt, stream=True, **GREEDY)
+    responses = stream.collect(len(PROMPTS), timeout=120)
+    stream.close()
+    assert [text_of(responses[str(i)]) for i in range(len(PROMPTS))] == [e.text for e in expected]
+    assert max(int(r.as_numpy("batch_size")[0]) for rs in responses.values() for r in rs) > 1
+    wait_for(lambda: scrape(smollm2_server)["kiln_kv_blocks_used"] == 0)
