@@ -39,12 +39,12 @@ class QuantMode(enum.Enum):
         return {QuantMode.NONE: None, QuantMode.INT8: 8, QuantMode.INT4: 4}[self]
 
 
-# Max abs logit error / max |logit| on verify.seeded_feeds (random ids and a random N(0,1) past):
-# a sanity check that the graph computes the same function, not a quality metric (that is
-# kiln.eval.perplexity). Measured, seeds 0-3, default recipes: tiny presets int8 <= 0.021, int4
-# <= 0.27; SmolLM2 (fused, whose outlier activations meet random inputs) int8 0.13-0.76, int4
-# 0.66-1.3. On SmolLM2 these bounds only catch a grossly wrong graph (e.g. a mis-laid-out table).
-_REL_TOLERANCE = {QuantMode.NONE: 0.0, QuantMode.INT8: 1.0, QuantMode.INT4: 2.0}
+# Max abs logit error / max |logit| on verify.seeded_feeds (random ids after a past the model
+# computed itself): a sanity check that the graph computes the same function, not a quality
+# metric (that is kiln.eval.perplexity). Measured, seeds 0-2, default recipes: tiny presets int8
+# <= 0.019, int4 <= 0.15; SmolLM2 (fused) int8 0.027-0.14, int4 0.19-0.55. A broken graph
+# (a mis-laid-out table, wrong scales) gives errors of order 1.
+_REL_TOLERANCE = {QuantMode.NONE: 0.0, QuantMode.INT8: 0.3, QuantMode.INT4: 0.8}
 
 
 # The INT4 recipe keeps the most sensitive weights at 8 bits (like llama.cpp's Q4_K_M). SmolLM2,
