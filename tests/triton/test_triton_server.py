@@ -10,7 +10,7 @@ import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
 
-from triton_client import MODEL, Stream, infer_inputs, scrape, text_of, token_ids_of, wait_for
+from triton_client import MODEL, QUEUE_OF_ONE, infer_inputs, scrape, text_of, token_ids_of, wait_for
 
 GREEDY = dict(max_tokens=24, temperature=0.0, ignore_eos=True)
 
@@ -21,8 +21,8 @@ def reference(tiny_llama_artifact):
     return lambda prompts: llm.generate(prompts, SamplingParams(**GREEDY))
 
 
-def test_streamed_greedy_equals_generate(tiny_server, reference):
-    stream = Stream(tiny_server.grpc_url)
+def test_streamed_greedy_equals_generate(open_stream, tiny_server, reference):
+    stream = open_stream(tiny_server)
     stream.send("a", "The capital of France is", stream=True, **GREEDY)
     responses = stream.collect(1)["a"]
     stream.close()
@@ -44,12 +44,12 @@ def test_not_streamed_is_one_response_with_the_whole_text(tiny_server, reference
     assert reply["token_ids"] == expected.token_ids and reply["finish_reason"] == "length"
 
 
-def test_concurrent_streams_share_one_batch(tiny_server, reference):
+def test_concurrent_streams_share_one_batch(open_stream, tiny_server, reference):
     prompts = [f"Request number {i} says" for i in range(4)]
     before = scrape(tiny_server)
-    stream = Stream(tiny_server.grpc_url)
+    stream = open_stream(tiny_server)
     for i, prompt in enumerate(prompts):
-        stream.send(str(i), prompt, stream=True, **{**GREEDY, "max_tokens": 48})
+        stream.send(str(i), prompt, stream=True, **{**GREEDY, "max_tokens": 200})   # long: overlap
     responses = stream.collect(len(prompts))
     stream.close()
     batch_sizes = [int(r.as_numpy("batch_size")[0]) for rs in responses.values() for r in rs]
@@ -62,20 +62,19 @@ def test_concurrent_streams_share_one_batch(tiny_server, reference):
     assert sequences / steps > 1                                # mean batch size above one
 
 
-def test_cancelled_stream_frees_its_blocks(tiny_server):
-    aborted_before = scrape(tiny_server).get('kiln_requests_finished_total', 0)
-    stream = Stream(tiny_server.grpc_url)
+def test_cancelled_stream_frees_its_blocks(open_stream, tiny_server):
+    aborts_before = scrape(tiny_server).get("kiln_requests_finished_total:abort", 0)
+    stream = open_stream(tiny_server)
     stream.send("long", "x" * 40, stream=True, max_tokens=900, temperature=0.0, ignore_eos=True)
     for _ in range(3):
         _, result, error = stream.next()
         assert error is None and result.as_numpy("finish_reason")[0] == b""
     assert wait_for(lambda: scrape(tiny_server)["kiln_kv_blocks_used"] > 0)
     stream.close(cancel=True)
-    metrics = wait_for(lambda: (m := scrape(tiny_server))["kiln_kv_blocks_used"] == 0 and m, timeout=20)
-    aborted = [v for k, v in metrics.items() if k.startswith("kiln_requests_finished_total{") and 'reason="abort"' in k]
-    assert aborted and aborted[0] >= 1
-    assert metrics["kiln_requests_finished_total"] > aborted_before
-    assert metrics["kiln_num_requests_running"] == 0
+    # Aborted (not run to its 900 tokens), and every block back in the pool.
+    metrics = wait_for(lambda: (m := scrape(tiny_server)).get("kiln_requests_finished_total:abort", 0)
+                       > aborts_before and m, timeout=20)
+    assert metrics["kiln_kv_blocks_used"] == 0 and metrics["kiln_num_requests_running"] == 0
 
 
 @pytest.mark.parametrize("prompt, knobs, message", [
@@ -83,8 +82,9 @@ def test_cancelled_stream_frees_its_blocks(tiny_server):
     ("hi", dict(temperature=-1.0), "temperature must be >= 0"),     # kiln refuses: bad parameter
     ("x" * 2000, dict(max_tokens=4), "max_model_len"),              # kiln refuses: prompt too long
 ])
-def test_bad_request_is_an_error_and_the_server_keeps_serving(tiny_server, prompt, knobs, message):
-    stream = Stream(tiny_server.grpc_url)
+def test_bad_request_is_an_error_and_the_server_keeps_serving(open_stream, tiny_server, prompt, knobs,
+                                                              message):
+    stream = open_stream(tiny_server)
     if prompt is None:
         inputs = [i for i in infer_inputs("unused", **knobs) if i.name() != "text_input"]
         stream.client.async_stream_infer(MODEL, inputs, request_id="bad")
@@ -104,3 +104,38 @@ def test_http_errors_are_json(tiny_server):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=30)
     assert "top_p must be in" in refused.value.read().decode()
+
+
+def test_full_queue_refuses_and_the_rest_complete(open_stream, tiny_server):
+    """One running sequence and one waiting request at most: of three sent at once, at least one is
+    refused with UNAVAILABLE and every accepted one completes. (Long generations, so the first
+    is still running when the third arrives, even on a busy machine.)"""
+    stream = open_stream(tiny_server)
+    for i in range(3):
+        stream.send(str(i), "queue " * 8, model=QUEUE_OF_ONE, max_tokens=400, temperature=0.0, ignore_eos=True)
+    finished, refused = 0, []
+    while finished + len(refused) < 3:
+        _, result, error = stream.next()
+        if error is not None:
+            refused.append(str(error))
+        else:
+            finished += result.as_numpy("finish_reason")[0] != b""
+    stream.close()
+    assert refused and all("queue is full" in e for e in refused)
+    assert finished >= 1
+
+
+def test_generate_stream_sse_with_stop_strings(tiny_server, tiny_llama_artifact):
+    full = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
+    text = full.generate(["Stop me"], SamplingParams(**GREEDY))[0].text
+    stop = text[6:8]
+    expected = full.generate(["Stop me"], SamplingParams(**GREEDY, stop=[stop]))[0]
+    assert expected.finish_reason == "stop"
+
+    body = json.dumps({"text_input": "Stop me", "stop": [stop], "stream": True, **GREEDY}).encode()
+    request = urllib.request.Request(f"http://{tiny_server.http_url}/v2/models/{MODEL}/generate_stream", body)
+    with urllib.request.urlopen(request, timeout=30) as r:
+        events = [json.loads(line[len(b"data: "):]) for line in r.read().splitlines() if line.startswith(b"data: ")]
+    assert len(events) > 1
+    assert "".join(e["text_output"] for e in events) == expected.text
+    assert events[-1]["finish_reason"] == "stop"

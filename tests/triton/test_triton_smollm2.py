@@ -7,7 +7,7 @@ import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
 
-from triton_client import Stream, scrape, text_of, token_ids_of, wait_for
+from triton_client import scrape, text_of, token_ids_of, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +21,8 @@ def expected(smollm2_int8_artifact):
     return llm.generate(PROMPTS, SamplingParams(**GREEDY))
 
 
-def test_streamed_greedy_equals_generate(smollm2_server, expected):
-    stream = Stream(smollm2_server.grpc_url)
+def test_streamed_greedy_equals_generate(open_stream, smollm2_server, expected):
+    stream = open_stream(smollm2_server)
     stream.send("alone", PROMPTS[0], stream=True, **GREEDY)
     responses = stream.collect(1, timeout=120)["alone"]
     stream.close()
@@ -32,8 +32,8 @@ def test_streamed_greedy_equals_generate(smollm2_server, expected):
     assert "Paris" in text_of(responses)
 
 
-def test_concurrent_streams_batched_and_equal(smollm2_server, expected):
-    stream = Stream(smollm2_server.grpc_url)
+def test_concurrent_streams_batched_and_equal(open_stream, smollm2_server, expected):
+    stream = open_stream(smollm2_server)
     for i, prompt in enumerate(PROMPTS):
         stream.send(str(i), prompt, stream=True, **GREEDY)
     responses = stream.collect(len(PROMPTS), timeout=120)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MODEL = "kiln"
+QUEUE_OF_ONE = "kiln_queue_of_one"
 
 
 def infer_inputs(prompt: str, **knobs) -> list:
@@ -41,10 +42,11 @@ class Stream:
 
         self.client = grpcclient.InferenceServerClient(self.url)
         self._inbox: queue.Queue = queue.Queue()
+        self._closed = False
         self.client.start_stream(callback=lambda result, error: self._inbox.put((result, error)))
 
-    def send(self, request_id: str, prompt: str, **knobs) -> None:
-        self.client.async_stream_infer(MODEL, infer_inputs(prompt, **knobs), request_id=request_id)
+    def send(self, request_id: str, prompt: str, model: str = MODEL, **knobs) -> None:
+        self.client.async_stream_infer(model, infer_inputs(prompt, **knobs), request_id=request_id)
 
     def next(self, timeout: float = 30.0):
         """(request_id, response-or-None, error-or-None) of the next message."""
@@ -65,8 +67,10 @@ class Stream:
         return out
 
     def close(self, cancel: bool = False) -> None:
-        self.client.stop_stream(cancel_requests=cancel)
-        self.client.close()
+        if not self._closed:
+            self._closed = True
+            self.client.stop_stream(cancel_requests=cancel)
+            self.client.close()
 
 
 def is_final(result) -> bool:
@@ -81,16 +85,19 @@ def token_ids_of(results: list) -> list[int]:
     return [int(t) for r in results for t in r.as_numpy("token_ids")]
 
 
-def scrape(server) -> dict[str, float]:
-    """kiln's custom metrics from Triton's metrics port: 'name{labels}' -> value, plus 'name' summed."""
+def scrape(server, model: str = MODEL) -> dict[str, float]:
+    """One model's kiln metrics from Triton's metrics port: 'name' -> value, and for the
+    finished-requests counter also 'name:reason'."""
     with urllib.request.urlopen(server.metrics_url, timeout=5) as r:
         text = r.read().decode()
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        m = re.match(r"^(kiln_\w+)(\{[^}]*\})? (\S+)$", line)
-        if m:
-            values[m[1] + (m[2] or "")] = float(m[3])
-            values[m[1]] = values.get(m[1], 0.0) + float(m[3])
+    for name, labels, value in re.findall(r"^(kiln_\w+)\{([^}]*)\} (\S+)$", text, re.MULTILINE):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if labels.get("model") != model:
+            continue
+        values[name] = values.get(name, 0.0) + float(value)
+        if "reason" in labels:
+            values[f"{name}:{labels['reason']}"] = float(value)
     return values
 
 

@@ -44,8 +44,8 @@ class TritonMetrics:
         self._last = EngineSnapshot()
 
     def publish(self, s: EngineSnapshot) -> None:
-        for key in GAUGES:
-            self._metrics[key].set(getattr(s, key))
+        # NOTE: counters first: a scrape that sees the gauges of this snapshot (KV blocks back
+        # to 0) also sees its counters (the abort that freed them).
         for key in COUNTERS:
             grown = getattr(s, key) - getattr(self._last, key)
             if grown:
@@ -54,6 +54,8 @@ class TritonMetrics:
             grown = n - self._last.finished.get(reason, 0)
             if grown:
                 self._finished_metric(reason).increment(grown)
+        for key in GAUGES:
+            self._metrics[key].set(getattr(s, key))
         self._last = EngineSnapshot(**{f.name: getattr(s, f.name) for f in fields(s)})
 
     def _finished_metric(self, reason: str):
