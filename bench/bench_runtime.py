@@ -335,37 +335,66 @@ def profile_misses(cases: list[tuple], kiln: dict, genai: dict, prompts: dict) -
             out[key] = profile_python(kiln[precision], prompts["batch"])
             continue
         workload = prompts["batch"] if batch > 1 else prompts["ttft" if phase == "prefill" else "single"]
-        n = 1 if phase == "prefill" else 8
         with console.status(f"profiling {key}"):
-            ops = {"kiln": ort_profile_kiln(kiln[precision], workload, n, phase),
-                   "onnxruntime-genai": ort_profile_genai(genai[precision], workload, n, phase)}
-        print_ops(key, ops)
-        out[key] = ops
+            out[key] = profile_engines(kiln[precision], genai[precision], workload, phase)
+        print_ops(key, out[key])
     return out
 
 
-def ort_profile_kiln(runner: KilnRunner, prompts: list[list[int]], n: int, phase: str) -> dict[str, float]:
-    """ms by op type, on a profiling copy of kiln's session swapped in for one generate: per decode
-    call, or summed over the prefill chunks (kiln splits a 32-prompt prefill by its token budget)."""
+def profile_engines(kiln: KilnRunner, genai: GenAIRunner, prompts: list[list[int]], phase: str,
+                    rounds: int = 3) -> dict[str, dict[str, float]]:
+    """ORT's per-op profile of kiln's engine and genai's for the same generate, round-robin.
+
+    Both run profiling sessions side by side, alternating, the first round dropped (warm-up), so
+    drifting load hits both alike; each op's figure is its median over engine calls (decode) or
+    over generates (prefill: kiln splits a 32-prompt prefill into chunks by its token budget).
+    """
+    import gc
+
+    n = 1 if phase == "prefill" else 8
+    prefix = HERE / ".cache" / f"profile-genai-{time.time_ns()}"
+    peer = GenAIRunner(genai.model_dir, genai.threads, "profiled", {"enable_profiling": str(prefix)})
+    engine, shapes, starts = _swap_in_profiling(kiln)
+    try:
+        for _ in range(rounds):
+            starts.append(len(shapes))
+            kiln.generate(prompts, n)
+            peer.generate(prompts, n)
+    finally:
+        kiln.llm.core.engine = kiln.llm.core.runner.engine = engine.original
+    kiln_units = _kiln_units(_model_runs(engine.session.end_profiling()), shapes, starts[1:] + [len(shapes)], phase)
+    del peer
+    gc.collect()                                       # genai writes its profile when the session goes
+    genai_runs = _model_runs(str(max(prefix.parent.glob(prefix.name + "*.json"), key=os.path.getmtime)))
+    per_generate = [genai_runs[i:i + n] for i in range(n, len(genai_runs), n)]
+    genai_units = [g[0] for g in per_generate] if phase == "prefill" else [r for g in per_generate for r in g[1:]]
+    return {"kiln": _median(kiln_units), "onnxruntime-genai": _median(genai_units)}
+
+
+def _swap_in_profiling(runner: KilnRunner):
+    """A copy of kiln's engine on a profiling session, put where the core and the runner call it."""
     import copy
 
     core = runner.llm.core
-    original = core.engine
-    engine = copy.copy(original)
-    engine.session = _profiling_session(runner.llm.artifact.engine_file("ort"), original.threads)
+    engine = copy.copy(core.engine)
+    engine.original = core.engine
+    engine.session = _profiling_session(runner.llm.artifact.engine_file("ort"), core.engine.threads)
     shapes, run = [], engine.run
     engine.run = lambda feeds: (shapes.append(feeds["input_ids"].shape), run(feeds))[1]
     core.engine = core.runner.engine = engine
-    try:
-        runner.generate(prompts, n)                    # warm-up: shapes, allocations
-        start = len(shapes)
-        runner.generate(prompts, n)
-    finally:
-        core.engine = core.runner.engine = original
-    runs = _model_runs(engine.session.end_profiling())
-    if phase == "prefill":
-        return _sum([runs[i] for i in range(start, len(shapes)) if shapes[i][1] > 1])
-    return _average([runs[i] for i in range(start, len(shapes)) if shapes[i] == (len(prompts), 1)])
+    return engine, shapes, []
+
+
+def _kiln_units(runs: list[dict], shapes: list[tuple], bounds: list[int], phase: str) -> list[dict]:
+    """Per kept generate (between bounds): its prefill calls summed, or each full-batch decode call."""
+    units = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        if phase == "prefill":
+            units.append(_sum([runs[i] for i in range(lo, hi) if shapes[i][1] > 1]))
+        else:
+            batch = max(shapes[i][0] for i in range(lo, hi))
+            units += [runs[i] for i in range(lo, hi) if shapes[i] == (batch, 1)]
+    return units
 
 
 def _profiling_session(model_path: Path, threads: int):
@@ -382,23 +411,11 @@ def _profiling_session(model_path: Path, threads: int):
     return ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
 
 
-def ort_profile_genai(runner: GenAIRunner, prompts: list[list[int]], n: int, phase: str) -> dict[str, float]:
-    """The same for onnxruntime-genai: a second model with profiling on, run twice, second run kept."""
-    import gc
-
-    prefix = HERE / ".cache" / f"profile-genai-{time.time_ns()}"
-    profiled = GenAIRunner(runner.model_dir, runner.threads, "profiled", {"enable_profiling": str(prefix)})
-    profiled.generate(prompts, n)
-    profiled.generate(prompts, n)
-    del profiled
-    gc.collect()                                       # the session writes its profile when destroyed
-    path = max(prefix.parent.glob(prefix.name + "*.json"), key=os.path.getmtime)
-    runs = _model_runs(str(path))[n:]                  # n runs per generate: prefill, then n-1 decodes
-    return _sum(runs[:1]) if phase == "prefill" else _average(runs[2:])
+NODES, CALLS = "(nodes run)", "(engine calls)"
 
 
 def _model_runs(path: str) -> list[dict[str, float]]:
-    """Per session.run in an ORT profile: microseconds by op type, and the run's own duration."""
+    """Per session.run in an ORT profile: ms by op type, the run's own duration and its node count."""
     import bisect
     from collections import defaultdict
 
@@ -406,36 +423,29 @@ def _model_runs(path: str) -> list[dict[str, float]]:
     Path(path).unlink()
     spans = sorted((e["ts"], e["dur"]) for e in events if e.get("name") == "model_run")
     starts = [s for s, _ in spans]
-    runs = [defaultdict(float, {"(whole run)": d}) for _, d in spans]
+    runs = [defaultdict(float, {"(whole run)": d / 1e3, CALLS: 1}) for _, d in spans]
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             run = runs[bisect.bisect_right(starts, e["ts"]) - 1]
-            run[e["args"]["op_name"]] += e["dur"]
+            run[e["args"]["op_name"]] += e["dur"] / 1e3    # profiles count microseconds
             run[NODES] += 1
     return runs
 
 
-NODES, CALLS = "(nodes run)", "(engine calls)"
-
-
 def _sum(runs: list[dict[str, float]]) -> dict[str, float]:
-    """ms by op type over the runs (profiles count microseconds), and the node count."""
     keys = {k for r in runs for k in r}
-    total = {k: sum(r.get(k, 0.0) for r in runs) / (1 if k == NODES else 1e3) for k in keys}
-    return total | {CALLS: float(len(runs))}
+    return {k: sum(r.get(k, 0.0) for r in runs) for k in keys}
 
 
-def _average(runs: list[dict[str, float]]) -> dict[str, float]:
-    """ms per run by op type, and nodes per run."""
-    if not runs:
-        return {}
-    return {k: v / len(runs) for k, v in _sum(runs).items()} | {CALLS: float(len(runs))}
+def _median(units: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for u in units for k in u}
+    return {k: statistics.median(u.get(k, 0.0) for u in units) for k in keys} if units else {}
 
 
 def print_ops(key: str, ops: dict[str, dict[str, float]], top: int = 12) -> None:
     kiln, peer = ops["kiln"], ops["onnxruntime-genai"]
-    per = "summed over the prefill calls" if key.endswith("prefill") else "per decode call"
-    table = Table(title=f"where the engine time goes: {key} (ms {per}, by op type)")
+    per = "prefill of one generate" if key.endswith("prefill") else "one decode call"
+    table = Table(title=f"where the engine time goes: {key} (median ms for {per}, by op type)")
     for col in ("op type", "kiln", "onnxruntime-genai"):
         table.add_column(col, justify="left" if col == "op type" else "right")
     counts = (CALLS, NODES)
