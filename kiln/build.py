@@ -75,9 +75,12 @@ def _passes(src: ModelSource, config: BuildConfig) -> list:
         from kiln.passes.fusion import fusion_passes
 
         passes += [(p, compare_logits) for p in fusion_passes(src.spec)]
+    kv_io = KvIoPass(src.spec, bs)
     if config.quant is not QuantMode.NONE:
-        passes.append((QuantizePass(config.quant), compare_logits))
-    passes.append((KvIoPass(src.spec, bs), lambda a, b: compare_paged(a, b, layers, bs)))
+        quantize = QuantizePass(config.quant)
+        passes.append((quantize, compare_logits))
+        kv_io.rel_tolerance = quantize.rel_tolerance
+    passes.append((kv_io, lambda a, b: compare_paged(a, b, layers, bs)))
     return passes
 
 
