@@ -18,8 +18,10 @@ class Bucket:
 @dataclass(frozen=True)
 class BucketGrid:
     """Batch sizes x new-token counts an engine is built for; the runner pads up to the next one."""
-    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-    seq_lens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    # Fine steps: ORT runs any shape, so padding is pure waste there; TensorRT would compile one
+    # optimization profile per range instead.
+    batch_sizes: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+    seq_lens: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
 
     def bucket_for(self, batch: int, seq: int) -> Bucket:
         return Bucket(_round_up(self.batch_sizes, batch, "batch"), _round_up(self.seq_lens, seq, "seq"))
