@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import shutil
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
+from kiln.artifact import MANIFEST
+from kiln.serving.triton.launch import Ports
+from kiln.serving.triton.repo import RepoOptions, render_repository
+from kiln.serving.triton.server import TritonServer, TritonServerError
 
 from triton_client import MODEL, QUEUE_OF_ONE, infer_inputs, scrape, text_of, token_ids_of, wait_for
 
@@ -139,3 +145,19 @@ def test_generate_stream_sse_with_stop_strings(tiny_server, tiny_llama_artifact)
     assert len(events) > 1
     assert "".join(e["text_output"] for e in events) == expected.text
     assert events[-1]["finish_reason"] == "stop"
+
+
+def test_artifact_changed_since_rendering_fails_fast(triton_install, tiny_llama_artifact, tmp_path):
+    """The repository serves the manifest it was rendered from; the server exits, and the start-up
+    wait reports the backend's message instead of waiting out its deadline."""
+    artifact = tmp_path / "artifact"
+    shutil.copytree(tiny_llama_artifact, artifact)
+    render_repository(artifact, tmp_path / "repo", RepoOptions(name=MODEL))
+    manifest = artifact / MANIFEST
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()), indent=2))   # same content, new bytes
+    server = TritonServer(tmp_path / "repo", Ports.free(), tmp_path / "log", backends=tmp_path / "b",
+                          start_timeout=60)
+    started = time.monotonic()
+    with pytest.raises(TritonServerError, match="changed since this repository was rendered"):
+        server.start()
+    assert time.monotonic() - started < 30 and server.process.poll() is not None

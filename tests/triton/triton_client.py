@@ -6,7 +6,7 @@ import queue
 import re
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,9 +33,8 @@ def infer_inputs(prompt: str, **knobs) -> list:
 
 @dataclass
 class Stream:
-    """One gRPC bidirectional stream; responses and errors land in a queue per request id."""
+    """One gRPC bidirectional stream; responses and errors arrive in order on one queue."""
     url: str
-    results: dict = field(default_factory=dict)
 
     def __post_init__(self):
         import tritonclient.grpc as grpcclient

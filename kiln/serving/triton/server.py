@@ -59,7 +59,7 @@ class TritonServer:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise TritonServerError(f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
+                raise TritonServerError(f"tritonserver exited with {self.process.returncode}:\n{self.log_errors()}")
             if self.is_ready():
                 return
             time.sleep(0.1)
@@ -86,6 +86,12 @@ class TritonServer:
         except ProcessLookupError:
             pass
         self.process.wait(5)
+
+    def log_errors(self, max_lines: int = 12) -> str:
+        """Triton's error lines (E...), where a model's load failure is, else the log's tail."""
+        errors = [line for line in self.log_tail(1 << 20).splitlines()
+                  if line.startswith("E") and "CudaDriverHelper" not in line]   # harmless on CPU
+        return "\n".join(errors[-max_lines:]) or self.log_tail()
 
     def log_tail(self, chars: int = 4000) -> str:
         try:
