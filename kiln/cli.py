@@ -10,6 +10,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from kiln.bench.cli_options import bench_options
+
 console = Console(stderr=True, soft_wrap=True)
 
 
@@ -166,6 +168,22 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
                           request_timeout=request_timeout, response_cache=not no_response_cache)
         run_server(artifact, runtime_config(**runtime), cfg, announce=lambda m: console.print(f"[dim]{m}[/]"))
     _guarded(go)
+
+
+@main.command()
+@bench_options
+@runtime_options
+def bench(kv_cache_memory, policy, max_num_seqs, token_budget, max_model_len, no_prefix_caching, threads,
+          **options):
+    """Load-test a server (--url) or an artifact in-process (--engine): TTFT, ITL, e2e percentiles,
+    throughput and goodput per concurrency or rate level; tables, JSON and plots."""
+    from kiln.bench.cli_options import run_bench_command
+
+    runtime = dict(kv_cache_memory=kv_cache_memory, policy=policy, max_num_seqs=max_num_seqs,
+                   token_budget=token_budget, max_model_len=max_model_len,
+                   no_prefix_caching=no_prefix_caching, threads=threads)
+    wide = Console(width=max(Console().width, 160))   # tables must not wrap their cells when piped
+    _guarded(lambda: run_bench_command(console, wide, lambda: runtime_config(**runtime), **options))
 
 
 @contextmanager

@@ -1,0 +1,129 @@
+"""What the server saw during a level: queue depth and running requests sampled while it runs,
+the batch-size distribution, and the server's own mean TTFT to check the client's against."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass
+from typing import Awaitable, Callable
+
+from kiln.bench.scrape import BATCH_SIZE, RUNNING, TTFT, WAITING, Histogram, MetricsSnapshot, parse_metrics
+from kiln.bench.stats import Distribution
+
+# NOTE: client TTFT includes HTTP and tokenization; a gap under this many seconds is not a disagreement.
+TTFT_ABSOLUTE_SLACK = 0.01
+
+
+@dataclass(frozen=True)
+class ServerView:
+    source: str                            # "/metrics" or "engine (sampled)"
+    queue_depth: Distribution | None       # requests waiting, sampled every interval
+    running: Distribution | None           # requests running, sampled every interval
+    batch_size: Distribution | None        # per engine step (from a histogram: percentiles are bucket bounds)
+    server_ttft_mean: float | None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class Observer:
+    """Samples a source every `interval` seconds until stopped."""
+
+    source = "none"
+
+    def __init__(self, interval: float):
+        self.interval = interval
+        self.waiting: list[float] = []
+        self.running: list[float] = []
+
+    async def sample(self) -> None:
+        pass
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.sample()
+            try:
+                await asyncio.wait_for(stop.wait(), self.interval)
+            except asyncio.TimeoutError:
+                pass
+        await self.sample()
+
+    def view(self) -> ServerView | None:
+        return None
+
+    def _record(self, waiting: float | None, running: float | None) -> None:
+        if waiting is not None:
+            self.waiting.append(waiting)
+        if running is not None:
+            self.running.append(running)
+
+    def _distribution(self, samples: list[float]) -> Distribution | None:
+        return Distribution.of(samples) if samples else None
+
+
+class MetricsObserver(Observer):
+    """Scrapes Prometheus text; histograms are differenced between the first and the last scrape."""
+
+    source = "/metrics"
+
+    def __init__(self, scrape: Callable[[], Awaitable[str | None]], interval: float):
+        super().__init__(interval)
+        self.scrape = scrape
+        self.first: MetricsSnapshot | None = None
+        self.last: MetricsSnapshot | None = None
+
+    async def sample(self) -> None:
+        text = await self.scrape()
+        if text is None:
+            return
+        snap = parse_metrics(text)
+        self.first = self.first or snap
+        self.last = snap
+        self._record(snap.value(WAITING), snap.value(RUNNING))
+
+    def view(self) -> ServerView | None:
+        if self.last is None:
+            return None
+        batch, ttft = self._delta(BATCH_SIZE), self._delta(TTFT)
+        return ServerView(self.source, self._distribution(self.waiting), self._distribution(self.running),
+                          batch.distribution() if batch and batch.count else None, ttft.mean if ttft else None)
+
+    def _delta(self, names: tuple[str, ...]) -> Histogram | None:
+        after, before = self.last.histogram(names), self.first.histogram(names)
+        return after.minus(before) if after and before else after
+
+
+class EngineObserver(Observer):
+    """Reads the in-process scheduler's last step (a sample of steps, not every one)."""
+
+    source = "engine (sampled)"
+
+    def __init__(self, core, interval: float):
+        super().__init__(interval)
+        self.core = core
+        self.batch_sizes: list[float] = []
+        self._last_step = core.stats.steps
+
+    async def sample(self) -> None:
+        scheduler, steps = self.core.scheduler, self.core.stats.steps
+        # NOTE: live queue lengths (the last step's stats go stale when the engine idles).
+        self._record(scheduler.num_waiting, scheduler.num_running)
+        if steps != self._last_step:       # a new step since the last sample
+            self.batch_sizes.append(scheduler.last_step_stats.batch_size)
+            self._last_step = steps
+
+    def view(self) -> ServerView:
+        return ServerView(self.source, self._distribution(self.waiting), self._distribution(self.running),
+                          self._distribution(self.batch_sizes), None)
+
+
+def ttft_disagreement(client_mean: float | None, view: ServerView | None, threshold: float) -> str | None:
+    """A warning when the client's and the server's mean TTFT differ by more than `threshold` (relative)."""
+    if client_mean is None or view is None or not view.server_ttft_mean:
+        return None
+    server = view.server_ttft_mean
+    gap = abs(client_mean - server)
+    if gap > TTFT_ABSOLUTE_SLACK and gap / server > threshold:
+        return (f"client mean TTFT {client_mean * 1e3:.1f} ms vs server {server * 1e3:.1f} ms "
+                f"({gap / server:.0%} apart, threshold {threshold:.0%})")
+    return None

@@ -1,0 +1,126 @@
+"""Any OpenAI-compatible server, measured from the client: streaming completions or chat
+completions over httpx, with `stream_options.include_usage` so token counts are the server's."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+from typing import AsyncIterator
+from urllib.parse import urlsplit
+
+import httpx
+
+from kiln.bench.records import Chunk
+from kiln.bench.text import ExactCounter, Prompt, RatioCounter, TokenCounter, corpus_words
+from kiln.bench.workloads import RequestSpec
+
+CALIBRATION_WORDS = 300
+DEFAULT_CONTEXT = 2048
+
+
+class TargetError(RuntimeError):
+    pass
+
+
+def check_loopback(url: str) -> None:
+    """The load generator is for one's own servers: refuse another host unless told otherwise."""
+    host = urlsplit(url).hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(f"{url} is not a loopback address; pass --allow-remote to load another host")
+
+
+class HttpTarget:
+    def __init__(self, url: str, endpoint: str = "chat", model: str | None = None, temperature: float = 1.0,
+                 api_key: str | None = None):
+        self.url, self.endpoint, self.model, self.temperature = url.rstrip("/"), endpoint, model, temperature
+        self.name = url
+        self.context_len = DEFAULT_CONTEXT
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # No connection cap and no pool timeout: a queue inside the client would pass for server latency.
+        self.client = httpx.AsyncClient(base_url=self.url, headers=headers,
+                                        timeout=httpx.Timeout(None, connect=10.0),
+                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
+
+    async def discover(self) -> None:
+        """The served model's id and context length from /v1/models (vLLM and kiln report max_model_len)."""
+        r = await self.client.get("/v1/models")
+        if r.status_code != 200:
+            raise TargetError(f"GET {self.url}/v1/models answered {r.status_code}: {r.text[:200]}")
+        card = r.json()["data"][0]
+        self.model = self.model or card["id"]
+        self.context_len = int(card.get("max_model_len") or DEFAULT_CONTEXT)
+
+    async def prepare(self, tokenizer_dir: str | None = None) -> TokenCounter:
+        """Model id and context from the server; exact counts from a local tokenizer when given,
+        otherwise a ratio calibrated on the server (either way a first request warms it up)."""
+        await self.discover()
+        counter = await self.calibrate()
+        if tokenizer_dir is None:
+            return counter
+        from kiln.tokenizer import Tokenizer
+
+        folder = Path(tokenizer_dir)
+        folder = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder    # an artifact, or its tokenizer/
+        return ExactCounter(Tokenizer(folder).encode)
+
+    def observer(self, interval: float):
+        from kiln.bench.observe import MetricsObserver
+
+        return MetricsObserver(self.metrics_text, interval)
+
+    async def calibrate(self) -> RatioCounter:
+        """Characters per token from the server's usage count of a corpus sample (also a warm-up)."""
+        text = " ".join(corpus_words()[:CALIBRATION_WORDS])
+        body = {**self._body(Prompt(None, text), max_tokens=1), "stream": False}
+        r = await self.client.post(self.path, json=body)
+        if r.status_code != 200:
+            raise TargetError(f"calibration request answered {r.status_code}: {r.text[:200]}")
+        return RatioCounter(len(text) / r.json()["usage"]["prompt_tokens"])
+
+    async def stream(self, prompt: Prompt, spec: RequestSpec) -> AsyncIterator[Chunk]:
+        body = self._body(prompt, spec.max_tokens)
+        async with self.client.stream("POST", self.path, json=body) as r:
+            if r.status_code != 200:
+                raise TargetError(f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                yield self._chunk(json.loads(data))
+
+    async def metrics_text(self) -> str | None:
+        try:
+            r = await self.client.get("/metrics")
+        except httpx.HTTPError:
+            return None
+        return r.text if r.status_code == 200 else None
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    def _body(self, prompt: Prompt, max_tokens: int) -> dict:
+        # ignore_eos (vLLM's and kiln's extension; others ignore it) keeps reply lengths the workload's.
+        body = {"model": self.model, "max_tokens": max_tokens, "temperature": self.temperature,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        if self.endpoint == "chat":
+            return {**body, "messages": prompt.as_messages()}
+        return {**body, "prompt": prompt.as_text()}
+
+    def _chunk(self, obj: dict) -> Chunk:
+        if "error" in obj:
+            raise TargetError(f"error event: {obj['error'].get('message', obj['error'])}")
+        usage = (obj.get("usage") or {}).get("completion_tokens")
+        choices = obj.get("choices") or [{}]
+        text = choices[0].get("text") or (choices[0].get("delta") or {}).get("content") or ""
+        return Chunk(text=text, usage_tokens=usage)

@@ -1,0 +1,111 @@
+"""Real prompt text of a given token length, cut from a fixed corpus.
+
+Workloads speak in tokens; targets take text. A TokenCounter bridges the two: exact when the
+tool has the model's tokenizer (the in-process engine, or `--tokenizer` for a URL), otherwise a
+characters-per-token ratio calibrated against the server's own usage counts.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Protocol
+
+CORPUS = Path(__file__).resolve().parents[2] / "tests" / "data" / "perplexity.txt"
+FALLBACK_WORDS = 4000
+CACHE_ENTRIES = 256
+
+
+class TokenCounter(Protocol):
+    exact: bool
+
+    def words_for(self, words: list[str], num_tokens: int) -> int:
+        """How many of `words` make a text of at most num_tokens tokens."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    system: str | None
+    user: str
+
+    def as_messages(self) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + [{"role": "user", "content": self.user}]
+
+    def as_text(self) -> str:
+        return f"{self.system}\n\n{self.user}" if self.system else self.user
+
+
+class ExactCounter:
+    """Counts with the model's tokenizer: binary search on the word count."""
+
+    exact = True
+
+    def __init__(self, encode: Callable[[str], list[int]]):
+        self.encode = encode
+
+    def words_for(self, words: list[str], num_tokens: int) -> int:
+        lo, hi = 0, min(len(words), num_tokens)       # NOTE: every word is at least one token
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(self.encode(" ".join(words[:mid]))) <= num_tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+class RatioCounter:
+    """Estimates from characters per token; `safety` keeps an estimate under the real count."""
+
+    exact = False
+
+    def __init__(self, chars_per_token: float, safety: float = 0.9):
+        self.chars_per_token, self.safety = chars_per_token, safety
+
+    def words_for(self, words: list[str], num_tokens: int) -> int:
+        budget, used = num_tokens * self.chars_per_token * self.safety, 0
+        for n, word in enumerate(words):
+            used += len(word) + 1
+            if used > budget:
+                return n
+        return len(words)
+
+
+@lru_cache(maxsize=1)
+def corpus_words() -> tuple[str, ...]:
+    """The words of tests/data/perplexity.txt, or seeded made-up words where it is not shipped."""
+    if CORPUS.is_file():
+        return tuple(CORPUS.read_text().split())
+    rng = random.Random(0)
+    letters = "etaoinshrdlucmfwypvbgkqjxz"
+    return tuple("".join(rng.choices(letters, k=rng.randint(2, 9))) for _ in range(FALLBACK_WORDS))
+
+
+class TextSource:
+    """Cuts text of a token length from the corpus at an offset (wrapping round)."""
+
+    def __init__(self, counter: TokenCounter, words: tuple[str, ...] | None = None):
+        self.counter, self.words = counter, words or corpus_words()
+        self._cache: dict[tuple[int, int], str] = {}
+
+    def text(self, offset: int, num_tokens: int) -> str:
+        key = (offset % len(self.words), num_tokens)
+        if key not in self._cache:
+            if len(self._cache) >= CACHE_ENTRIES:     # user texts rarely repeat; shared prefixes do
+                self._cache.clear()
+            self._cache[key] = self._cut(*key)
+        return self._cache[key]
+
+    def _cut(self, start: int, num_tokens: int) -> str:
+        # Enough words for any tokenizer: each word is at least one token.
+        span = [self.words[(start + i) % len(self.words)] for i in range(num_tokens)]
+        return " ".join(span[:self.counter.words_for(span, num_tokens)])
+
+
+def render(spec, source: TextSource) -> Prompt:
+    """A RequestSpec's prompt: the shared system prompt (if any) and the request's own text."""
+    system = source.text(spec.prefix_offset, spec.prefix_tokens) if spec.prefix_tokens else None
+    return Prompt(system, source.text(spec.text_offset, spec.prompt_tokens))
