@@ -48,9 +48,9 @@ class Server:
         rate = PrefillRate()
         self.client.step_listeners += [rate.observe, self.metrics.observe_step]
         admission = Admission(c, rate)
-        self.metrics.watch(self.client, admission)
         cache = ResponseCache(c.cache_max_entries, c.cache_max_bytes, c.cache_ttl) if c.response_cache else None
         self.generations = Generations(self.client, admission, self.metrics, cache, c.request_timeout)
+        self.metrics.watch(self.client, admission, self.generations)
 
     async def warm_up(self) -> None:
         """One tiny request through the whole path, so the first user does not pay for it."""

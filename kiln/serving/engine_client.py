@@ -100,7 +100,12 @@ class EngineClient(AsyncEngine):
         deltas = self.core.step()
         self._report_step(time.perf_counter() - t0)
         for delta in deltas:
-            self._send(delta.request.request_id, self.outputs.process(delta))
+            request_id = delta.request.request_id
+            self._send(request_id, self.outputs.process(delta))
+            if delta.request.is_finished:
+                # NOTE: AsyncEngine's loop never drops a finished request's detokenizer state;
+                # a server running for days must.
+                self.outputs.forget(request_id)
 
     def _fail_all(self, error: Exception) -> None:
         for request_id in list(self.core.scheduler.requests):

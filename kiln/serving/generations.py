@@ -20,7 +20,8 @@ class Generations:
                  cache: ResponseCache | None, timeout: float | None):
         self.client, self.admission, self.metrics = client, admission, metrics
         self.cache, self.timeout = cache, timeout
-        self._in_flight: dict[Hashable, Flight] = {}
+        self._in_flight: dict[Hashable, Flight] = {}     # shareable flights, by cache key
+        self.num_flights = 0                              # engine requests this server has open
 
     def open(self, prepared: PreparedRequest) -> Subscription:
         """A subscription to the request's deltas; raises ApiError(429) when admission refuses."""
@@ -34,6 +35,7 @@ class Generations:
                         on_done=lambda f: self._landed(f, ticket, key))
         if key is not None:
             self._in_flight[key] = flight
+        self.num_flights += 1
         # NOTE: subscribe before the task first runs, so the flight never sees zero listeners early.
         return flight.start().subscribe()
 
@@ -50,6 +52,7 @@ class Generations:
 
     def _landed(self, flight: Flight, ticket: Ticket, key: Hashable | None) -> None:
         ticket.release()
+        self.num_flights -= 1
         if key is not None and self._in_flight.get(key) is flight:
             del self._in_flight[key]
         if flight.cancelled:

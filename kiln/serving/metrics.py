@@ -64,14 +64,14 @@ class ServerMetrics:
         for a, b in zip(t.token_times, t.token_times[1:]):
             self.itl.observe(b - a)
 
-    def watch(self, client, admission) -> None:
-        """Publish the engine snapshot and the admission state at every scrape."""
-        self.registry.register(_EngineCollector(client, admission))
+    def watch(self, client, admission, generations) -> None:
+        """Publish the engine snapshot, the admission state and the server's own books at every scrape."""
+        self.registry.register(_EngineCollector(client, admission, generations))
 
 
 class _EngineCollector:
-    def __init__(self, client, admission):
-        self.client, self.admission = client, admission
+    def __init__(self, client, admission, generations):
+        self.client, self.admission, self.generations = client, admission, generations
 
     def collect(self):
         s = self.client.snapshot
@@ -86,6 +86,11 @@ class _EngineCollector:
         yield _gauge("kiln_admission_waiting_tokens", "Their prompt tokens.", self.admission.pending_tokens)
         yield _gauge("kiln_prefill_tokens_per_second", "Measured prefill rate used to predict TTFT.",
                      self.admission.rate.tokens_per_second)
+        yield _gauge("kiln_requests_in_progress", "Engine requests the server has open (shared ones once).",
+                     self.generations.num_flights)
+        cache = self.generations.cache
+        yield _gauge("kiln_response_cache_entries", "Responses in the response cache.", len(cache) if cache else 0)
+        yield _gauge("kiln_response_cache_bytes", "Their estimated size.", cache.nbytes if cache else 0)
         yield _counter("kiln_preemptions", "Requests preempted (freed and recomputed).", s.num_preemptions)
         yield _counter("kiln_kv_evictions", "Cached KV blocks evicted for reuse.", s.kv_evictions)
         yield _counter("kiln_kv_allocation_failures", "KV block allocations that did not fit.",

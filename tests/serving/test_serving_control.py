@@ -218,5 +218,6 @@ def test_metrics_move(tiny_server):
     assert after["kiln_prefix_cache_queries_total"] > before["kiln_prefix_cache_queries_total"]
     assert after["kiln_kv_blocks_total"] > 0 and after["kiln_kv_bytes_total"] > 0
     for name in ("kiln_preemptions_total", "kiln_kv_evictions_total", "kiln_kv_allocation_failures_total",
-                 "kiln_prefix_cache_hits_total", "kiln_kv_bytes_used", "kiln_requests_aborted_total"):
+                 "kiln_prefix_cache_hits_total", "kiln_kv_bytes_used", "kiln_requests_aborted_total",
+                 "kiln_requests_in_progress", "kiln_response_cache_entries", "kiln_admission_waiting_tokens"):
         assert name in after
