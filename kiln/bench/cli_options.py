@@ -42,7 +42,9 @@ OPTIONS = [
                  help="Warn when client and server mean TTFT differ by more than this fraction."),
     click.option("--compare", is_flag=True, help="With --engine: also run HF transformers on the same weights."),
     click.option("--hf-model", default="smollm2-135m", show_default=True,
-                 help="With --compare: the model source for transformers (preset, .gguf or HF folder)."),
+                 help="With --compare: the model source for transformers (preset, .gguf or HF folder; 'none' skips it)."),
+    click.option("--genai-model", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+                 help="With --compare: an onnxruntime-genai model folder of the same weights (optional peer)."),
 ]
 
 
@@ -55,7 +57,7 @@ def bench_options(fn):
 def run_bench_command(console, out, runtime_config, *, url, engine, workload, concurrency, rate, duration,
                       max_requests, timeout, seed, max_tokens, endpoint, temperature, slo_ttft, slo_itl,
                       slo_e2e, json_path, plot, cdf_plot, tokenizer, model, api_key, allow_remote,
-                      metrics_interval, ttft_warn, compare, hf_model) -> None:
+                      metrics_interval, ttft_warn, compare, hf_model, genai_model) -> None:
     """console: progress and notes (stderr); out: the tables (stdout); runtime_config: a thunk."""
     from kiln.bench import main
 
@@ -72,7 +74,8 @@ def run_bench_command(console, out, runtime_config, *, url, engine, workload, co
         results = [main.bench_url(url, config, console, tokenizer=tokenizer, model=model, api_key=api_key,
                                   allow_remote=allow_remote, **sampling)]
     elif compare:
-        results = main.bench_compare(engine, runtime_config(), hf_model, config, console, **sampling)
+        hf_model = None if hf_model == "none" else hf_model
+        results = main.bench_compare(engine, runtime_config(), hf_model, genai_model, config, console, **sampling)
     else:
         results = [main.bench_engine(engine, runtime_config(), config, console, **sampling)]
     main.publish(results, out, json_path, plot, cdf_plot, log=lambda m: console.print(f"[dim]{m}[/]"))

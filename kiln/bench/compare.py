@@ -1,10 +1,12 @@
-"""kiln's in-process engine side by side with HF transformers on the same weights, the same
-requests (the same token ids: both take kiln's tokenization) and the same threads, in one run.
+"""kiln's in-process engine side by side with its peers (HF transformers; onnxruntime-genai where
+installed and given a model) on the same weights, the same requests (the same token ids: every
+peer takes kiln's tokenization) and the same threads, in one run.
 
-Levels alternate between the systems (kiln at level 1, HF at level 1, kiln at level 2 ...), so load
-that drifts on a shared machine hits both alike. Ratios are printed so that above 1 favours kiln.
+Levels alternate between the systems (kiln at level 1, each peer at level 1, kiln at level 2 ...),
+so load that drifts on a shared machine hits all alike. Ratios are printed so that above 1 favours kiln.
 
     kiln bench --engine engines/smollm2-fp32 --compare --hf-model smollm2-135m --concurrency 1,4
+    kiln bench --engine bench/.cache/kiln-fp32 --compare --genai-model bench/.cache/genai-fp32
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import replace
+from pathlib import Path
 
 from rich.table import Table
 
@@ -19,7 +22,6 @@ from kiln.bench.progress import NullProgress
 from kiln.bench.session import BenchConfig, BenchResult, run_bench
 from kiln.bench.stats import LevelStats
 from kiln.bench.target_engine import EngineTarget
-from kiln.bench.target_hf import HFTarget, load_hf_model
 
 # (column, stat getter, True when larger is better for kiln)
 RATIOS = [
@@ -32,13 +34,28 @@ RATIOS = [
 ]
 
 
-def hf_peer(kiln: EngineTarget, hf_source: str, threads: int | None) -> HFTarget:
+def kiln_ids(kiln: EngineTarget):
+    """Prompt -> kiln's token ids, which every peer is given, so all run the very same tokens."""
     llm = kiln.llm
 
     def to_ids(prompt):
         return llm.chat_prompt(prompt.as_messages()) if kiln.endpoint == "chat" else llm.tokenizer.encode(prompt.as_text())
+    return to_ids
 
-    return HFTarget(load_hf_model(hf_source), to_ids, kiln.context_len, kiln.temperature, threads)
+
+def load_peers(kiln: EngineTarget, hf_source: str | None, genai_dir: Path | None, threads: int) -> list:
+    peers = []
+    if hf_source:
+        from kiln.bench.target_hf import HFTarget, load_hf_model
+
+        peers.append(HFTarget(load_hf_model(hf_source), kiln_ids(kiln), kiln.context_len, kiln.temperature, threads))
+    if genai_dir:
+        from kiln.bench.target_genai import GenAITarget
+
+        peers.append(GenAITarget(genai_dir, kiln_ids(kiln), kiln.context_len, kiln.temperature, threads))
+    if not peers:
+        raise ValueError("--compare needs a peer: --hf-model and/or --genai-model")
+    return peers
 
 
 async def compare(targets: list, config: BenchConfig, progress_for=lambda target: NullProgress()) -> list[BenchResult]:
@@ -100,13 +117,13 @@ def default_threads(runtime_threads: int | None) -> int:
     return runtime_threads or len(os.sched_getaffinity(0))
 
 
-def run_compare(kiln: EngineTarget, hf_source: str, config: BenchConfig, threads: int | None,
-                progress_for=lambda target: NullProgress()) -> list[BenchResult]:
-    peer = hf_peer(kiln, hf_source, default_threads(threads))
+def run_compare(kiln: EngineTarget, hf_source: str | None, genai_dir: Path | None, config: BenchConfig,
+                threads: int | None, progress_for=lambda target: NullProgress()) -> list[BenchResult]:
+    peers = load_peers(kiln, hf_source, genai_dir, default_threads(threads))
 
     async def go():
         try:
-            return await compare([kiln, peer], config, progress_for)
+            return await compare([kiln, *peers], config, progress_for)
         finally:
             await kiln.close()
     return asyncio.run(go())

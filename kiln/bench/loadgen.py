@@ -26,7 +26,7 @@ class Level:
     def __post_init__(self):
         if (self.concurrency is None) == (self.rate is None):
             raise ValueError("a level is either a concurrency or a rate")
-        if (self.concurrency or self.rate) <= 0:
+        if (self.rate if self.concurrency is None else self.concurrency) <= 0:
             raise ValueError(f"a level must be positive: {self}")
 
     @property

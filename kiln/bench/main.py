@@ -39,7 +39,9 @@ def bench_config(workload: str, concurrency: str | None, rate: str | None, durat
 def bench_url(url: str, config: BenchConfig, console: Console, *, endpoint: str = "chat",
               temperature: float = 1.0, tokenizer: str | None = None, model: str | None = None,
               api_key: str | None = None, allow_remote: bool = False) -> BenchResult:
-    from kiln.bench.target_http import HttpTarget, check_loopback
+    import httpx
+
+    from kiln.bench.target_http import HttpTarget, TargetError, check_loopback
 
     if not allow_remote:
         check_loopback(url)
@@ -47,7 +49,11 @@ def bench_url(url: str, config: BenchConfig, console: Console, *, endpoint: str 
     async def go():
         target = HttpTarget(url, endpoint, model, temperature, api_key)
         try:
-            return await _sweep(target, await target.prepare(tokenizer), config, console)
+            try:
+                counter = await target.prepare(tokenizer)
+            except (httpx.HTTPError, TargetError) as e:
+                raise ValueError(f"{url} is not an OpenAI-compatible server I can use: {e}") from None
+            return await _sweep(target, counter, config, console)
         finally:
             await target.close()
     return asyncio.run(go())
@@ -68,13 +74,14 @@ def bench_engine(artifact: Path, runtime_config, config: BenchConfig, console: C
     return asyncio.run(go())
 
 
-def bench_compare(artifact: Path, runtime_config, hf_model: str, config: BenchConfig, console: Console, *,
-                  endpoint: str = "chat", temperature: float = 1.0) -> list[BenchResult]:
+def bench_compare(artifact: Path, runtime_config, hf_model: str | None, genai_model: Path | None,
+                  config: BenchConfig, console: Console, *, endpoint: str = "chat",
+                  temperature: float = 1.0) -> list[BenchResult]:
     from kiln.bench.compare import run_compare
     from kiln.bench.target_engine import EngineTarget
 
     kiln = EngineTarget.load(artifact, runtime_config, endpoint=endpoint, temperature=temperature)
-    return run_compare(kiln, hf_model, config, runtime_config.threads, lambda t: RichProgress(console))
+    return run_compare(kiln, hf_model, genai_model, config, runtime_config.threads, lambda t: RichProgress(console))
 
 
 async def _sweep(target, counter, config: BenchConfig, console: Console) -> BenchResult:
@@ -91,11 +98,11 @@ def publish(results: list[BenchResult], out: Console, json_path: Path | None = N
     for result in results:
         out.print(render_tables(result))
     ratios = []
-    if len(results) == 2:
+    for peer in results[1:]:             # a comparison: results[0] is kiln
         from kiln.bench.compare import ratio_table, ratios_json
 
-        out.print(ratio_table(*results))
-        ratios = ratios_json(*results)
+        out.print(ratio_table(results[0], peer))
+        ratios += ratios_json(results[0], peer)
     if json_path:
         doc = {"runs": [r.to_json() for r in results], "ratios": ratios}
         json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,7 @@ class Histogram:
 
 @dataclass
 class MetricsSnapshot:
-    values: dict[str, float] = field(default_factory=dict)         # gauges and counters, summed over labels
+    values: dict[str, float] = field(default_factory=dict)   # gauges and counters (no _total), summed over labels
     histograms: dict[str, Histogram] = field(default_factory=dict)
 
     def value(self, names: tuple[str, ...]) -> float | None:
@@ -66,8 +66,18 @@ def parse_metrics(text: str) -> MetricsSnapshot:
         if family.type == "histogram":
             snap.histograms[family.name] = _histogram(family)
         elif family.type in ("gauge", "counter", "untyped", "unknown"):
-            snap.values[family.name] = sum(s.value for s in family.samples if not s.name.endswith("_created"))
+            name = _counter_name(family)
+            total = sum(s.value for s in family.samples if not s.name.endswith("_created"))
+            snap.values[name] = snap.values.get(name, 0.0) + total
     return snap
+
+
+def _counter_name(family) -> str:
+    # NOTE: prometheus_client 0.26's parser leaves `x_total{label=...}` samples out of the `x` counter
+    # family and yields one untyped `x_total` family per labelled sample: fold them back into `x`.
+    if family.type in ("untyped", "unknown") and family.name.endswith("_total"):
+        return family.name[: -len("_total")]
+    return family.name
 
 
 def _histogram(family) -> Histogram:

@@ -1,21 +1,13 @@
-"""HF transformers as a peer: `generate` one request at a time (it has no in-flight batching), on a
-worker thread, its streamer stamping each new token. Requests that arrive while one runs wait,
-as they would behind a server built on `generate`; that wait is part of their TTFT."""
+"""HF transformers as a peer: `generate` one request at a time, its streamer stamping each token."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import AsyncIterator, Callable
 
-from kiln.bench.records import Chunk
-from kiln.bench.text import Prompt
-from kiln.bench.workloads import RequestSpec
-
-_DONE = object()
+from kiln.bench.target_peer import Emit, SequentialPeer
 
 
 def load_hf_model(source: str):
@@ -35,60 +27,32 @@ def load_hf_model(source: str):
     return AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
 
 
-class HFTarget:
-    def __init__(self, model, to_ids: Callable[[Prompt], list[int]], context_len: int, temperature: float,
-                 threads: int | None = None):
+class HFTarget(SequentialPeer):
+    name = "HF transformers generate (sequential)"
+
+    def __init__(self, model, to_ids, context_len: int, temperature: float, threads: int | None = None):
         import torch
 
         torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
-        self.model, self.to_ids, self.temperature = model, to_ids, temperature
-        self.context_len, self.name = context_len, "HF transformers generate (sequential)"
-        self._lock = asyncio.Lock()
+        super().__init__(to_ids, context_len, temperature)
+        self.model = model
 
-    async def prepare(self) -> None:
-        await asyncio.to_thread(self._generate, [1, 2, 3], 2, lambda n: None, threading.Event())
-
-    def observer(self, interval: float):
-        from kiln.bench.observe import Observer
-
-        return Observer(interval)
-
-    async def stream(self, prompt: Prompt, spec: RequestSpec) -> AsyncIterator[Chunk]:
-        loop, inbox, stop = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
-        ids = self.to_ids(prompt)
-        emit = (lambda n: loop.call_soon_threadsafe(inbox.put_nowait, n))
-        async with self._lock:
-            job = asyncio.ensure_future(asyncio.to_thread(self._generate, ids, spec.max_tokens, emit, stop))
-            try:
-                while (item := await inbox.get()) is not _DONE:
-                    yield Chunk(num_tokens=item)
-                await job                       # re-raises a failure of generate
-            finally:
-                stop.set()                      # a client that went away stops generate at its next token
-                await asyncio.shield(asyncio.wait([job]))
-
-    async def close(self) -> None:
-        pass
-
-    def _generate(self, ids: list[int], max_tokens: int, emit, stop: threading.Event) -> None:
+    def generate(self, ids: list[int], max_tokens: int, emit: Emit, stop: threading.Event) -> None:
         import torch
         from transformers import StoppingCriteriaList
 
         sample = self.temperature > 0
         knobs = dict(do_sample=True, temperature=self.temperature) if sample else dict(do_sample=False)
         x = torch.tensor([ids], dtype=torch.long)
-        try:
-            with torch.inference_mode():
-                # min_new_tokens = max_new_tokens: the workload's reply length, like ignore_eos for kiln.
-                self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_tokens,
-                                    min_new_tokens=max_tokens, streamer=_TokenStamps(emit),
-                                    stopping_criteria=StoppingCriteriaList([_Stop(stop)]),
-                                    pad_token_id=self.model.config.eos_token_id, **knobs)
-        finally:
-            emit(_DONE)
+        with torch.inference_mode():
+            # min_new_tokens = max_new_tokens: the workload's reply length, like ignore_eos for kiln.
+            self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_tokens,
+                                min_new_tokens=max_tokens, streamer=_TokenStamps(emit),
+                                stopping_criteria=StoppingCriteriaList([_Stop(stop)]),
+                                pad_token_id=self.model.config.eos_token_id, **knobs)
 
 
-def _TokenStamps(emit):
+def _TokenStamps(emit: Emit):
     from transformers.generation.streamers import BaseStreamer
 
     class TokenStamps(BaseStreamer):

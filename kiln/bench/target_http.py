@@ -15,7 +15,7 @@ from kiln.bench.records import Chunk
 from kiln.bench.text import ExactCounter, Prompt, RatioCounter, TokenCounter, corpus_words
 from kiln.bench.workloads import RequestSpec
 
-CALIBRATION_WORDS = 300
+CALIBRATION_CHARS = 2000
 DEFAULT_CONTEXT = 2048
 
 
@@ -32,6 +32,15 @@ def check_loopback(url: str) -> None:
         loopback = False
     if not loopback:
         raise ValueError(f"{url} is not a loopback address; pass --allow-remote to load another host")
+
+
+def _cut_chars(words, max_chars: int) -> str:
+    text = ""
+    for word in words:
+        if len(text) + len(word) + 1 > max_chars:
+            return text
+        text = f"{text} {word}" if text else word
+    return text
 
 
 class HttpTarget:
@@ -79,7 +88,8 @@ class HttpTarget:
 
     async def calibrate(self) -> RatioCounter:
         """Characters per token from the server's usage count of a corpus sample (also a warm-up)."""
-        text = " ".join(corpus_words()[:CALIBRATION_WORDS])
+        # NOTE: at most half the context in characters fits even a byte-level tokenizer.
+        text = _cut_chars(corpus_words(), min(CALIBRATION_CHARS, self.context_len // 2))
         body = {**self._body(Prompt(None, text), max_tokens=1), "stream": False}
         r = await self.client.post(self.path, json=body)
         if r.status_code != 200:

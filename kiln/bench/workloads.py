@@ -101,4 +101,6 @@ def fit_context(spec: RequestSpec, context_len: int, max_tokens_cap: int | None)
     if room < 1:
         raise ValueError(f"a context of {context_len} tokens leaves no room for a prompt with "
                          f"{spec.prefix_tokens} prefix and {max_tokens} reply tokens")
-    return replace(spec, max_tokens=max_tokens, prompt_tokens=min(spec.prompt_tokens, room))
+    # A client that would hang up after the reply's end would not hang up at all: keep it inside.
+    cancel = None if spec.cancel_after is None else max(1, min(spec.cancel_after, max_tokens - 1))
+    return replace(spec, max_tokens=max_tokens, prompt_tokens=min(spec.prompt_tokens, room), cancel_after=cancel)
