@@ -64,6 +64,7 @@ class Server:
     def stop(self) -> None:
         if self.client is not None:
             self.client.shutdown()
+        log.info("stopped: the engine thread has exited")
 
     def rejected(self, e: ApiError) -> Response:
         reason = {429: e.code, 401: "unauthorized", 503: "not_ready"}.get(e.status, "invalid")
@@ -83,6 +84,7 @@ def create_app(llm, config: ServeConfig, model_name: str) -> Starlette:
     async def lifespan(app):
         server.start()
         warm = asyncio.create_task(server.warm_up())
+        warm.add_done_callback(_report_warm_up)
         try:
             yield
         finally:
@@ -100,6 +102,11 @@ def create_app(llm, config: ServeConfig, model_name: str) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: _internal_error})
     app.state.server = server
     return app
+
+
+def _report_warm_up(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("warm-up failed; /ready stays 503", exc_info=task.exception())
 
 
 async def _health(request: HttpRequest) -> Response:

@@ -26,6 +26,7 @@ class Outcome:
     text: str = ""
     ttft: float | None = None
     errors: list[str] = field(default_factory=list)
+    retry_after: float = 0.0
 
 
 @dataclass
@@ -70,6 +71,7 @@ async def _one(client: httpx.AsyncClient, url: str, rng: random.Random, hang_up:
         out = Outcome(r.status_code, max_tokens=max_tokens)
         if r.status_code != 200:
             await r.aread()
+            out.retry_after = float(r.headers.get("retry-after", 0))
             return out
         n = 0
         async for line in r.aiter_lines():
@@ -107,8 +109,8 @@ async def _client_loop(url: str, seed: int, hang_up: bool, deadline: float, outc
         while time.monotonic() < deadline:
             outcome = await _one(client, url, rng, hang_up)
             outcomes.append(outcome)
-            if outcome.status == 429:
-                await asyncio.sleep(0.2)
+            if outcome.status == 429:        # a polite client: back off as Retry-After says (capped)
+                await asyncio.sleep(min(outcome.retry_after, 2.0))
 
 
 def run_load(url: str, clients: int, seconds: float, hang_up_share: float = 0.25) -> LoadReport:

@@ -46,6 +46,9 @@ def test_api_key(start_server, tiny_llama_artifact):
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0).models.list()
     assert httpx.get(f"{server.url}/health").status_code == 200       # probes stay open
     assert httpx.get(f"{server.url}/metrics").status_code == 200
+    # SIGTERM: a graceful exit (uvicorn re-raises the signal once it has shut down)
+    assert server.stop() in (0, -15)
+    assert "stopped: the engine thread has exited" in server.log() and "Traceback" not in server.log()
 
 
 # -- admission control -----------------------------------------------------------------------------

@@ -11,14 +11,14 @@ from loadgen import run_load
 
 pytestmark = pytest.mark.slow
 
-LOAD_CLIENTS, LOAD_SECONDS, WARM_SECONDS = 32, 20.0, 8.0
+LOAD_CLIENTS, LOAD_SECONDS, WARM_SECONDS = 32, 20.0, 5.0
 
 
 @pytest.fixture(scope="module")
 def smol_server(start_server, smollm2_int8_artifact):
-    # --max-waiting: under the load test some requests are refused (429) rather than queued.
+    # Admission bounds: under the load test some requests are refused (429) rather than queued.
     return start_server(smollm2_int8_artifact, "--kv-cache-memory", "256MiB", "--max-waiting", "24",
-                        "--served-model-name", "smollm2")
+                        "--ttft-slo", "10", "--served-model-name", "smollm2")
 
 
 @pytest.fixture(scope="module")
