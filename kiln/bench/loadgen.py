@@ -70,7 +70,9 @@ async def run_level(target: Target, specs: Iterator[RequestSpec], render: Callab
     records: list[RequestRecord] = []
 
     async def send(spec: RequestSpec) -> None:
-        record = await issue(target, render(spec), spec, limits.timeout, clock)
+        # Rendering tokenizes long prompts: on a worker thread, off the loop that timestamps chunks.
+        prompt = await asyncio.to_thread(render, spec)
+        record = await issue(target, prompt, spec, limits.timeout, clock)
         records.append(record)
         on_record(record)
 

@@ -16,7 +16,7 @@ class EngineTarget:
         self.llm, self.endpoint, self.temperature = llm, endpoint, temperature
         self.name = name or f"kiln {Path(llm.artifact.path).name} (in-process)"
         self.context_len = llm.core.scheduler.config.max_model_len
-        self.counter = ExactCounter(llm.tokenizer.encode)
+        self.counter = ExactCounter(llm.tokenizer.fast)
 
     @classmethod
     def load(cls, artifact: Path, runtime_config, **kw) -> "EngineTarget":

@@ -79,7 +79,7 @@ class HttpTarget:
 
         folder = Path(tokenizer_dir)
         folder = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder    # an artifact, or its tokenizer/
-        return ExactCounter(Tokenizer(folder).encode)
+        return ExactCounter(Tokenizer(folder).fast)
 
     def observer(self, interval: float):
         from kiln.bench.observe import MetricsObserver

@@ -7,11 +7,13 @@ characters-per-token ratio calibrated against the server's own usage counts.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import random
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 CORPUS = Path(__file__).resolve().parents[2] / "tests" / "data" / "perplexity.txt"
 FALLBACK_WORDS = 4000
@@ -39,22 +41,32 @@ class Prompt:
 
 
 class ExactCounter:
-    """Counts with the model's tokenizer: binary search on the word count."""
+    """Counts with the model's tokenizer (a `tokenizers.Tokenizer`): one encode of the whole span
+    finds where token n starts; a second checks the cut, since merges across it may differ."""
 
     exact = True
 
-    def __init__(self, encode: Callable[[str], list[int]]):
-        self.encode = encode
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str):
+        # NOTE: encode_batch releases the GIL (encode does not), so rendering on a worker thread
+        # leaves the load generator's event loop free to timestamp other requests' chunks.
+        return self.tokenizer.encode_batch([text], add_special_tokens=False)[0]
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text).ids)
 
     def words_for(self, words: list[str], num_tokens: int) -> int:
-        lo, hi = 0, min(len(words), num_tokens)       # NOTE: every word is at least one token
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if len(self.encode(" ".join(words[:mid]))) <= num_tokens:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        encoding = self.encode(" ".join(words))
+        if len(encoding.ids) <= num_tokens:
+            return len(words)
+        cut = encoding.offsets[num_tokens][0]          # where the first token past the budget starts
+        ends = list(itertools.accumulate(len(w) + 1 for w in words))    # one past each word's space
+        k = bisect.bisect_right(ends, cut + 1)          # words that end before the cut
+        while k > 1 and self.count(" ".join(words[:k])) > num_tokens:
+            k -= 1
+        return max(k, 1)            # never an empty prompt, even if one word overshoots a tiny budget
 
 
 class RatioCounter:
@@ -70,7 +82,7 @@ class RatioCounter:
         for n, word in enumerate(words):
             used += len(word) + 1
             if used > budget:
-                return n
+                return max(n, 1)
         return len(words)
 
 

@@ -56,14 +56,16 @@ def test_poisson_arrivals_are_seeded_and_near_the_rate():
 
 
 def test_rendered_text_has_the_asked_token_count():
-    encode = (lambda text: list(text.encode()))                 # byte-level: one token per byte
-    source = TextSource(ExactCounter(encode))
+    from kiln.export.presets import byte_level_tokenizer
+
+    counter = ExactCounter(byte_level_tokenizer())               # one token per byte
+    source = TextSource(counter)
     for spec in first("shared-prefix", 0, n=5, context=1024):
         prompt = render(spec, source)
-        assert len(encode(prompt.user)) <= spec.prompt_tokens
-        assert len(encode(prompt.user)) > spec.prompt_tokens - 20     # within one word of it
-        assert len(encode(prompt.system)) <= spec.prefix_tokens
+        assert spec.prompt_tokens - 20 < counter.count(prompt.user) <= spec.prompt_tokens   # within a word
+        assert spec.prefix_tokens - 20 < counter.count(prompt.system) <= spec.prefix_tokens
     assert render(first("chat", 0, n=1)[0], source).system is None
+    assert source.text(0, 1) != ""                               # a word, even over a tiny budget
 
 
 def test_ratio_counter_stays_under_its_estimate():
