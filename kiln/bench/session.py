@@ -10,11 +10,12 @@ from kiln.bench.loadgen import Level, LevelRun, Limits, run_level
 from kiln.bench.observe import ServerView, ttft_disagreement
 from kiln.bench.progress import NullProgress
 from kiln.bench.records import RequestRecord
-from kiln.bench.stats import SLO, LevelStats, level_stats
+from kiln.bench.stats import SLO, Distribution, LevelStats, level_stats
 from kiln.bench.text import TextSource, TokenCounter, render
 from kiln.bench.workloads import request_specs
 
 TICK_S = 0.2
+LAG_WARN_S = 0.025
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class LevelResult:
     run: LevelRun
     stats: LevelStats
     server: ServerView | None
+    client_lag: Distribution            # how late the load generator's own event loop ran
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -42,7 +44,8 @@ class LevelResult:
 
     def to_json(self) -> dict:
         return {"level": asdict(self.level), "label": self.level.label, "stats": self.stats.to_json(),
-                "server": self.server.to_json() if self.server else None, "warnings": self.warnings,
+                "server": self.server.to_json() if self.server else None,
+                "client_lag": asdict(self.client_lag), "warnings": self.warnings,
                 "requests": [_record_json(r) for r in self.run.records]}
 
 
@@ -79,22 +82,32 @@ async def _run_one(target, source: TextSource, config: BenchConfig, level: Level
                               config.seed, progress.record)
     finally:
         stop.set()
-        await asyncio.gather(*watchers)
+        _, lags = await asyncio.gather(*watchers)
         progress.finish()
-    stats = level_stats(run.records, run.wall_s, config.slo)
-    view = observer.view()
-    warning = ttft_disagreement(stats.ttft.mean, view, config.ttft_warn)
-    return LevelResult(run, stats, view, [warning] if warning else [])
+    stats, view, lag = level_stats(run.records, run.wall_s, config.slo), observer.view(), Distribution.of(lags)
+    warnings = [ttft_disagreement(stats.ttft.mean, view, config.ttft_warn), _lag_warning(lag)]
+    return LevelResult(run, stats, view, lag, [w for w in warnings if w])
 
 
-async def _tick(progress, stop: asyncio.Event) -> None:
-    t0 = time.perf_counter()
+async def _tick(progress, stop: asyncio.Event) -> list[float]:
+    """Moves the progress bar; returns how late each tick woke (the client's own event-loop lag)."""
+    t0, lags = time.perf_counter(), []
     while not stop.is_set():
         progress.tick(time.perf_counter() - t0)
+        before = time.perf_counter()
         try:
             await asyncio.wait_for(stop.wait(), TICK_S)
         except asyncio.TimeoutError:
-            pass
+            lags.append(max(0.0, time.perf_counter() - before - TICK_S))
+    return lags
+
+
+def _lag_warning(lag: Distribution) -> str | None:
+    # p95, not p99: with a tick every 0.2 s a short level has few samples, and one GC pause is no trend.
+    if lag.p95 is None or lag.p95 <= LAG_WARN_S:
+        return None
+    return (f"the load generator's event loop ran {lag.p95 * 1e3:.0f} ms late (p95): its timings are "
+            "inflated by its own load; use fewer clients or give it a core of its own")
 
 
 def _record_json(r: RequestRecord) -> dict:

@@ -42,6 +42,7 @@ def test_engine_sweep_writes_json_and_plots(tiny_llama_artifact, tmp_path):
         assert stats["outcomes"]["error"] == stats["outcomes"]["timeout"] == 0
         assert stats["ttft"]["p99"] > 0 and stats["output_tokens_per_s"] > 0
         assert stats["goodput"] > 0 and lv["server"]["source"] == "engine (sampled)"
+        assert lv["client_lag"]["n"] > 0
     assert sum(lv["stats"]["outcomes"]["cancelled"] for lv in runs) > 0
     assert knee.read_bytes()[:8] == PNG and cdf.read_bytes()[:8] == PNG
 
