@@ -17,10 +17,10 @@ from kiln.serving.errors import ApiError
 
 class PrefillRate:
     """Prefill tokens per second over steps that ran a prefill chunk, exponentially weighted.
-    Starts from a prior worth a few steps, so the first measurements move it but no single
-    (warm-up sized) step can swing it."""
+    The prior weighs as much as one small step, so the start-up warm-up (a prompt of a few
+    hundred tokens) already replaces most of it before the first user arrives."""
 
-    PRIOR_TOKENS, PRIOR_SECONDS = 512.0, 0.5        # 1,024 tokens/s: a small model on a few cores
+    PRIOR_TOKENS, PRIOR_SECONDS = 128.0, 0.125      # 1,024 tokens/s: a small model on a few cores
     DECAY = 0.95
 
     def __init__(self):

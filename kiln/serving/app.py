@@ -29,6 +29,7 @@ from kiln.serving.responses import Renderer
 
 log = logging.getLogger("kiln.serving")
 
+WARM_UP_PROMPT_TOKENS = 256
 ENDPOINTS = {"completion": (CompletionRequest, prepare_completion), "chat": (ChatCompletionRequest, prepare_chat)}
 
 
@@ -53,8 +54,10 @@ class Server:
         self.metrics.watch(self.client, admission, self.generations)
 
     async def warm_up(self) -> None:
-        """One tiny request through the whole path, so the first user does not pay for it."""
-        ids = self.llm.tokenizer.encode("Hello") or [0]
+        """One small request through the whole path, so the first user does not pay for it and
+        admission control predicts TTFT from a measured prefill rate, not only its prior."""
+        ids = (self.llm.tokenizer.encode("Hello world. ") or [0]) * WARM_UP_PROMPT_TOKENS
+        ids = ids[:min(WARM_UP_PROMPT_TOKENS, self.client.limits.max_model_len - 2)]
         request = self.client.make_request(ids, SamplingParams(max_tokens=1, temperature=0), "kiln-warmup")
         async for _ in self.client.stream(request):
             pass
