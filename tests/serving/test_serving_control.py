@@ -94,7 +94,7 @@ def test_ttft_slo_and_token_bound_refuse(start_server, tiny_llama_artifact):
 # -- timeout -----------------------------------------------------------------------------------------
 
 def test_request_timeout_finishes_with_timeout(start_server, tiny_llama_artifact):
-    server = start_server(tiny_llama_artifact, *TINY_FLAGS, "--request-timeout", "0.2")
+    server = start_server(tiny_llama_artifact, *TINY_FLAGS, "--request-timeout", "0.1")
     t0 = time.monotonic()
     out = httpx.post(f"{server.url}/v1/completions", json={**LONG, "prompt": "x" * 100}, timeout=30).json()
     assert out["choices"][0]["finish_reason"] == "timeout"
