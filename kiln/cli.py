@@ -148,7 +148,8 @@ def triton_repo(artifact, out, instances, max_queue, name, print_command, **runt
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
 @click.option("--port", default=8000, show_default=True)
-@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1/*.")
+@click.option("--api-key", default=None, envvar="KILN_API_KEY",
+              help="Require 'Authorization: Bearer KEY' on /v1/* (or set KILN_API_KEY, kept out of ps).")
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the folder name).")
 @click.option("--ttft-slo", type=float, default=None, help="Refuse (429) when the predicted TTFT exceeds S seconds.")
 @click.option("--max-waiting", type=int, default=None, help="Refuse when N requests await their first token.")

@@ -31,7 +31,8 @@ class ServerProcess:
         self.log_path = log_path
         cmd = [str(KILN), "serve", str(artifact), "--port", str(self.port), *flags]
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        env = {k: v for k, v in os.environ.items() if k != "KILN_API_KEY"}   # only --api-key counts here
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     @property
     def pid(self) -> int:
