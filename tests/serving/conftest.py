@@ -86,9 +86,8 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-@pytest.fixture(scope="session")
-def start_server(tmp_path_factory):
-    """start_server(artifact, *flags) -> a ready ServerProcess, stopped at the session's end."""
+def _servers(tmp_path_factory):
+    """Yields start(artifact, *flags) -> a ready ServerProcess; stops them all afterwards."""
     started: list[ServerProcess] = []
 
     def start(artifact, *flags: str) -> ServerProcess:
@@ -102,9 +101,21 @@ def start_server(tmp_path_factory):
         server.stop()
 
 
+@pytest.fixture
+def start_server(tmp_path_factory):
+    """A server for one test, stopped when it ends."""
+    yield from _servers(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def start_module_server(tmp_path_factory):
+    """A server shared by a module's tests, stopped when the module ends."""
+    yield from _servers(tmp_path_factory)
+
+
 TINY_FLAGS = ("--kv-cache-memory", "16MiB", "--threads", "1")
 
 
 @pytest.fixture(scope="module")
-def tiny_server(start_server, tiny_llama_artifact):
-    return start_server(tiny_llama_artifact, *TINY_FLAGS)
+def tiny_server(start_module_server, tiny_llama_artifact):
+    return start_module_server(tiny_llama_artifact, *TINY_FLAGS)

@@ -59,9 +59,9 @@ async def _concurrent(url: str, bodies: list[dict]) -> list[httpx.Response]:
 
 
 @pytest.fixture(scope="module")
-def one_seat_server(start_server, tiny_llama_artifact):
+def one_seat_server(start_module_server, tiny_llama_artifact):
     """One running sequence at a time, one request waiting for its first token at most."""
-    return start_server(tiny_llama_artifact, *TINY_FLAGS, "--max-waiting", "1", "--max-num-seqs", "1")
+    return start_module_server(tiny_llama_artifact, *TINY_FLAGS, "--max-waiting", "1", "--max-num-seqs", "1")
 
 
 def test_max_waiting_refuses_with_429(one_seat_server):
