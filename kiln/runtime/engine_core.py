@@ -82,7 +82,8 @@ class EngineCore:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestDelta]:
-        t0 = time.perf_counter()
+        # NOTE: monotonic, the clock Request.arrival_time uses, so the latencies subtract cleanly.
+        t0 = time.monotonic()
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
@@ -92,7 +93,7 @@ class EngineCore:
         runner_out = self.runner.execute(out)
         before = {s.request.request_id: s.request.num_output_tokens for s in out.scheduled}
         finished = self.scheduler.update(out, runner_out)
-        now = time.perf_counter()
+        now = time.monotonic()
         deltas = self._deltas(out, before, runner_out, now)
         for r in finished:
             self._retire(r, now)
