@@ -7,6 +7,7 @@ abort() (or a consumer that stops iterating) frees the request's blocks within o
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from typing import AsyncIterator
@@ -14,6 +15,8 @@ from typing import AsyncIterator
 from kiln.runtime.outputs import StreamDelta
 from kiln.runtime.request import Request
 from kiln.runtime.sampling_params import SamplingParams
+
+log = logging.getLogger("kiln")
 
 
 class AsyncEngine:
@@ -56,8 +59,28 @@ class AsyncEngine:
         while not self._stopped:
             self._drain_commands(block=not self.core.has_unfinished())
             if self.core.has_unfinished():
-                for delta in self.core.step():
-                    self._send(delta.request.request_id, self.outputs.process(delta))
+                try:
+                    self._step()
+                except Exception as e:      # an engine failure must not leave streams hanging
+                    log.exception("engine step failed; failing the requests in flight")
+                    self._fail_all(e)
+            self._after_step()
+
+    def _step(self) -> None:
+        for delta in self.core.step():
+            request_id = delta.request.request_id
+            self._send(request_id, self.outputs.process(delta))
+            if delta.request.is_finished:
+                self.outputs.forget(request_id)     # a long-running server must not keep it
+
+    def _after_step(self) -> None:
+        """Hook for subclasses (statistics snapshots)."""
+
+    def _fail_all(self, error: Exception) -> None:
+        for request_id in list(self.core.scheduler.requests):
+            self.core.abort(request_id)
+            self.outputs.forget(request_id)
+            self._send(request_id, RuntimeError(f"engine failure: {error}"))
 
     def _drain_commands(self, block: bool) -> None:
         while True:

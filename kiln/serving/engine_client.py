@@ -9,7 +9,6 @@ the engine's counters published after every step, which the HTTP thread may read
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
@@ -20,7 +19,6 @@ from kiln.runtime.request import Request, RequestStatus
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.requests import EngineLimits
 
-log = logging.getLogger("kiln.serving")
 
 
 @dataclass(frozen=True)
@@ -84,34 +82,13 @@ class EngineClient(AsyncEngine):
         self.abort(request_id)
 
     # -- engine thread ------------------------------------------------------------------------
-    def _loop(self) -> None:
-        while not self._stopped:
-            self._drain_commands(block=not self.core.has_unfinished())
-            if self.core.has_unfinished():
-                try:
-                    self._step()
-                except Exception as e:      # an engine failure must not leave streams hanging
-                    log.exception("engine step failed; failing the requests in flight")
-                    self._fail_all(e)
-            self._publish_snapshot()
-
     def _step(self) -> None:
         t0 = time.perf_counter()
-        deltas = self.core.step()
+        super()._step()
         self._report_step(time.perf_counter() - t0)
-        for delta in deltas:
-            request_id = delta.request.request_id
-            self._send(request_id, self.outputs.process(delta))
-            if delta.request.is_finished:
-                # NOTE: AsyncEngine's loop never drops a finished request's detokenizer state;
-                # a server running for days must.
-                self.outputs.forget(request_id)
 
-    def _fail_all(self, error: Exception) -> None:
-        for request_id in list(self.core.scheduler.requests):
-            self.core.abort(request_id)
-            self.outputs.forget(request_id)
-            self._send(request_id, RuntimeError(f"engine failure: {error}"))
+    def _after_step(self) -> None:
+        self._publish_snapshot()
 
     def _abort(self, request_id: str) -> None:
         status = RequestStatus.FINISHED_TIMEOUT if request_id in self._timed_out else RequestStatus.FINISHED_ABORTED
