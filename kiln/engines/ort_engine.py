@@ -28,6 +28,11 @@ def _options(threads: int, level: ort.GraphOptimizationLevel) -> ort.SessionOpti
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = level
     opts.log_severity_level = 3
+    # Every step has a new shape: memory patterns never repeat, and the arena keeps the peak of
+    # every shape seen (RSS ratchets up by hundreds of MB). Measured on SmolLM2 int8 over six
+    # mixed shapes: +151 MiB with the arena, +54 MiB without, decode and prefill times unchanged.
+    opts.enable_mem_pattern = False
+    opts.enable_cpu_mem_arena = False
     return opts
 
 

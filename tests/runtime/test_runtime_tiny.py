@@ -125,3 +125,12 @@ def test_cancel_half_the_batch_frees_blocks_and_keeps_others(tiny_llama_artifact
     assert [r.output_token_ids for r in requests[1::2]] == alone[1::2]
     assert all(r.finish_reason == "abort" for r in cancelled)
     assert _all_blocks_free(llm)
+
+
+def test_prefill_chunks_grouped_by_length():
+    from kiln.runtime.runner import group_by_length
+    from kiln.runtime.scheduler import ScheduledRequest
+
+    chunks = [ScheduledRequest(request=None, num_new_tokens=n) for n in (500, 20, 22, 480, 21, 19)]
+    groups = [[s.num_new_tokens for s in g] for g in group_by_length(chunks)]
+    assert groups == [[500, 480], [22, 21, 20, 19]]
