@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -126,14 +127,31 @@ class KilnRunner:
 
 
 def ensure_kiln(cache: Path, quant: str) -> Path:
-    """The kiln artifact for one precision, built into the cache on first use."""
-    out, marker = cache / f"kiln-{quant}", cache / f"kiln-{quant}.UNVERIFIED"
+    """The kiln artifact for one precision, built into the cache when kiln's build code changes."""
+    name = f"kiln-{quant}-{_build_code_hash()}"
+    out, marker = cache / name, cache / f"{name}.UNVERIFIED"
     if not (out / "manifest.json").is_file():
+        for stale in cache.glob(f"kiln-{quant}*"):
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
         _build_kiln(out, quant, marker)
     if marker.is_file():
         console.print(f"[bold red]kiln {quant} was built without its numeric checks ({marker.read_text()}); "
                       f"delete {out}* to retry the checked build[/]")
     return out
+
+
+def _build_code_hash() -> str:
+    """A hash of the code that shapes an artifact: others change passes while a cache lives on."""
+    import hashlib
+
+    import kiln
+
+    root = Path(kiln.__file__).parent
+    files = [root / "build.py", *sorted(f for d in ("export", "passes", "engines") for f in (root / d).rglob("*.py"))]
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:10]
 
 
 def _build_kiln(out: Path, quant: str, marker: Path) -> None:
@@ -432,6 +450,14 @@ def _model_runs(path: str) -> list[dict[str, float]]:
     return runs
 
 
+def _between_kernels(ops: dict[str, float]) -> float:
+    """The run's time not inside any kernel: ORT's per-node dispatch, allocation, input checks.
+
+    NOTE: approximate where the figures are medians per op (they need not add up exactly)."""
+    kernels = sum(v for k, v in ops.items() if not k.startswith("("))
+    return ops.get("(whole run)", 0.0) - kernels
+
+
 def _sum(runs: list[dict[str, float]]) -> dict[str, float]:
     keys = {k for r in runs for k in r}
     return {k: sum(r.get(k, 0.0) for r in runs) for k in keys}
@@ -452,6 +478,8 @@ def print_ops(key: str, ops: dict[str, dict[str, float]], top: int = 12) -> None
     names = sorted((set(kiln) | set(peer)) - set(counts), key=lambda k: -max(kiln.get(k, 0), peer.get(k, 0)))
     for name in names[:top + 1]:
         table.add_row(name, f"{kiln.get(name, 0):.2f}", f"{peer.get(name, 0):.2f}")
+    gaps = [_between_kernels(o) for o in (kiln, peer)]
+    table.add_row("(whole run − kernels: dispatch between nodes)", *(f"{g:.2f}" for g in gaps))
     for name in counts:
         table.add_row(name, f"{kiln.get(name, 0):g}", f"{peer.get(name, 0):g}")
     console.print(table)
