@@ -71,6 +71,9 @@ def quantize_embedding(graph: onnx.GraphProto, inits: dict[str, TensorProto], em
                        shared: QuantizedTable | None, bits: int, block_size: int,
                        symmetric: bool) -> tuple[list[onnx.NodeProto], str]:
     """The nodes that replace the embedding Gather, and a note for the pass report."""
+    if shared is not None and shared.bits == bits == 8:
+        note = "GatherBlockQuantized 8-bit, reading the LM head's quantized table in place (tied embeddings)"
+        return _gather_in_place(graph, inits, embed, shared, block_size), note
     if shared is not None and shared.bits == bits:
         view = _table_view(graph, embed, shared)
         note = f"GatherBlockQuantized {bits}-bit, sharing the LM head's quantized table (tied embeddings)"
@@ -80,6 +83,26 @@ def quantize_embedding(graph: onnx.GraphProto, inits: dict[str, TensorProto], em
     if shared is not None:
         note += f" (tied, but the LM head is {shared.bits}-bit)"
     return [_gather_node(embed, table, table.data, block_size)], note
+
+
+# lm_head W_Q [V, H/bs, bs] ─ GatherBlockQuantized(quantize_axis=2) ─ [B,S,H/bs,bs] ─ Reshape ─ [B,S,H]
+def _gather_in_place(graph: onnx.GraphProto, inits: dict[str, TensorProto], embed: onnx.NodeProto,
+                     table: QuantizedTable, block_size: int) -> list[onnx.NodeProto]:
+    """8-bit only: the gather reads MatMulNBits' 3-D weight as it is, so no [V, H] view of it is
+    materialised (ORT would fold or copy that Reshape: a second 33 MB table for SmolLM2). Only
+    the small scales / zero points get 3-D copies."""
+    inputs = [table.data, embed.input[1]]
+    current = {t.name: t for t in graph.initializer}     # the LM head's tensors are newer than `inits`
+    for name in [table.scales] + ([table.zero_points] if table.zero_points else []):
+        arr = numpy_helper.to_array(current[name]).reshape(table.rows, -1, 1)
+        graph.initializer.append(numpy_helper.from_array(arr, f"{name}_3d"))
+        inputs.append(f"{name}_3d")
+    blocks = embed.name + "/blocks_output_0"
+    gather = helper.make_node("GatherBlockQuantized", inputs, [blocks], name=embed.name + "_Q8",
+                              domain=MS_DOMAIN, gather_axis=0, quantize_axis=2, block_size=block_size, bits=8)
+    shape = embed.name + "/hidden_shape"
+    graph.initializer.append(numpy_helper.from_array(np.array([0, 0, -1], np.int64), shape))
+    return [gather, helper.make_node("Reshape", [blocks, shape], list(embed.output), name=embed.name + "/merge_blocks")]
 
 
 # view: lm_head W_Q [V, H/bs, blob] ─ Reshape([V, -1]) ─▶ [V, H·bits/8] ─ GatherBlockQuantized

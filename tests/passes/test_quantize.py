@@ -59,9 +59,8 @@ def test_every_linear_and_the_embedding_are_quantized(models, name, mode):
     assert report.max_rel_error <= QuantizePass(mode).rel_tolerance
 
 
-@pytest.mark.parametrize("table_bits", [4, 8])
-def test_tied_embedding_shares_the_lm_heads_table(models, table_bits):
-    p = QuantizePass(QuantMode.INT4, table_bits=table_bits)
+def test_tied_4bit_table_is_a_view_of_the_lm_heads_table(models):
+    p = QuantizePass(QuantMode.INT4, table_bits=4)
     out = p.run(models["tiny-qwen2"])
     gather = next(n for n in out.graph.node if n.op_type == "GatherBlockQuantized")
     head = next(n for n in out.graph.node if n.name.startswith("/model/lm_head"))
@@ -71,8 +70,23 @@ def test_tied_embedding_shares_the_lm_heads_table(models, table_bits):
     names = {t.name for t in out.graph.initializer}
     assert "model.embed_tokens.weight" not in names and "lm_head.weight" not in names
     vocab_tables = sorted(n for n in names if n.startswith(("lm_head", "model.embed_tokens")))
-    assert vocab_tables == [f"lm_head.weight_Q{table_bits}", "lm_head.weight_scales", "lm_head.weight_zero_points"]
+    assert vocab_tables == ["lm_head.weight_Q4", "lm_head.weight_scales", "lm_head.weight_zero_points"]
     assert "sharing the LM head's quantized table" in p.details()["embedding"]
+
+
+def test_tied_8bit_table_is_gathered_in_place(models):
+    """The 8-bit gather reads MatMulNBits' 3-D weight directly: no Reshape of the big table."""
+    p = QuantizePass(QuantMode.INT4, table_bits=8)
+    out, report = run_pass(p, models["tiny-qwen2"], compare_logits)
+    gather = next(n for n in out.graph.node if n.op_type == "GatherBlockQuantized")
+    head = next(n for n in out.graph.node if n.name.startswith("/model/lm_head"))
+    assert gather.input[0] == head.input[1]                    # the very same data tensor
+    assert gather.input[2:] == [f"{name}_3d" for name in head.input[2:]]
+    names = {t.name for t in out.graph.initializer}
+    vocab_tables = sorted(n for n in names if n.startswith(("lm_head", "model.embed_tokens")))
+    assert vocab_tables == ["lm_head.weight_Q8", "lm_head.weight_scales", "lm_head.weight_scales_3d",
+                            "lm_head.weight_zero_points", "lm_head.weight_zero_points_3d"]
+    assert "in place" in p.details()["embedding"]
 
 
 def test_untied_embedding_gets_its_own_table(models):
