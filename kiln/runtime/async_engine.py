@@ -28,8 +28,12 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
         self._thread.start()
 
-    async def generate(self, prompt, params: SamplingParams, request_id: str | None = None) -> AsyncIterator[StreamDelta]:
-        request = self.llm.make_request(prompt, params, request_id)
+    def generate(self, prompt, params: SamplingParams, request_id: str | None = None) -> AsyncIterator[StreamDelta]:
+        return self.stream(self.llm.make_request(prompt, params, request_id))
+
+    async def stream(self, request: Request) -> AsyncIterator[StreamDelta]:
+        """Stream a request's deltas. A consumer that stops iterating aborts the request; its KV
+        blocks are free within one engine step."""
         inbox: asyncio.Queue = asyncio.Queue()
         self._streams[request.request_id] = (asyncio.get_running_loop(), inbox)
         self._commands.put(("add", request))

@@ -8,13 +8,11 @@ the engine's counters published after every step, which the HTTP thread may read
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 from kiln.runtime.async_engine import AsyncEngine
-from kiln.runtime.outputs import StreamDelta
 from kiln.runtime.request import Request, RequestStatus
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.requests import EngineLimits
@@ -56,25 +54,6 @@ class EngineClient(AsyncEngine):
 
     def make_request(self, prompt_ids, params: SamplingParams, request_id: str) -> Request:
         return self.llm.make_request(list(prompt_ids), params, request_id)
-
-    async def stream(self, request: Request) -> AsyncIterator[StreamDelta]:
-        """Like generate(), for a request the caller built. A consumer that stops iterating
-        aborts the request; its KV blocks are free within one engine step."""
-        inbox: asyncio.Queue = asyncio.Queue()
-        self._streams[request.request_id] = (asyncio.get_running_loop(), inbox)
-        self._commands.put(("add", request))
-        finished = False
-        try:
-            while not finished:
-                item = await inbox.get()
-                if isinstance(item, Exception):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:
-                self.abort(request.request_id)
-            self._streams.pop(request.request_id, None)
 
     def timeout(self, request_id: str) -> None:
         """End the request with finish_reason "timeout"; its stream gets a final delta."""
