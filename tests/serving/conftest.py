@@ -113,7 +113,7 @@ def start_module_server(tmp_path_factory):
     yield from _servers(tmp_path_factory)
 
 
-TINY_FLAGS = ("--kv-cache-memory", "16MiB", "--threads", "1")
+from serving_flags import TINY_FLAGS  # noqa: E402  (a uniquely named module: `conftest` is ambiguous)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import TINY_FLAGS
+from serving_flags import TINY_FLAGS
 
 MODEL = "tiny-llama-none"
 LONG = {"model": MODEL, "prompt": "a long one", "max_tokens": 900, "temperature": 0.8, "ignore_eos": True}
