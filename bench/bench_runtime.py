@@ -556,7 +556,7 @@ def _quiet() -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: few tokens, one repetition")
-    ap.add_argument("--precisions", default="fp32,int4", help="comma-separated: fp32, int4, int8")
+    ap.add_argument("--precisions", default="fp32,int4", help="comma-separated: fp32, int4 (int8: untried)")
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads for every engine")
     ap.add_argument("--cache", type=Path, default=HERE / ".cache", help="built models (reused)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "runtime.json")
