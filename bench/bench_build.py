@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -20,6 +19,7 @@ from rich.table import Table
 
 from kiln.artifact import EngineArtifact
 from kiln.build import BuildConfig, build
+from kiln.cli import rich_stage
 from kiln.eval import PERPLEXITY_TEXT, text_token_ids
 from kiln.eval.sequence import artifact_perplexity
 from kiln.passes.quantize import QuantMode
@@ -32,18 +32,11 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-@contextmanager
-def stage(name: str):
-    t0 = time.perf_counter()
-    with console.status(f"{name} …"):
-        yield
-    console.print(f"  [green]✓[/] {name} ({time.perf_counter() - t0:.1f} s)")
-
-
 def measure(mode: str, out_root: Path) -> dict:
     console.rule(f"build --quant {mode}")
     t0 = time.perf_counter()
-    path = build(BuildConfig(source="smollm2-135m", out=out_root / mode, quant=QuantMode(mode), force=True), stage)
+    path = build(BuildConfig(source="smollm2-135m", out=out_root / mode, quant=QuantMode(mode), force=True),
+                 rich_stage)
     seconds = time.perf_counter() - t0
     art = EngineArtifact.load(path)
     ids = text_token_ids(art.tokenizer_dir, PERPLEXITY_TEXT)

@@ -72,7 +72,7 @@ def build(model, out, quant, block_size, no_fuse, no_verify, force):
     cfg = BuildConfig(source=model, out=out, quant=QuantMode(quant), block_size=block_size,
                       fuse=not no_fuse, verify=not no_verify, force=force)
     t0 = time.perf_counter()
-    path = _guarded(lambda: run_build(cfg, stage=_rich_stage))
+    path = _guarded(lambda: run_build(cfg, stage=rich_stage))
     console.print(f"[bold green]built[/] {path} in {time.perf_counter() - t0:.1f} s")
 
 
@@ -188,7 +188,7 @@ def bench(kv_cache_memory, policy, max_num_seqs, token_budget, max_model_len, no
 
 
 @contextmanager
-def _rich_stage(name: str):
+def rich_stage(name: str):
     t0 = time.perf_counter()
     with console.status(f"{name} …"):
         yield
