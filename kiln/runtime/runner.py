@@ -6,7 +6,8 @@ so decodes are never padded to a prefill chunk's length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -88,8 +89,6 @@ class ModelRunner:
         self.states.pop(request_id, None)
 
     def _run(self, group: list[ScheduledRequest]) -> np.ndarray:
-        import time
-
         batch = self._batch(group)
         t0 = time.perf_counter()
         outs = self.engine.run(batch.feeds)
@@ -146,7 +145,6 @@ class ModelRunner:
         if state is None:
             params = request.sampling_params
             if params.seed is None and self.default_seed is not None:
-                from dataclasses import replace
                 params = replace(params, seed=self.default_seed)
             state = self.states[request.request_id] = SamplingState.from_params(params, request.prompt_token_ids)
         return state
