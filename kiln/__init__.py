@@ -17,6 +17,6 @@ def __getattr__(name):
         from kiln.config import RuntimeConfig
         return RuntimeConfig
     if name == "SchedulerConfig":
-        from kiln.runtime.scheduler import SchedulerConfig
+        from kiln.config import SchedulerConfig
         return SchedulerConfig
     raise AttributeError(name)

@@ -8,72 +8,21 @@ says what to do; it never guesses from file names.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import onnxruntime
+from kiln.artifact_checks import check_artifact
+from kiln.manifest import MANIFEST, ArtifactError, Manifest, current_versions, sha256_file
 
-import kiln
-from kiln.engines.base import BucketGrid, KvLayout
-from kiln.export.spec import ModelSpec
+__all__ = ["TOKENIZER_DIR", "ArtifactWriter", "EngineArtifact", "file_record",
+           # the manifest's names, for callers that only need the artifact module
+           "MANIFEST", "ArtifactError", "Manifest", "current_versions", "sha256_file"]
 
-SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
-
-
-class ArtifactError(RuntimeError):
-    """The artifact cannot be used; the message says why and what to do."""
-
-
-@dataclass
-class Manifest:
-    spec: ModelSpec
-    quant: dict
-    buckets: BucketGrid
-    kv_layout: KvLayout
-    engines: list[dict]                       # backend, file, sha256, bytes, io
-    generation: dict                          # eos_token_ids, bos_token_id, max_model_len, ...
-    tokenizer: dict = field(default_factory=dict)  # files -> sha256, chat_template_sha256
-    passes: list[dict] = field(default_factory=list)
-    source: str = ""
-    versions: dict = field(default_factory=dict)
-    schema_version: int = SCHEMA_VERSION
-
-    def to_json(self) -> dict:
-        return {
-            "schema_version": self.schema_version,
-            "model": {"family": self.spec.family, "config": self.spec.to_dict(),
-                      "config_hash": self.spec.config_hash(), "source": self.source},
-            "quant": self.quant, "buckets": self.buckets.to_dict(), "kv_layout": self.kv_layout.to_dict(),
-            "engines": self.engines, "generation": self.generation, "tokenizer": self.tokenizer,
-            "passes": self.passes, "versions": self.versions,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Manifest":
-        return cls(spec=ModelSpec.from_dict(d["model"]["config"]), quant=d["quant"],
-                   buckets=BucketGrid.from_dict(d["buckets"]), kv_layout=KvLayout(**d["kv_layout"]),
-                   engines=d["engines"], generation=d["generation"], tokenizer=d["tokenizer"],
-                   passes=d["passes"], source=d["model"].get("source", ""), versions=d["versions"],
-                   schema_version=d["schema_version"])
-
-
-def current_versions() -> dict:
-    return {"kiln": kiln.__version__, "onnxruntime": onnxruntime.__version__}
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def file_record(root: Path, path: Path) -> dict:
@@ -127,8 +76,6 @@ class EngineArtifact:
 
     @classmethod
     def load(cls, path: str | Path, verify: bool = True) -> "EngineArtifact":
-        from kiln.artifact_checks import check_artifact
-
         path = Path(path)
         manifest = check_artifact(path, verify_checksums=verify)
         return cls(path, manifest)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import onnxruntime
 
-from kiln.artifact import MANIFEST, SCHEMA_VERSION, ArtifactError, Manifest, sha256_file
+from kiln.manifest import MANIFEST, SCHEMA_VERSION, ArtifactError, Manifest, sha256_file
 
 REBUILD = "rebuild it with `kiln build`"
 

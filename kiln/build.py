@@ -6,14 +6,14 @@ import hashlib
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
 
 import onnx
 
 from kiln.artifact import TOKENIZER_DIR, ArtifactWriter, Manifest, current_versions, file_record
-from kiln.engines.base import BucketGrid, KvLayout
+from kiln.config import BuildConfig
+from kiln.engines.base import KvLayout
 from kiln.engines.ort_engine import compile_ort
 from kiln.export.decoder_graph import build_decoder
 from kiln.export.sources import ModelSource, load_source
@@ -26,18 +26,6 @@ from kiln.tokenizer import TEMPLATE_FILE, Tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", TEMPLATE_FILE)
 StageFn = Callable[[str], ContextManager]
-
-
-@dataclass(frozen=True)
-class BuildConfig:
-    source: str
-    out: Path
-    quant: QuantMode = QuantMode.NONE
-    block_size: int = 16
-    buckets: BucketGrid = field(default_factory=BucketGrid)
-    fuse: bool = True
-    verify: bool = True           # numeric check after every pass
-    force: bool = False
 
 
 def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> Path:

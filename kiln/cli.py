@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 
 from kiln.bench.cli_options import bench_options
+from kiln.config_options import runtime_config
 
 console = Console(stderr=True, soft_wrap=True)
 
@@ -32,22 +33,6 @@ def runtime_options(fn):
     return fn
 
 
-def runtime_config(kv_cache_memory, policy, max_num_seqs, token_budget, max_model_len, no_prefix_caching, threads):
-    from kiln.config import RuntimeConfig
-    from kiln.runtime.scheduler import SchedulerConfig
-    from kiln.units import parse_bytes
-
-    knobs = {k: v for k, v in dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget,
-                                   max_model_len=max_model_len).items() if v is not None}
-    if max_model_len is None:
-        knobs["max_model_len"] = 1 << 30      # clipped to the artifact's context by the engine core
-    if no_prefix_caching:
-        knobs["enable_prefix_caching"] = False
-    sched = SchedulerConfig.preset(policy, **knobs) if policy else SchedulerConfig(**knobs)
-    return RuntimeConfig(kv_cache_memory=parse_bytes(kv_cache_memory) if kv_cache_memory else None,
-                         scheduler=sched, threads=threads)
-
-
 @click.group()
 @click.version_option(package_name="kiln")
 def main():
@@ -65,8 +50,8 @@ def main():
 def build(model, out, quant, block_size, no_fuse, no_verify, force):
     """Build an engine artifact from MODEL: a preset (smollm2-135m, tiny-llama, tiny-qwen2),
     a .gguf file or a Hugging Face checkpoint folder."""
-    from kiln.build import BuildConfig
     from kiln.build import build as run_build
+    from kiln.config import BuildConfig
     from kiln.passes.quantize import QuantMode
 
     cfg = BuildConfig(source=model, out=out, quant=QuantMode(quant), block_size=block_size,
@@ -160,7 +145,7 @@ def triton_repo(artifact, out, instances, max_queue, name, print_command, **runt
 def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waiting, max_waiting_tokens,
           request_timeout, no_response_cache, **runtime):
     """Serve an artifact over an OpenAI-compatible HTTP API."""
-    from kiln.serving.config import ServeConfig
+    from kiln.config import ServeConfig
     from kiln.serving.server import run_server
 
     def go():

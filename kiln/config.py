@@ -1,11 +1,81 @@
-"""Small frozen configs per concern. Runtime-derived values (e.g. the number of KV blocks) are
-computed from these at start-up and never written back."""
+"""Small frozen configs per concern: build, scheduler, runtime, server. Runtime-derived values
+(e.g. the number of KV blocks) are computed from these at start-up and never written back.
+
+NOTE: this module sits below everything that reads a config: it imports nothing from kiln.runtime,
+kiln.serving or kiln.cli (tests/unit/test_layering.py checks it).
+"""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kiln.runtime.scheduler import SchedulerConfig
+if TYPE_CHECKING:
+    from kiln.engines.base import BucketGrid
+    from kiln.passes.quantize import QuantMode
+
+
+# NOTE: the build defaults import lazily, so reading a runtime or server config (the CLI, the
+# Triton stub) does not load the quantizer (onnx, ~1 s) or numpy.
+def _no_quant() -> QuantMode:
+    from kiln.passes.quantize import QuantMode
+
+    return QuantMode.NONE
+
+
+def _default_buckets() -> BucketGrid:
+    from kiln.engines.base import BucketGrid
+
+    return BucketGrid()
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    source: str
+    out: Path
+    quant: QuantMode = field(default_factory=_no_quant)
+    block_size: int = 16
+    buckets: BucketGrid = field(default_factory=_default_buckets)
+    fuse: bool = True
+    verify: bool = True           # numeric check after every pass
+    force: bool = False
+
+
+class SchedulingPolicy(enum.Enum):
+    FCFS = "fcfs"
+    PRIORITY = "priority"       # lower SamplingParams.priority first, then arrival
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512       # the per-step token budget
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = True
+    policy: SchedulingPolicy = SchedulingPolicy.FCFS
+    long_prefill_token_threshold: int = 0   # cap on one request's chunk; 0 = no cap
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0 (0 = no cap)")
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> SchedulerConfig:
+        if name not in SCHEDULER_PRESETS:
+            raise ValueError(f"unknown scheduler preset {name!r}; choose from {sorted(SCHEDULER_PRESETS)}")
+        return cls(**{**SCHEDULER_PRESETS[name], **overrides})
+
+
+# Latency: small steps so decodes are never stuck behind a long prefill. Throughput: big batches.
+SCHEDULER_PRESETS = {
+    "latency": dict(max_num_batched_tokens=256, max_num_seqs=16),
+    "throughput": dict(max_num_batched_tokens=2048, max_num_seqs=64),
+}
 
 
 @dataclass(frozen=True)
@@ -22,3 +92,33 @@ class RuntimeConfig:
             raise ValueError("kv_cache_fraction must be in (0, 0.95]")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory must be positive")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The HTTP server's own knobs; the runtime's (KV memory, scheduler) stay in RuntimeConfig."""
+    host: str = "127.0.0.1"                  # loopback unless the operator says otherwise
+    port: int = 8000
+    api_key: str | None = None
+    served_model_name: str | None = None     # default: the artifact folder's name
+    # Admission control: a request over any bound is refused at once with 429.
+    ttft_slo: float | None = None            # seconds; refuse when the predicted TTFT exceeds it
+    max_waiting: int | None = None           # admitted requests still waiting for their first token
+    max_waiting_tokens: int | None = None    # their prompt tokens
+    request_timeout: float | None = None     # seconds; the request ends with finish_reason "timeout"
+    # Response cache for deterministic requests (temperature 0 or a fixed seed).
+    response_cache: bool = True
+    cache_max_entries: int = 1024
+    cache_max_bytes: int = 64 << 20
+    cache_ttl: float = 600.0
+    max_body_bytes: int = 4 << 20            # larger bodies get 413 before they are parsed
+
+    def __post_init__(self):
+        for name in ("ttft_slo", "request_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        for name in ("max_waiting", "max_waiting_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")

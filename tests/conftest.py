@@ -6,7 +6,8 @@ import importlib.util
 
 import pytest
 
-from kiln.build import BuildConfig, build
+from kiln.build import build
+from kiln.config import BuildConfig
 from kiln.passes.quantize import QuantMode
 
 

@@ -1,5 +1,8 @@
 """Preset model sources: the SmolLM2 GGUF from a registry package, and seeded tiny models.
 
+A preset only says where its files are (writing them first for the tiny ones); kiln.export.sources
+loads them, so this module never imports the loaders.
+
 The tiny presets are real HF checkpoint folders (config.json + safetensors + a byte-level BPE
 tokenizer), written fresh from a seed, so transformers can load them for parity tests.
 """
@@ -9,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,10 +51,16 @@ def smollm2_gguf_path() -> Path:
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _smollm2():
-    from kiln.export.sources import load_gguf
+@dataclass
+class PresetFiles:
+    """Where a preset's files are; kiln.export.sources loads them like any other source."""
+    path: Path                     # a .gguf file or an HF checkpoint folder
+    description: str | None = None  # None: the loader's own description
+    keepalive: object = None       # e.g. the temporary folder the files live in
 
-    return load_gguf(smollm2_gguf_path())
+
+def _smollm2() -> PresetFiles:
+    return PresetFiles(smollm2_gguf_path())
 
 
 def write_tiny_checkpoint(name: str, out: Path, seed: int = 0) -> Path:
@@ -115,15 +125,11 @@ def _random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
 
 
 def _tiny(name: str):
-    def load():
-        from kiln.export.sources import load_hf_folder
-
+    def write() -> PresetFiles:
         tmp = tempfile.TemporaryDirectory(prefix=f"kiln-{name}-")
-        src = load_hf_folder(write_tiny_checkpoint(name, Path(tmp.name)))
-        src.description = f"preset {name} (seeded random weights)"
-        src._keepalive.append(tmp)
-        return src
-    return load
+        return PresetFiles(write_tiny_checkpoint(name, Path(tmp.name)),
+                           f"preset {name} (seeded random weights)", tmp)
+    return write
 
 
 PRESETS = {

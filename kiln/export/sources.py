@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kiln.export import presets
 from kiln.export.families import spec_from_hf_config
 from kiln.export.spec import ModelSpec
 
@@ -29,10 +30,8 @@ class ModelSource:
 
 def load_source(source: str) -> ModelSource:
     """Resolve a preset name, a .gguf path or an HF folder."""
-    from kiln.export import presets
-
     if source in presets.PRESETS:
-        return presets.PRESETS[source]()
+        return _load_preset(presets.PRESETS[source]())
     path = Path(source)
     if path.suffix == ".gguf" and path.is_file():
         return load_gguf(path)
@@ -42,6 +41,14 @@ def load_source(source: str) -> ModelSource:
         f"{source!r} is neither a preset ({', '.join(presets.PRESETS)}), a .gguf file, "
         "nor a folder with config.json"
     )
+
+
+def _load_preset(files: presets.PresetFiles) -> ModelSource:
+    src = load_gguf(files.path) if files.path.suffix == ".gguf" else load_hf_folder(files.path)
+    src.description = files.description or src.description
+    if files.keepalive is not None:
+        src._keepalive.append(files.keepalive)
+    return src
 
 
 def load_hf_folder(path: Path) -> ModelSource:

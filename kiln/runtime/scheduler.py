@@ -4,47 +4,12 @@ smaller count, a decode a count of one, and a prefix-cache hit raises num_comput
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from kiln.config import SchedulerConfig, SchedulingPolicy
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request, RequestStatus
-
-
-class SchedulingPolicy(enum.Enum):
-    FCFS = "fcfs"
-    PRIORITY = "priority"       # lower SamplingParams.priority first, then arrival
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 512       # the per-step token budget
-    max_model_len: int = 2048
-    enable_prefix_caching: bool = True
-    policy: SchedulingPolicy = SchedulingPolicy.FCFS
-    long_prefill_token_threshold: int = 0   # cap on one request's chunk; 0 = no cap
-
-    def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.long_prefill_token_threshold < 0:
-            raise ValueError("long_prefill_token_threshold must be >= 0 (0 = no cap)")
-
-    @classmethod
-    def preset(cls, name: str, **overrides) -> SchedulerConfig:
-        if name not in PRESETS:
-            raise ValueError(f"unknown scheduler preset {name!r}; choose from {sorted(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})
-
-
-# Latency: small steps so decodes are never stuck behind a long prefill. Throughput: big batches.
-PRESETS = {
-    "latency": dict(max_num_batched_tokens=256, max_num_seqs=16),
-    "throughput": dict(max_num_batched_tokens=2048, max_num_seqs=64),
-}
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 
-from kiln.serving.config import ServeConfig
+from kiln.config import ServeConfig
 from kiln.serving.engine_client import StepReport
 from kiln.serving.errors import ApiError
 

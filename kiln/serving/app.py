@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.admission import Admission, PrefillRate
-from kiln.serving.config import ServeConfig
+from kiln.config import ServeConfig
 from kiln.serving.engine_client import EngineClient
 from kiln.serving.errors import ApiError, bad_request
 from kiln.serving.generations import Generations

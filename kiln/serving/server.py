@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from kiln.config import RuntimeConfig
-from kiln.serving.config import ServeConfig
+from kiln.config import ServeConfig
 
 
 def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, announce=print) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from kiln.runtime.outputs import StreamDelta
 from kiln.serving.admission import Admission, PrefillRate
-from kiln.serving.config import ServeConfig
+from kiln.config import ServeConfig
 from kiln.serving.engine_client import StepReport
 from kiln.serving.errors import ApiError
 from kiln.serving.flights import Recording, Usage

@@ -7,8 +7,10 @@ import shutil
 
 import pytest
 
-from kiln.artifact import MANIFEST, SCHEMA_VERSION, ArtifactError, EngineArtifact
-from kiln.build import BuildConfig, build
+from kiln.artifact import EngineArtifact
+from kiln.build import build
+from kiln.config import BuildConfig
+from kiln.manifest import MANIFEST, SCHEMA_VERSION, ArtifactError
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
 from kiln.artifact import EngineArtifact
-from kiln.build import BuildConfig, build
+from kiln.build import build
+from kiln.config import BuildConfig
 from kiln.export.presets import write_tiny_checkpoint
 from kiln.passes.quantize import QuantMode
 

@@ -2,11 +2,11 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from kiln.config import SchedulerConfig, SchedulingPolicy
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request, RequestStatus
 from kiln.runtime.sampling_params import SamplingParams
-from kiln.runtime.scheduler import (RunnerOutput, Scheduler, SchedulerConfig, SchedulingPolicy,
-                                    StepStats)
+from kiln.runtime.scheduler import RunnerOutput, Scheduler, StepStats
 
 EOS = 2
 

@@ -13,7 +13,7 @@ import logging
 
 import triton_python_backend_utils as pb_utils
 
-from kiln.artifact import MANIFEST, ArtifactError, sha256_file
+from kiln.manifest import MANIFEST, ArtifactError, sha256_file
 from kiln.runtime.llm import LLM
 from kiln.runtime.outputs import StreamDelta
 from kiln.serving.triton.engine_loop import EngineLoop

@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.config import RuntimeConfig
+from kiln.config_options import RUNTIME_KNOBS, runtime_config
 
 # Triton's python backend reads this one itself: it activates that environment before starting
 # the stub, so model.py imports kiln and its numpy<2 from there (PYTHONPATH is ignored by the stub).
 EXECUTION_ENV_PATH = "EXECUTION_ENV_PATH"
 
-RUNTIME_KNOBS = ("kv_cache_memory", "policy", "max_num_seqs", "token_budget", "max_model_len",
-                 "no_prefix_caching", "threads")
 _INT_KNOBS = {"max_num_seqs", "token_budget", "max_model_len", "threads"}
 
 
@@ -36,8 +35,6 @@ class BackendSettings:
             raise ValueError(f"unknown runtime knobs {sorted(unknown)}; known: {list(RUNTIME_KNOBS)}")
 
     def runtime_config(self) -> RuntimeConfig:
-        from kiln.cli import runtime_config
-
         knobs = {k: self.runtime.get(k) for k in RUNTIME_KNOBS}
         knobs["no_prefix_caching"] = bool(knobs["no_prefix_caching"])
         return runtime_config(**knobs)

@@ -1,0 +1,27 @@
+"""User-facing runtime knobs (the `--kv-cache-memory`, `--policy` … options of generate, serve, bench
+and the Triton repository's parameters) turned into a RuntimeConfig, in one place."""
+
+from __future__ import annotations
+
+from kiln.config import RuntimeConfig, SchedulerConfig
+from kiln.units import parse_bytes
+
+# The knob names, as keyword arguments of runtime_config() and as Triton model parameters.
+RUNTIME_KNOBS = ("kv_cache_memory", "policy", "max_num_seqs", "token_budget", "max_model_len",
+                 "no_prefix_caching", "threads")
+UNBOUNDED_MODEL_LEN = 1 << 30      # clipped to the artifact's context by the engine core
+
+
+def runtime_config(kv_cache_memory: str | None = None, policy: str | None = None,
+                   max_num_seqs: int | None = None, token_budget: int | None = None,
+                   max_model_len: int | None = None, no_prefix_caching: bool = False,
+                   threads: int | None = None) -> RuntimeConfig:
+    """kv_cache_memory is a size text ("2GiB"); policy a scheduler preset; None keeps the default."""
+    knobs = {k: v for k, v in dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget,
+                                   max_model_len=max_model_len).items() if v is not None}
+    knobs.setdefault("max_model_len", UNBOUNDED_MODEL_LEN)
+    if no_prefix_caching:
+        knobs["enable_prefix_caching"] = False
+    sched = SchedulerConfig.preset(policy, **knobs) if policy else SchedulerConfig(**knobs)
+    return RuntimeConfig(kv_cache_memory=parse_bytes(kv_cache_memory) if kv_cache_memory else None,
+                         scheduler=sched, threads=threads)

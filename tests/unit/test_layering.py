@@ -1,0 +1,101 @@
+"""Layering rules over kiln's own imports, module-level and function-level alike: no import cycles,
+only the entry point imports kiln.cli, and the configs import nothing from the runtime.
+
+The graph comes from parsing the source with `ast`, so a lazy (function-level) import counts as
+much as a top-level one: it still ties the two modules together.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import graphlib
+
+import pytest
+
+import kiln
+
+PACKAGE = Path(kiln.__file__).parent
+ENTRY_POINTS = {"kiln.__main__"}       # the console script names kiln.cli:main itself
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """kiln modules that `path` imports anywhere in its body (a package import counts as its __init__)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, package)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the kiln modules it imports. NOTE: importing kiln.x.y also runs kiln.x's
+    __init__, but only what a source names is an edge."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): imported_modules(p, modules) for p in paths}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph()
+
+
+def test_no_import_cycles(graph):
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        pytest.fail("an import cycle among kiln modules: " + " -> ".join(e.args[1]))
+
+
+def test_only_the_entry_point_imports_the_cli(graph):
+    importers = {m for m, targets in graph.items() if "kiln.cli" in targets} - ENTRY_POINTS
+    assert not importers, f"modules importing kiln.cli: {sorted(importers)}"
+
+
+def test_configs_import_nothing_from_the_runtime(graph):
+    reached = reachable(graph, "kiln.config")
+    assert not {m for m in reached if m.startswith(("kiln.runtime", "kiln.serving", "kiln.cli"))}
+
+
+def test_the_graph_sees_lazy_imports(tmp_path):
+    """The checker itself can fail: a function-level import is an edge."""
+    (tmp_path / "kiln").mkdir()
+    source = tmp_path / "kiln" / "a.py"
+    source.write_text("def f():\n    from kiln.b import g\n    from . import c\n")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, tmp_path / "kiln"
+    try:
+        assert imported_modules(source, {"kiln.a", "kiln.b", "kiln.c"}) == {"kiln.b", "kiln.c"}
+    finally:
+        PACKAGE = saved
+    with pytest.raises(graphlib.CycleError):
+        graphlib.TopologicalSorter({"kiln.a": {"kiln.b"}, "kiln.b": {"kiln.a"}}).prepare()
