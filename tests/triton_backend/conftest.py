@@ -10,9 +10,9 @@ import pytest
 
 from kiln.serving.triton.launch import Ports, TritonInstall
 from kiln.serving.triton.repo import RepoOptions, render_repository
-from kiln.serving.triton.server import TritonServer
 
 from triton_client import MODEL, QUEUE_OF_ONE, Stream
+from triton_server import TritonServer
 
 
 @pytest.fixture(scope="session")

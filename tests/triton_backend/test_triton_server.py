@@ -11,12 +11,12 @@ import urllib.request
 import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
-from kiln.artifact import MANIFEST
+from kiln.manifest import MANIFEST
 from kiln.serving.triton.launch import Ports
 from kiln.serving.triton.repo import RepoOptions, render_repository
-from kiln.serving.triton.server import TritonServer, TritonServerError
 
 from triton_client import MODEL, QUEUE_OF_ONE, infer_inputs, scrape, text_of, token_ids_of, wait_for
+from triton_server import TritonServer, TritonServerError
 
 GREEDY = dict(max_tokens=24, temperature=0.0, ignore_eos=True)
 

@@ -1,4 +1,4 @@
-"""A tritonserver child process with a bounded start and a clean stop (tests, scripts).
+"""A tritonserver child process with a bounded start and a clean stop (the Triton tests' harness).
 
     with TritonServer(repo, Ports.free(), log_path) as server:
         server.http_url, server.grpc_url, server.metrics_url
