@@ -1,0 +1,82 @@
+"""Build side of the OpenVINO backend: kiln's standard decoder -> paged OpenVINO IR + engine record.
+
+    ONNX ModelProto (fused; fp32 or MatMulNBits-quantized)
+      ─ OpenVINO ONNX frontend ─ mark the attention cuts ─ model.xml/.bin (weights kept as they are)
+      ─ rewrite to the paged model, compile once on this CPU with the recorded precisions
+      ─ the KV cache it allocates ─ engine record
+    Loading repeats the last step (compile_paged).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import onnx
+import openvino as ov
+
+from kiln.artifact import file_record
+from kiln.engines.base import KvLayout
+from kiln.engines.openvino.engine import compile_paged, describe_kv_cache
+from kiln.engines.openvino.options import OpenVinoOptions
+from kiln.engines.openvino.paged_graph import mark_cuts
+from kiln.export.spec import ModelSpec
+
+BACKEND = "openvino"
+MODEL_FILE = "model.xml"
+WEIGHTS_FILE = "model.bin"
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
+                     options: OpenVinoOptions | None = None, root: Path | None = None) -> list[dict]:
+    """Write engines/openvino/model.{xml,bin} and return the manifest's engine records.
+
+    root: the artifact folder file paths are recorded relative to (default: out_dir/../..).
+    The record's "kv_layout" is the layout the runtime must plan with (the plugin's block size).
+    """
+    options = options or OpenVinoOptions()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    root = root or out_dir.parent.parent
+    with tempfile.TemporaryDirectory(prefix="kiln-ov-") as tmp:
+        ov_model = _read_onnx(model, Path(tmp))
+        mark_cuts(ov_model, model, spec)
+        # NOTE: compress_to_fp16=False: save_model halves fp32 weights by default, which would
+        # break the fp32 artifact's HF parity.
+        ov.save_model(ov_model, out_dir / MODEL_FILE, compress_to_fp16=False)
+        del ov_model
+    compiled = compile_paged(out_dir / MODEL_FILE, spec, options, threads=1)
+    kv = describe_kv_cache(compiled)
+    return [{
+        "backend": BACKEND, **file_record(root, out_dir / MODEL_FILE),
+        "weights": file_record(root, out_dir / WEIGHTS_FILE),
+        "io": _io(compiled), "options": options.to_dict(), "kv_cache": kv,
+        "kv_layout": kv_layout_for(spec, kv).to_dict(), "openvino": ov.get_version(),
+    }]
+
+
+def kv_layout_for(spec: ModelSpec, kv: dict) -> KvLayout:
+    """The runtime's view of the cache: block size from the plugin's key block shape [kvh, bs(+scales), hd]."""
+    block_size = kv["value_block_shape"][1]
+    dtype = {"f32": "float32", "f16": "float16", "u8": "uint8"}[kv["element_type"]]
+    return KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, dtype)
+
+
+def _read_onnx(model: onnx.ModelProto, tmp: Path) -> ov.Model:
+    """The frontend reads a file (and may map its weights: keep `tmp` until the model is saved)."""
+    path = tmp / "model.onnx"
+    if model.ByteSize() < PROTOBUF_LIMIT:
+        onnx.save(model, path)
+    else:
+        # NOTE: saving with external data rewrites the proto's tensors in place: work on a copy.
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        onnx.save(copy, path, save_as_external_data=True, location="model.data")
+    return ov.Core().read_model(path)
+
+
+def _io(compiled: ov.CompiledModel) -> dict[str, list]:
+    """Every input and output except the per-layer caches (described once under "kv_cache")."""
+    ports = [*compiled.inputs, *compiled.outputs]
+    return {p.get_any_name(): [str(d) for d in p.get_partial_shape()] for p in ports
+            if not p.get_any_name().startswith(("key_cache.", "value_cache."))}

@@ -1,0 +1,84 @@
+"""OpenVinoEngine: one packed infer per step over OpenVINO's CPU paged-attention operation.
+
+The engine owns the KV cache: allocate_kv() creates one key and one value tensor per layer, in the
+element type and block shape the compiled model asks for, and binds them to the infer request
+once. Each step binds only the small per-step inputs; the operation writes the new tokens' K/V
+into their blocks itself, and only the rows in logits_indices reach the LM head.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+
+from kiln.engines.base import BucketGrid, EngineResult, KvLayout, PagedBatch
+from kiln.engines.openvino.feeds import check_tables, paged_feeds
+from kiln.engines.openvino.options import OpenVinoOptions
+from kiln.engines.openvino.paged_graph import paged_model
+from kiln.export.spec import ModelSpec
+
+
+def compile_paged(xml: Path, spec: ModelSpec, options: OpenVinoOptions, threads: int) -> ov.CompiledModel:
+    """Read the standard IR, rewrite it to the paged model, compile it for this CPU."""
+    core = ov.Core()
+    return core.compile_model(paged_model(core.read_model(xml), spec), "CPU", options.compile_properties(threads))
+
+
+class KvCacheMismatch(RuntimeError):
+    """The compiled model wants a cache other than the one the artifact recorded."""
+
+
+def cache_inputs(compiled: ov.CompiledModel) -> list[ov.ConstOutput]:
+    return [i for i in compiled.inputs if i.get_any_name().startswith(("key_cache.", "value_cache."))]
+
+
+def describe_kv_cache(compiled: ov.CompiledModel) -> dict:
+    """The cache the plugin allocates per block: element type, key and value block shapes, bytes."""
+    caches = {i.get_any_name(): i for i in cache_inputs(compiled)}
+    key, value = caches["key_cache.0"], caches["value_cache.0"]
+    key_shape, value_shape = [d.get_length() for d in key.get_partial_shape()[1:]], \
+        [d.get_length() for d in value.get_partial_shape()[1:]]
+    per_block = sum(int(np.prod(ov.Shape([1, *s]))) * i.get_element_type().size
+                    for s, i in ((key_shape, key), (value_shape, value)))
+    return {"element_type": key.get_element_type().get_type_name(), "key_block_shape": key_shape,
+            "value_block_shape": value_shape, "bytes_per_block": per_block * (len(caches) // 2)}
+
+
+class OpenVinoEngine:
+    def __init__(self, compiled: ov.CompiledModel, buckets: BucketGrid, kv_layout: KvLayout,
+                 options: OpenVinoOptions, expected_kv: dict | None = None):
+        self.compiled, self.buckets, self.kv_layout, self.options = compiled, buckets, kv_layout, options
+        self.kv_cache = describe_kv_cache(compiled)
+        if expected_kv is not None and self.kv_cache != expected_kv:
+            raise KvCacheMismatch(f"the OpenVINO CPU plugin here allocates the KV cache as {self.kv_cache}, "
+                                  f"but the artifact was built for {expected_kv}")
+        self.block_size = kv_layout.block_size
+        self.request = compiled.create_infer_request()
+        self.num_blocks = 0
+        self._caches: list[ov.Tensor] = []
+
+    def io_spec(self) -> dict[str, list]:
+        return {p.get_any_name(): [str(d) for d in p.get_partial_shape()]
+                for p in [*self.compiled.inputs, *self.compiled.outputs]}
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        if self._caches:
+            raise RuntimeError("allocate_kv() is called once; the KV cache is already allocated")
+        for port in cache_inputs(self.compiled):
+            shape = [num_blocks, *[d.get_length() for d in port.get_partial_shape()[1:]]]
+            tensor = ov.Tensor(port.get_element_type(), ov.Shape(shape))
+            # NOTE: zeroed so a u8 cache's scale rows hold no garbage (a masked NaN still poisons a sum).
+            tensor.data[...] = 0
+            self.request.set_tensor(port, tensor)
+            self._caches.append(tensor)
+        self.num_blocks = num_blocks
+
+    def execute(self, batch: PagedBatch) -> EngineResult:
+        if not self._caches:
+            raise RuntimeError("allocate_kv(num_blocks) must run before execute()")
+        check_tables(batch, self.block_size, self.num_blocks)
+        self.request.infer(paged_feeds(batch, self.block_size), share_inputs=True)
+        logits = self.request.get_output_tensor(0).data
+        return EngineResult(np.array(logits, np.float32, copy=True))

@@ -1,0 +1,72 @@
+"""Load an artifact's OpenVINO engine: verify its files and toolchain, compile once, check the cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import openvino as ov
+
+from kiln.artifact import ArtifactError, EngineArtifact, sha256_file
+from kiln.engines.base import BucketGrid, KvLayout
+from kiln.engines.openvino.engine import KvCacheMismatch, OpenVinoEngine, compile_paged
+from kiln.engines.openvino.options import OpenVinoOptions
+from kiln.export.spec import ModelSpec
+
+REBUILD = "rebuild it with `kiln build --backend openvino`"
+
+
+def load_openvino_engine(artifact: EngineArtifact, record: dict, threads: int | None) -> OpenVinoEngine:
+    m = artifact.manifest
+    return open_openvino(artifact.path, record, m.spec, m.buckets, m.kv_layout, threads)
+
+
+def open_openvino(root: Path, record: dict, spec: ModelSpec, buckets: BucketGrid, kv_layout: KvLayout,
+                  threads: int | None = None) -> OpenVinoEngine:
+    _check_record(root, record, kv_layout)
+    options = OpenVinoOptions.from_dict(record["options"])
+    try:
+        compiled = compile_paged(root / record["file"], spec, options, threads or default_threads())
+    except (RuntimeError, ValueError) as e:
+        raise ArtifactError(f"{root}: OpenVINO cannot read or compile {record['file']} ({_first_line(e)}); "
+                            f"{REBUILD}") from None
+    try:
+        return OpenVinoEngine(compiled, buckets, kv_layout, options, expected_kv=record["kv_cache"])
+    except KvCacheMismatch as e:
+        raise ArtifactError(f"{root}: {e}; {REBUILD} on this machine") from None
+
+
+def _check_record(root: Path, record: dict, kv_layout: KvLayout) -> None:
+    built = record.get("openvino", "?")
+    if _release(built) != _release(ov.get_version()):
+        raise ArtifactError(f"{root} was built with OpenVINO {built}, but this runtime has "
+                            f"{ov.get_version()}; install that openvino release or {REBUILD}")
+    for key in ("options", "kv_cache", "weights"):
+        if key not in record:
+            raise ArtifactError(f"{root}: the openvino engine record has no {key!r}; {REBUILD}")
+    if KvLayout(**record["kv_layout"]) != kv_layout:
+        raise ArtifactError(f"{root}: the manifest's KV layout {kv_layout} is not the one the openvino "
+                            f"engine was compiled for ({record['kv_layout']}); {REBUILD}")
+    # The manifest check covers record["file"] (model.xml); the weights file is ours to verify.
+    weights = record["weights"]
+    path = root / weights["file"]
+    if not path.is_file() or path.stat().st_size != weights["bytes"] or sha256_file(path) != weights["sha256"]:
+        raise ArtifactError(f"{root}: {weights['file']} is missing, truncated or corrupt "
+                            f"(size or sha256 differs from the manifest); {REBUILD}")
+
+
+def default_threads() -> int:
+    # NOTE: sched_getaffinity respects container CPU limits, cpu_count does not.
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _release(version: str) -> str:
+    # "2026.4.1-20480-abc" -> "2026.4": the IR and the plugin's cache layout follow the release.
+    return ".".join(version.split("-")[0].split(".")[:2])
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -1,0 +1,47 @@
+"""What an OpenVINO artifact records about how it computes: inference precision and KV-cache precision.
+
+Both are chosen at build time and stored in the engine record, never left to the CPU plugin's
+defaults (which differ by CPU: bf16 compute and u8 KV on AVX-512 BF16 parts). The loader compiles
+with exactly these properties and refuses when the plugin allocates a different cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from kiln.passes.quantize import QuantMode
+
+# OpenVINO element type name -> numpy dtype of the cache tensors the plugin allocates.
+KV_DTYPES = {"f32": np.float32, "f16": np.float16, "u8": np.uint8}
+
+
+@dataclass(frozen=True)
+class OpenVinoOptions:
+    inference_precision: str = "f32"     # INFERENCE_PRECISION_HINT: f32 | bf16 | f16
+    kv_cache_precision: str = "f32"      # KV_CACHE_PRECISION: f32 | f16 | u8 (u8 holds per-token scales)
+
+    @classmethod
+    def for_quant(cls, quant: QuantMode) -> "OpenVinoOptions":
+        # fp32 keeps f32 compute and an f32 cache, so HF parity tolerances hold; quantized weights
+        # have already given up exactness, and u8 KV + bf16 compute is what the plugin is fastest at.
+        if quant is QuantMode.NONE:
+            return cls()
+        return cls(inference_precision="bf16", kv_cache_precision="u8")
+
+    def compile_properties(self, threads: int) -> dict[str, str]:
+        return {
+            "INFERENCE_NUM_THREADS": str(threads),
+            "PERFORMANCE_HINT": "LATENCY",
+            "NUM_STREAMS": "1",
+            "INFERENCE_PRECISION_HINT": self.inference_precision,
+            "KV_CACHE_PRECISION": self.kv_cache_precision,
+        }
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OpenVinoOptions":
+        return cls(**d)

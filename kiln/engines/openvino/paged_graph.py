@@ -1,0 +1,174 @@
+"""Rewrite kiln's standard decoder (read by OpenVINO's ONNX frontend) into a packed, paged model.
+
+The standard graph takes dense [B,S] tokens and dense past K/V. The rewritten model takes T packed
+tokens of B sequences and OpenVINO's CPU paged-attention operation reads and writes the KV cache
+blocks itself (vLLM's interface):
+
+    input_ids [T] i64, position_ids [T] i64 ─ Unsqueeze(0) ─▶ the old [1,T] token inputs
+    per layer:  q (after rope) ─ Reshape [T, H·hd] ──┐
+                k (after rope) ─ Reshape [T, kvh·hd] ─┤
+                v heads        ─ Reshape [T, kvh·hd] ─┼─ PagedAttentionExtension ─ Unsqueeze(0) ─▶ out_merge's consumers
+                key_cache.i, value_cache.i ───────────┤   (GQA, causal within a chunk, writes the new K/V)
+                past_lens, subsequence_begins, block_indices, block_indices_begins, max_context_len
+    /model/final_hidden [1,T,hidden] ─ Gather(logits_indices, axis 1) ─▶ final norm ─ LM head ─ Squeeze ─▶ logits [N,V]
+
+The dense mask, the past inputs and the present outputs fall away (nothing reaches them any more).
+At build time mark_cuts() finds the cut tensors by the node names kiln's exporter keeps stable
+(kiln/export/decoder_graph.py) and gives them canonical names that survive OpenVINO's IR; the
+rewrite itself runs when the engine loads, because the IR reader does not know the (experimental)
+paged-attention operation and the CPU plugin needs its rt_info, which the IR does not keep.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import openvino as ov
+from openvino import opset13 as ops
+from openvino._pyopenvino.op import _PagedAttentionExtension
+
+from kiln.export.decoder_graph import FINAL_HIDDEN
+from kiln.export.spec import ModelSpec
+
+if TYPE_CHECKING:  # onnx is a build-time dependency; loading an engine does not need it
+    import onnx
+
+I32, I64 = ov.Type.i32, ov.Type.i64
+
+# The paged interface every layer shares: name -> (element type, shape). Its order is the
+# order of the compiled model's inputs after the token inputs.
+SEQUENCE_INPUTS = {
+    "past_lens": (I32, [-1]),               # [B] tokens already cached per sequence
+    "subsequence_begins": (I32, [-1]),      # [B+1] where each sequence's new tokens start in T
+    "block_indices": (I32, [-1]),           # every sequence's block ids, concatenated
+    "block_indices_begins": (I32, [-1]),    # [B+1] where each sequence's block ids start
+    "max_context_len": (I32, []),           # max over sequences of past + new
+}
+LOGITS_INDICES = "logits_indices"           # [N] i64 rows of T whose logits are returned
+
+
+CUTS = ("q", "k", "v", "out")
+FINAL = "kiln.final_hidden"
+
+
+def cut_name(layer: int, cut: str) -> str:
+    return f"kiln.layers.{layer}.attn.{cut}"
+
+
+def mark_cuts(ov_model: ov.Model, onnx_model: onnx.ModelProto, spec: ModelSpec) -> None:
+    """Add canonical names to the tensors paged_model() cuts at (the ONNX names stay too)."""
+    outputs = _outputs_by_tensor_name(ov_model)
+    marks = {final_hidden_tensor(onnx_model): FINAL}
+    for i in range(spec.num_layers):
+        marks.update({t: cut_name(i, c) for c, t in attention_tensors(onnx_model, i).items()})
+    for onnx_name, canonical in marks.items():
+        outputs[onnx_name].get_tensor().add_names({canonical})
+
+
+def attention_tensors(model: onnx.ModelProto, layer: int) -> dict[str, str]:
+    """The ONNX tensor names the rewrite cuts at, for one layer."""
+    by_name = {n.name: n for n in model.graph.node}
+    base = f"/model/layers.{layer}/attn/"
+    try:
+        return {"q": by_name[base + "q_groups"].input[0], "k": by_name[base + "new_key_kv_major"].input[0],
+                "v": by_name[base + "new_value_kv_major"].input[0], "out": by_name[base + "out_merge"].output[0]}
+    except KeyError as e:
+        raise ValueError(f"layer {layer}: the decoder graph has no node {e}; is it kiln's standard graph "
+                         "(before the kv_io pass)?") from None
+
+
+def final_hidden_tensor(model: onnx.ModelProto) -> str:
+    return next(n.output[0] for n in model.graph.node if n.name == FINAL_HIDDEN)
+
+
+def paged_model(ov_model: ov.Model, spec: ModelSpec) -> ov.Model:
+    """ov_model: the standard graph with its cuts marked. Returns the packed, paged model."""
+    outputs = _outputs_by_tensor_name(ov_model)
+    missing = [n for n in [FINAL, cut_name(spec.num_layers - 1, "out")] if n not in outputs]
+    if missing:
+        raise ValueError(f"the OpenVINO model has no tensor {missing[0]!r}: not built by kiln's openvino backend")
+    params = _token_inputs(ov_model)
+    seq = {name: _parameter(name, t, shape) for name, (t, shape) in SEQUENCE_INPUTS.items()}
+    caches = []
+    for i in range(spec.num_layers):
+        cut = {c: outputs[cut_name(i, c)] for c in CUTS}
+        key_cache, value_cache = (_parameter(f"{kind}_cache.{i}", ov.Type.dynamic, ov.PartialShape.dynamic(4))
+                                  for kind in ("key", "value"))
+        caches += [key_cache, value_cache]
+        attn = _paged_attention(spec, cut, key_cache, value_cache, seq)
+        cut["out"].replace(ops.unsqueeze(attn, _i64([0])).output(0))
+    logits_indices = _parameter(LOGITS_INDICES, I64, [-1])
+    logits = _logits_for_rows(ov_model, outputs[FINAL], logits_indices)
+    return ov.Model([logits], [*params, *seq.values(), *caches, logits_indices], "kiln-paged")
+
+
+def _outputs_by_tensor_name(ov_model: ov.Model) -> dict[str, ov.Output]:
+    return {name: out for op in ov_model.get_ops() for out in op.outputs() for name in out.get_names()}
+
+
+def _token_inputs(ov_model: ov.Model) -> list:
+    """New packed [T] token inputs, feeding the graph's [B,S] ones as B=1."""
+    new = []
+    for name in ("input_ids", "position_ids"):
+        old = next(p for p in ov_model.get_parameters() if p.get_friendly_name() == name)
+        packed = _parameter(name, I64, [-1])
+        old.output(0).replace(ops.unsqueeze(packed, _i64([0])).output(0))
+        new.append(packed)
+    return new
+
+
+def _paged_attention(spec: ModelSpec, cut: dict, key_cache, value_cache, seq: dict):
+    hd, heads, kvh = spec.head_dim, spec.num_heads, spec.num_kv_heads
+    q = ops.reshape(cut["q"], _i64([-1, heads * hd]), special_zero=False)
+    k = ops.reshape(cut["k"], _i64([-1, kvh * hd]), special_zero=False)
+    v = ops.reshape(cut["v"], _i64([-1, kvh * hd]), special_zero=False)
+    inputs = [q, k, v, key_cache, value_cache, seq["past_lens"], seq["subsequence_begins"],
+              seq["block_indices"], seq["block_indices_begins"], _f32(hd ** -0.5), _i32(0), _f32([]),
+              seq["max_context_len"], *_unused_features()]
+    pa = _PagedAttentionExtension([x.output(0) if hasattr(x, "output") else x for x in inputs])
+    # NOTE: the CPU plugin reads the head geometry from rt_info (the cache shapes are dynamic).
+    for key, value in (("num_k_heads", kvh), ("k_head_size", hd), ("num_v_heads", kvh), ("v_head_size", hd)):
+        pa.get_rt_info()[key] = value
+    return pa.output(0)
+
+
+def _unused_features() -> list:
+    """Inputs 13..27 of PagedAttentionExtension (OpenVINO 2026.4), all switched off: score
+    aggregation, cache rotation, XAttention, sinks, adaptive R-KV, token types, qq bias."""
+    return [_i32([]), _i32([]), _i32([]), _f32([]),                 # score window, rotation x3
+            _f32([]), _i32(64), _i32(8),                            # xattention threshold, block, stride
+            _f32([]),                                               # sinks
+            _i32(0), _i32([]), _i32([]), _i32([]),                  # adaptive R-KV
+            _i32([]), ops.constant(np.zeros(0, np.uint8)), _i32([])]  # token types, qq bias, begins
+
+
+def _logits_for_rows(ov_model: ov.Model, final_hidden: ov.Output, rows) -> ov.Output:
+    """Only the rows asked for reach the final norm and the LM head."""
+    consumers = list(final_hidden.get_target_inputs())
+    picked = ops.gather(final_hidden, rows, _i64(1))
+    for consumer in consumers:
+        consumer.replace_source_output(picked.output(0))
+    old = next(r for r in ov_model.get_results() if "logits" in r.output(0).get_names()
+               or r.get_friendly_name() == "logits")
+    logits = ops.squeeze(old.input_value(0), _i64([0]))
+    logits.output(0).set_names({"logits"})
+    return logits.output(0)
+
+
+def _parameter(name: str, element_type, shape):
+    p = ops.parameter(shape if isinstance(shape, ov.PartialShape) else ov.PartialShape(shape), element_type, name)
+    p.output(0).set_names({name})
+    return p
+
+
+def _i64(v):
+    return ops.constant(np.asarray(v, np.int64))
+
+
+def _i32(v):
+    return ops.constant(np.asarray(v, np.int32))
+
+
+def _f32(v):
+    return ops.constant(np.asarray(v, np.float32))
