@@ -73,13 +73,51 @@ class KvLayout:
         return asdict(self)
 
 
+@dataclass
+class PagedBatch:
+    """One engine call over a paged KV cache: the new tokens of B sequences, packed (no padding).
+
+    Backend-neutral: it names what a paged-attention kernel reads (vLLM's and OpenVINO's inputs),
+    so an engine that pads to buckets (ONNX Runtime) and one that packs (a native kernel) take
+    the same batch. NOTE: block_tables[b] covers past and new tokens of sequence b.
+    """
+    input_ids: np.ndarray              # int64 [T]  new tokens of all sequences, concatenated
+    positions: np.ndarray              # int64 [T]  absolute position of each new token
+    query_lens: np.ndarray             # int64 [B]  new tokens per sequence (sum = T)
+    past_lens: np.ndarray              # int64 [B]  tokens already in the KV cache per sequence
+    block_tables: list[np.ndarray]     # B arrays of int64 block ids
+    slot_mapping: np.ndarray           # int64 [T]  block_id * block_size + offset of each new token
+    logits_indices: np.ndarray         # int64 [N]  packed token indices whose logits are wanted
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def seq_starts(self) -> np.ndarray:
+        """[B+1] offsets of each sequence's first new token in the packed arrays."""
+        return np.concatenate([[0], np.cumsum(self.query_lens)])
+
+
+@dataclass
+class EngineResult:
+    logits: np.ndarray                 # float32 [N, vocab], in logits_indices order
+    padded_tokens: int = 0             # computed and thrown away (bucket padding)
+    calls: int = 1                     # backend calls this batch took
+
+
 class Engine(Protocol):
+    """What the runtime needs from a backend. The engine owns its KV storage: the runtime's KV
+    manager hands out integer block ids, and execute() writes each new token's K/V into its slot."""
     buckets: BucketGrid
     kv_layout: KvLayout
 
     def io_spec(self) -> dict[str, list]: ...
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """feeds: input_ids, position_ids, past_lens, block_tables, logits_index and the per-layer
-        {key,value}_cache.{i} pool views. Returns logits [B,K,V] and new_kv [2L,kvh,B,S,hd]."""
-        ...
+    def allocate_kv(self, num_blocks: int) -> None: ...
+
+    def execute(self, batch: PagedBatch) -> EngineResult: ...

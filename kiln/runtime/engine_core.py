@@ -8,9 +8,8 @@ from dataclasses import dataclass, field, replace
 
 from kiln.artifact import EngineArtifact
 from kiln.config import RuntimeConfig
-from kiln.engines.ort_engine import OrtEngine
+from kiln.engines.factory import load_engine
 from kiln.runtime.kv_manager import KVCacheManager
-from kiln.runtime.kv_pool import KvPool
 from kiln.runtime.memory import plan_kv_blocks
 from kiln.runtime.request import Request, RequestStatus
 from kiln.runtime.runner import ModelRunner
@@ -43,15 +42,14 @@ class EngineStats:
 class EngineCore:
     def __init__(self, artifact: EngineArtifact, config: RuntimeConfig = RuntimeConfig()):
         self.artifact, self.config = artifact, config
-        m = artifact.manifest
-        self.engine = OrtEngine(artifact.engine_file("ort"), m.buckets, m.kv_layout, config.threads)
-        self.plan = plan_kv_blocks(m.kv_layout, config, self._scheduler_config().max_model_len)
+        self.engine = load_engine(artifact, config.threads)
+        layout = self.engine.kv_layout
+        self.plan = plan_kv_blocks(layout, config, self._scheduler_config().max_model_len)
         log.info("%s", self.plan.describe())
-        self.kv = KVCacheManager(self.plan.num_blocks, m.kv_layout.block_size,
-                                 config.scheduler.enable_prefix_caching)
-        self.pool = KvPool(m.kv_layout, self.plan.num_blocks)
+        self.engine.allocate_kv(self.plan.num_blocks)
+        self.kv = KVCacheManager(self.plan.num_blocks, layout.block_size, config.scheduler.enable_prefix_caching)
         self.scheduler = Scheduler(self._scheduler_config(), self.kv)
-        self.runner = ModelRunner(self.engine, self.pool, self.kv, config.seed)
+        self.runner = ModelRunner(self.engine, self.kv, config.seed)
         self.stats = EngineStats()
 
     def _scheduler_config(self):

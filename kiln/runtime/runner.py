@@ -1,7 +1,9 @@
-"""The model runner: scheduler output -> engine feeds padded to buckets -> engine -> sampler.
+"""The model runner: scheduler output -> one PagedBatch -> engine -> sampler.
 
-Requests decoding one token and requests running a prefill chunk go to the engine as two calls,
-so decodes are never padded to a prefill chunk's length.
+The runner speaks only the Engine protocol: it packs every scheduled request's new tokens, their
+positions, block tables and slots into one backend-neutral batch; how the backend runs it (padded
+bucket calls on ONNX Runtime, packed tokens on a native paged-attention kernel) is the engine's
+business.
 """
 
 from __future__ import annotations
@@ -11,9 +13,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kiln.engines.base import Engine
+from kiln.engines.base import Engine, PagedBatch
 from kiln.runtime.kv_manager import KVCacheManager
-from kiln.runtime.kv_pool import KvPool
 from kiln.runtime.request import Request
 from kiln.runtime.sampler import Sampler, SamplingState
 from kiln.runtime.scheduler import RunnerOutput, ScheduledRequest, SchedulerOutput
@@ -32,40 +33,32 @@ class RunnerStats:
         return self.padded_tokens / total if total else 0.0
 
 
-@dataclass
-class _Batch:
-    feeds: dict[str, np.ndarray]
-    rows: np.ndarray       # per new token: its batch row ...
-    cols: np.ndarray       # ... its position in the row ...
-    slots: np.ndarray      # ... and the pool slot its K/V goes to
-    padded: int
-
-
-MAX_PADDING = 0.25      # a prefill group may waste at most this share of its [B, S] slots
-
-
-def group_by_length(chunks: list[ScheduledRequest]) -> list[list[ScheduledRequest]]:
-    """Split prefill chunks into engine calls of similar length.
-
-    One [B, S] call pads every chunk to the longest; a 500-token chunk next to thirty 20-token
-    ones would compute 16k slots for 1.1k tokens. Prefill is compute-bound, so extra calls cost
-    little, while padding costs its full share.
-    """
-    groups: list[list[ScheduledRequest]] = []
-    for s in sorted(chunks, key=lambda s: -s.num_new_tokens):
-        group = groups[-1] if groups else None
-        if group is not None:
-            real = sum(x.num_new_tokens for x in group) + s.num_new_tokens
-            if real >= (1 - MAX_PADDING) * group[0].num_new_tokens * (len(group) + 1):
-                group.append(s)
-                continue
-        groups.append([s])
-    return groups
+def paged_batch(scheduled: list[ScheduledRequest], kv: KVCacheManager, block_size: int) -> PagedBatch:
+    """Pack the step's new tokens; logits are wanted at the last new token of each sampling request."""
+    ids, positions, slots, tables, wanted = [], [], [], [], []
+    query_lens = np.empty(len(scheduled), np.int64)
+    past_lens = np.empty(len(scheduled), np.int64)
+    offset = 0
+    for b, s in enumerate(scheduled):
+        start, n = s.request.num_computed_tokens, s.num_new_tokens
+        table = np.asarray(kv.block_table(s.request.request_id), np.int64)
+        pos = np.arange(start, start + n, dtype=np.int64)
+        ids.append(s.request.all_token_ids[start:start + n])
+        positions.append(pos)
+        slots.append(table[pos // block_size] * block_size + pos % block_size)
+        tables.append(table)
+        query_lens[b], past_lens[b] = n, start
+        offset += n
+        if s.samples_token:
+            wanted.append(offset - 1)
+    return PagedBatch(np.fromiter((t for chunk in ids for t in chunk), np.int64, offset),
+                      np.concatenate(positions), query_lens, past_lens, tables,
+                      np.concatenate(slots), np.asarray(wanted, np.int64))
 
 
 class ModelRunner:
-    def __init__(self, engine: Engine, pool: KvPool, kv: KVCacheManager, default_seed: int | None = None):
-        self.engine, self.pool, self.kv = engine, pool, kv
+    def __init__(self, engine: Engine, kv: KVCacheManager, default_seed: int | None = None):
+        self.engine, self.kv = engine, kv
         self.block_size = engine.kv_layout.block_size
         self.sampler = Sampler()
         self.states: dict[str, SamplingState] = {}
@@ -73,65 +66,25 @@ class ModelRunner:
         self.stats = RunnerStats()
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
-        chunks = [s for s in out.scheduled if s.num_new_tokens > 1]
-        to_sample, logits = [], []
-        for group in [decodes, *group_by_length(chunks)]:
-            if group:
-                rows = self._run(group)
-                for s, row in zip(group, rows):
-                    if s.samples_token:
-                        to_sample.append(s.request)
-                        logits.append(row)
-        return self._sample(to_sample, logits)
+        if not out.scheduled:
+            return RunnerOutput()
+        batch = paged_batch(out.scheduled, self.kv, self.block_size)
+        t0 = time.perf_counter()
+        result = self.engine.execute(batch)
+        self.stats.engine_seconds += time.perf_counter() - t0
+        self.stats.engine_calls += result.calls
+        self.stats.padded_tokens += result.padded_tokens
+        self.stats.real_tokens += batch.num_tokens
+        return self._sample([s.request for s in out.scheduled if s.samples_token], result.logits)
 
     def release(self, request_id: str) -> None:
         self.states.pop(request_id, None)
 
-    def _run(self, group: list[ScheduledRequest]) -> np.ndarray:
-        batch = self._batch(group)
-        t0 = time.perf_counter()
-        outs = self.engine.run(batch.feeds)
-        self.stats.engine_seconds += time.perf_counter() - t0
-        self.stats.engine_calls += 1
-        self.stats.padded_tokens += batch.padded
-        self.stats.real_tokens += len(batch.slots)
-        self.pool.write(outs["new_kv"], batch.rows, batch.cols, batch.slots)
-        return outs["logits"][:, 0, :]
-
-    def _batch(self, group: list[ScheduledRequest]) -> _Batch:
-        bucket = self.engine.buckets.bucket_for(len(group), max(s.num_new_tokens for s in group))
-        bs = self.block_size
-        max_past_blocks = max(1, max(-(-s.request.num_computed_tokens // bs) for s in group))
-        ids = np.zeros((bucket.batch, bucket.seq), np.int64)
-        pos = np.zeros_like(ids)
-        past = np.zeros(bucket.batch, np.int64)
-        tables = np.zeros((bucket.batch, max_past_blocks), np.int64)
-        last = np.zeros((bucket.batch, 1), np.int64)
-        rows, cols, slots = [], [], []
-        for b, s in enumerate(group):
-            start, n = s.request.num_computed_tokens, s.num_new_tokens
-            table = np.asarray(self.kv.block_table(s.request.request_id), np.int64)
-            ids[b, :n] = s.request.all_token_ids[start:start + n]
-            positions = np.arange(start, start + n)
-            pos[b, :n] = positions
-            past[b] = start
-            tables[b, : -(-start // bs)] = table[: -(-start // bs)]
-            last[b, 0] = n - 1
-            rows.append(np.full(n, b))
-            cols.append(np.arange(n))
-            slots.append(table[positions // bs] * bs + positions % bs)
-        feeds = {"input_ids": ids, "position_ids": pos, "past_lens": past, "block_tables": tables,
-                 "logits_index": last, **self.pool.feeds}
-        real = sum(s.num_new_tokens for s in group)
-        return _Batch(feeds, np.concatenate(rows), np.concatenate(cols), np.concatenate(slots),
-                      bucket.batch * bucket.seq - real)
-
-    def _sample(self, requests: list[Request], logits: list[np.ndarray]) -> RunnerOutput:
+    def _sample(self, requests: list[Request], logits: np.ndarray) -> RunnerOutput:
         if not requests:
             return RunnerOutput()
         states = [self._state(r) for r in requests]
-        result = self.sampler.sample(np.stack(logits), states)
+        result = self.sampler.sample(logits, states)
         out = RunnerOutput()
         for r, state, tok, lp in zip(requests, states, result.token_ids, result.logprobs):
             state.append(tok)

@@ -128,9 +128,10 @@ def test_cancel_half_the_batch_frees_blocks_and_keeps_others(tiny_llama_artifact
 
 
 def test_prefill_chunks_grouped_by_length():
-    from kiln.runtime.runner import group_by_length
-    from kiln.runtime.scheduler import ScheduledRequest
+    import numpy as np
 
-    chunks = [ScheduledRequest(request=None, num_new_tokens=n) for n in (500, 20, 22, 480, 21, 19)]
-    groups = [[s.num_new_tokens for s in g] for g in group_by_length(chunks)]
+    from kiln.engines.ort_batching import group_by_length
+
+    lens = np.asarray([500, 20, 22, 480, 21, 19])
+    groups = [[int(lens[i]) for i in g] for g in group_by_length(lens)]
     assert groups == [[500, 480], [22, 21, 20, 19]]

@@ -7,7 +7,7 @@ import pytest
 
 from kiln.config import RuntimeConfig
 from kiln.engines.base import Bucket, BucketGrid, KvLayout
-from kiln.runtime.kv_pool import KvPool
+from kiln.engines.kv_pool import KvPool
 from kiln.runtime.memory import plan_kv_blocks
 
 

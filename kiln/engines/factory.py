@@ -1,0 +1,49 @@
+"""The engine factory: the manifest's backend field picks the implementation.
+
+Every consumer (engine core, evaluator, server, Triton) loads engines through load_engine and
+never names a concrete engine class; `kiln build --backend NAME` picks the builder from the same
+registry. Backends import lazily, so an artifact for one backend never loads another's library.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from kiln.artifact import ArtifactError, EngineArtifact
+from kiln.engines.base import Engine
+
+EngineLoader = Callable[[EngineArtifact, dict, "int | None"], Engine]
+DEFAULT_BACKEND = "ort"
+
+
+def _load_ort(artifact: EngineArtifact, record: dict, threads: int | None) -> Engine:
+    from kiln.engines.ort_engine import OrtEngine
+
+    m = artifact.manifest
+    return OrtEngine(artifact.path / record["file"], m.buckets, m.kv_layout, threads)
+
+
+def _load_openvino(artifact: EngineArtifact, record: dict, threads: int | None) -> Engine:
+    from kiln.engines.openvino.loader import load_openvino_engine
+
+    return load_openvino_engine(artifact, record, threads)
+
+
+BACKENDS: dict[str, EngineLoader] = {
+    "ort": _load_ort,
+    "openvino": _load_openvino,
+}
+
+
+def backend_of(artifact: EngineArtifact) -> str:
+    return artifact.manifest.engines[0]["backend"]
+
+
+def load_engine(artifact: EngineArtifact, threads: int | None = None) -> Engine:
+    record = artifact.manifest.engines[0]
+    loader = BACKENDS.get(record["backend"])
+    if loader is None:
+        raise ArtifactError(f"{artifact.path} needs the {record['backend']!r} engine backend, which this "
+                            f"kiln does not have (it has {', '.join(sorted(BACKENDS))}); rebuild with "
+                            f"`kiln build --backend {DEFAULT_BACKEND}` or upgrade kiln")
+    return loader(artifact, record, threads)

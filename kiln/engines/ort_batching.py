@@ -1,0 +1,85 @@
+"""A PagedBatch as ONNX Runtime feeds: padded [B, S] calls on the bucket grid.
+
+The ORT graph (passes/kv_io.py) takes padded rows, so decodes and prefill chunks go in separate
+calls (a decode is never padded to a chunk's length) and chunks are grouped by length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.engines.base import BucketGrid, PagedBatch
+
+MAX_PADDING = 0.25      # a prefill group may waste at most this share of its [B, S] slots
+
+
+@dataclass
+class OrtCall:
+    feeds: dict[str, np.ndarray]       # the graph's inputs except the KV pool
+    rows: np.ndarray                   # per new token: its batch row ...
+    cols: np.ndarray                   # ... its position in the row ...
+    slots: np.ndarray                  # ... and the pool slot its K/V goes to
+    logit_rows: np.ndarray             # per output logits row [b, k] ...
+    logit_order: np.ndarray            # ... its place in the batch's logits_indices order
+    padded: int
+
+
+def group_by_length(lens: np.ndarray) -> list[list[int]]:
+    """Split sequences into engine calls of similar length (indices into lens).
+
+    One [B, S] call pads every chunk to the longest; a 500-token chunk next to thirty 20-token
+    ones would compute 16k slots for 1.1k tokens. Prefill is compute-bound, so extra calls cost
+    little, while padding costs its full share. Decodes (length 1) always form their own call.
+    """
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lens)), key=lambda i: -lens[i]):
+        group = groups[-1] if groups else None
+        if group is not None and (lens[i] == 1) == (lens[group[0]] == 1):
+            real = sum(lens[j] for j in group) + lens[i]
+            if real >= (1 - MAX_PADDING) * lens[group[0]] * (len(group) + 1):
+                group.append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
+def plan_calls(batch: PagedBatch, grid: BucketGrid, block_size: int) -> list[OrtCall]:
+    starts = batch.seq_starts
+    owner = np.searchsorted(starts, batch.logits_indices, side="right") - 1   # seq of each logit
+    calls = []
+    for group in group_by_length(batch.query_lens):
+        for i in range(0, len(group), grid.max_batch):
+            calls.append(_call(batch, group[i:i + grid.max_batch], grid, block_size, starts, owner))
+    return calls
+
+
+def _call(batch, seqs, grid, bs, starts, owner) -> OrtCall:
+    lens, past = batch.query_lens[seqs], batch.past_lens[seqs]
+    bucket = grid.bucket_for(len(seqs), int(lens.max()))
+    past_blocks = -(-past // bs)
+    ids = np.zeros((bucket.batch, bucket.seq), np.int64)
+    pos = np.zeros_like(ids)
+    past_lens = np.zeros(bucket.batch, np.int64)
+    tables = np.zeros((bucket.batch, max(1, int(past_blocks.max()))), np.int64)
+    wanted = [np.flatnonzero(owner == s) for s in seqs]
+    logits_index = np.zeros((bucket.batch, max(1, max(len(w) for w in wanted))), np.int64)
+    rows, cols, slots, logit_rows, order = [], [], [], [], []
+    for b, s in enumerate(seqs):
+        lo, n = starts[s], lens[b]
+        ids[b, :n] = batch.input_ids[lo:lo + n]
+        pos[b, :n] = batch.positions[lo:lo + n]
+        past_lens[b] = past[b]
+        tables[b, :past_blocks[b]] = batch.block_tables[s][:past_blocks[b]]
+        rows.append(np.full(n, b))
+        cols.append(np.arange(n))
+        slots.append(batch.slot_mapping[lo:lo + n])
+        logits_index[b, :len(wanted[b])] = batch.logits_indices[wanted[b]] - lo
+        logit_rows += [(b, k) for k in range(len(wanted[b]))]
+        order.extend(wanted[b])
+    feeds = {"input_ids": ids, "position_ids": pos, "past_lens": past_lens, "block_tables": tables,
+             "logits_index": logits_index}
+    return OrtCall(feeds, np.concatenate(rows), np.concatenate(cols), np.concatenate(slots),
+                   np.asarray(logit_rows, np.int64).reshape(-1, 2), np.asarray(order, np.int64),
+                   bucket.batch * bucket.seq - int(lens.sum()))

@@ -1,0 +1,39 @@
+"""ONNX Runtime sessions on CPU: the one place that names the provider and the session options."""
+
+from __future__ import annotations
+
+import os
+
+import onnxruntime as ort
+
+CPU_PROVIDERS = ["CPUExecutionProvider"]
+
+
+def default_threads() -> int:
+    # NOTE: physical cores would be better; os.sched_getaffinity respects container limits.
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def session_options(threads: int = 1,
+                    level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+                    ) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = level
+    opts.log_severity_level = 3
+    # Every step has a new shape: memory patterns never repeat, and the arena keeps the peak of
+    # every shape seen (RSS ratchets up by hundreds of MB). Measured on SmolLM2 int8 over six
+    # mixed shapes: +151 MiB with the arena, +54 MiB without, decode and prefill times unchanged.
+    opts.enable_mem_pattern = False
+    opts.enable_cpu_mem_arena = False
+    return opts
+
+
+def cpu_session(model, opts: ort.SessionOptions | None = None, **kwargs) -> ort.InferenceSession:
+    """model: a path or serialized bytes."""
+    return ort.InferenceSession(model, opts or session_options(), providers=CPU_PROVIDERS, **kwargs)
