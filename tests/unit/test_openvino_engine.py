@@ -17,22 +17,9 @@ from kiln.engines.base import BucketGrid, PagedBatch  # noqa: E402
 from kiln.engines.openvino.compile import compile_openvino  # noqa: E402
 from kiln.engines.openvino.loader import open_openvino  # noqa: E402
 from kiln.engines.base import KvLayout  # noqa: E402
+from openvino_testing import standard_graph  # noqa: E402
 
 RTOL = 1e-4          # of the logits' max |value|; a wrong block or mask is off by O(1)
-
-
-def standard_graph(source: str):
-    from kiln.export.decoder_graph import build_decoder
-    from kiln.export.sources import load_source
-    from kiln.passes.base import run_pass
-    from kiln.passes.cleanup import CleanupPass
-    from kiln.passes.fusion import fusion_passes
-
-    src = load_source(source)
-    model = build_decoder(src.spec, src.weights)
-    for p in [CleanupPass(), *fusion_passes(src.spec)]:
-        model, _ = run_pass(p, model, None)
-    return src.spec, model
 
 
 class DenseReference:

@@ -1,0 +1,98 @@
+"""kiln's runtime (scheduler, paged KV manager, runner) driving the openvino engine backend."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("openvino")
+
+from openvino_testing import openvino_artifact  # noqa: E402
+
+from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig  # noqa: E402
+from kiln.artifact import ArtifactError  # noqa: E402
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+def _prompts(seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, k).tolist() for k in [3, 9, 17, 40, 70, 5, 33, 100]]
+
+
+def _llm(artifact, **sched):
+    return LLM(artifact, RuntimeConfig(kv_cache_memory=64 << 20, threads=2, scheduler=SchedulerConfig(**sched)))
+
+
+@pytest.fixture(scope="module")
+def ov_tiny_llama(tiny_llama_artifact, tmp_path_factory):
+    return openvino_artifact(tiny_llama_artifact, "tiny-llama", tmp_path_factory.mktemp("ov") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def ort_tokens(tiny_llama_artifact):
+    llm = _llm(tiny_llama_artifact)
+    return [o.token_ids for o in llm.generate(_prompts(), GREEDY)]
+
+
+@pytest.mark.parametrize("sched", [dict(), dict(max_num_batched_tokens=24), dict(max_num_seqs=3)])
+def test_greedy_generation_equals_ort_backend(ov_tiny_llama, ort_tokens, sched):
+    llm = _llm(ov_tiny_llama, **sched)
+    assert llm.core.engine.kv_layout.block_size == 32
+    outs = llm.generate(_prompts(), GREEDY)
+    assert [o.token_ids for o in outs] == ort_tokens
+
+
+def test_prefix_cache_hit_gives_same_tokens(ov_tiny_llama):
+    llm = _llm(ov_tiny_llama)
+    shared = list(range(40, 120))                         # 80 tokens: two full 32-token blocks
+    first = llm.generate([shared + [1, 2, 3]], GREEDY)[0]
+    second = llm.generate([shared + [1, 2, 3]], GREEDY)[0]
+    assert second.num_cached_tokens >= 64
+    assert second.token_ids == first.token_ids
+
+
+def _edit_manifest(path, edit):
+    m = json.loads((path / "manifest.json").read_text())
+    edit(m)
+    (path / "manifest.json").write_text(json.dumps(m))
+
+
+def _copy(src, tmp_path):
+    import shutil
+
+    shutil.copytree(src, tmp_path / "a")
+    return tmp_path / "a"
+
+
+def test_corrupt_weights_refused(ov_tiny_llama, tmp_path):
+    art = _copy(ov_tiny_llama, tmp_path)
+    weights = art / "engines" / "openvino" / "model.bin"
+    data = bytearray(weights.read_bytes())
+    data[100] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="model.bin is missing, truncated or corrupt"):
+        LLM(art)
+
+
+def test_other_openvino_release_refused(ov_tiny_llama, tmp_path):
+    art = _copy(ov_tiny_llama, tmp_path)
+    _edit_manifest(art, lambda m: m["engines"][0].update(openvino="2024.1.0-1-abc"))
+    with pytest.raises(ArtifactError, match="built with OpenVINO 2024.1.0"):
+        LLM(art)
+
+
+def test_kv_layout_mismatch_refused(ov_tiny_llama, tmp_path):
+    art = _copy(ov_tiny_llama, tmp_path)
+    _edit_manifest(art, lambda m: m["kv_layout"].update(block_size=16))
+    with pytest.raises(ArtifactError, match="KV layout"):
+        LLM(art)
+
+
+def test_recorded_cache_other_than_plugin_refused(ov_tiny_llama, tmp_path):
+    art = _copy(ov_tiny_llama, tmp_path)
+    _edit_manifest(art, lambda m: m["engines"][0]["kv_cache"].update(element_type="u8"))
+    with pytest.raises(ArtifactError, match="allocates the KV cache as"):
+        LLM(art)
