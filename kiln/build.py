@@ -6,6 +6,7 @@ import hashlib
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
 
@@ -17,6 +18,7 @@ from kiln.engines.base import KvLayout
 from kiln.engines.ort_engine import compile_ort
 from kiln.export.decoder_graph import build_decoder
 from kiln.export.sources import ModelSource, load_source
+from kiln.export.spec import ModelSpec
 from kiln.passes.base import run_pass
 from kiln.passes.kv_io import KvIoPass
 from kiln.passes.quantize import QuantMode, QuantizePass
@@ -30,6 +32,7 @@ StageFn = Callable[[str], ContextManager]
 
 def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> Path:
     """Build an artifact folder; `stage(name)` wraps each stage (progress display, timing)."""
+    engine_builder = _engine_builder(config.backend)
     with ArtifactWriter(config.out, config.force) as writer:
         with stage("load model source"):
             src = load_source(config.source)
@@ -40,35 +43,77 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> P
             with stage(f"pass {p.name}"):
                 model, report = run_pass(p, model, check if config.verify else None)
                 reports.append(report.to_dict())
-        with stage("compile ONNX Runtime engine"):
-            engine = compile_ort(model.SerializeToString(), writer.tmp / "engines" / "ort")
-            io = _io_shapes(model)
+        built = engine_builder(model, src.spec, config, writer.tmp, stage)
+        reports += built.pass_reports
         with stage("write artifact"):
             tokenizer = _copy_tokenizer(src, writer.tmp / TOKENIZER_DIR)
             manifest = Manifest(
                 spec=src.spec, quant=_quant_record(config, reports), buckets=config.buckets,
-                kv_layout=KvLayout(src.spec.num_layers, src.spec.num_kv_heads, src.spec.head_dim, config.block_size),
-                engines=[{"backend": "ort", **file_record(writer.tmp, engine), "io": io}],
+                kv_layout=built.kv_layout, engines=built.engines,
                 generation=_generation_defaults(src, writer.tmp / TOKENIZER_DIR),
                 tokenizer=tokenizer, passes=reports, source=src.description, versions=current_versions())
             return writer.commit(manifest)
 
 
+@dataclass
+class BuiltEngines:
+    engines: list[dict]                # manifest engine records (backend, file, sha256, io, ...)
+    kv_layout: KvLayout                # the KV storage the engines read, as the runtime must plan it
+    pass_reports: list[dict] = field(default_factory=list)
+
+
+EngineBuilder = Callable[[onnx.ModelProto, ModelSpec, BuildConfig, Path, StageFn], BuiltEngines]
+
+
+def _build_ort(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig, root: Path,
+               stage: StageFn) -> BuiltEngines:
+    """Paged IO in the graph (a gather from the runtime's pool), then ORT's offline optimization."""
+    kv_io = KvIoPass(spec, config.block_size)
+    if config.quant is not QuantMode.NONE:
+        kv_io.rel_tolerance = QuantizePass(config.quant).rel_tolerance
+    with stage(f"pass {kv_io.name}"):
+        check = (lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size)) if config.verify else None
+        model, report = run_pass(kv_io, model, check)
+    with stage("compile ONNX Runtime engine"):
+        engine = compile_ort(model.SerializeToString(), root / "engines" / "ort")
+    record = {"backend": "ort", **file_record(root, engine), "io": _io_shapes(model)}
+    layout = KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size)
+    return BuiltEngines([record], layout, [report.to_dict()])
+
+
+def _build_openvino(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig, root: Path,
+                    stage: StageFn) -> BuiltEngines:
+    """OpenVINO's native paged attention replaces the attention core; its plugin picks the block size."""
+    from kiln.engines.openvino.compile import compile_openvino
+    from kiln.engines.openvino.options import OpenVinoOptions
+
+    with stage("compile OpenVINO engine"):
+        records = compile_openvino(model, spec, root / "engines" / "openvino",
+                                   OpenVinoOptions.for_quant(config.quant), root=root)
+    return BuiltEngines(records, KvLayout(**records[0]["kv_layout"]))
+
+
+ENGINE_BUILDERS: dict[str, EngineBuilder] = {"ort": _build_ort, "openvino": _build_openvino}
+
+
+def _engine_builder(backend: str) -> EngineBuilder:
+    try:
+        return ENGINE_BUILDERS[backend]
+    except KeyError:
+        raise ValueError(f"unknown engine backend {backend!r}; kiln builds {', '.join(ENGINE_BUILDERS)}") from None
+
+
 def _passes(src: ModelSource, config: BuildConfig) -> list:
+    """The backend-neutral passes: the standard decoder graph (dense KV IO) in, fused and quantized out."""
     from kiln.passes.cleanup import CleanupPass
 
-    layers, bs = src.spec.num_layers, config.block_size
     passes = [(CleanupPass(), compare_logits)]
     if config.fuse:
         from kiln.passes.fusion import fusion_passes
 
         passes += [(p, compare_logits) for p in fusion_passes(src.spec)]
-    kv_io = KvIoPass(src.spec, bs)
     if config.quant is not QuantMode.NONE:
-        quantize = QuantizePass(config.quant)
-        passes.append((quantize, compare_logits))
-        kv_io.rel_tolerance = quantize.rel_tolerance
-    passes.append((kv_io, lambda a, b: compare_paged(a, b, layers, bs)))
+        passes.append((QuantizePass(config.quant), compare_logits))
     return passes
 
 

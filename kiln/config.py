@@ -41,6 +41,7 @@ class BuildConfig:
     fuse: bool = True
     verify: bool = True           # numeric check after every pass
     force: bool = False
+    backend: str = "ort"          # a key of kiln.build.ENGINE_BUILDERS (and of the engine factory)
 
 
 class SchedulingPolicy(enum.Enum):
