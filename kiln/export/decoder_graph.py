@@ -8,7 +8,9 @@ Inside, attention works kv-head-major ([kv_heads, B, ...]) so that grouped query
 one K/V without a repeat copy, and so the kv_io pass can swap the dense past for a gather from
 a head-major paged pool. The mask is expressed through two tensors the kv_io pass rewrites:
 key_positions [B,T] (absolute position of each key, or FAR for a padded one) and
-query_positions [B,S]; a query attends to a key iff key_position <= query_position.
+query_positions [B,S]; a query attends to a key iff key_position <= query_position, and, with a
+sliding window W, also query_position - key_position < W (HF's sliding_window_overlay).
+Variants (ModelSpec): rope scaling types (export.rope), partial rotary, per-head q/k RMSNorm.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.export.graph_builder import FLOAT, INT64, GraphBuilder
+from kiln.export.rope import rotary_for
 from kiln.export.spec import ModelSpec
 
 FAR = 1 << 40          # key position of a padded key: never <= any query position
@@ -44,7 +47,7 @@ def build_decoder(spec: ModelSpec, weights: dict[str, np.ndarray]):
     with g.scope("model"):
         x = g.op("Gather", [w.add("model.embed_tokens.weight"), ids], "embed_tokens")
         cos, sin = _rotary_tables(g, spec, pos)
-        bias = _attention_bias(g, mask, ids)
+        bias = _attention_bias(g, spec, mask, ids)
         for i in range(spec.num_layers):
             with g.scope(f"layers.{i}"):
                 x = _decoder_layer(g, spec, w, i, x, cos, sin, bias)
@@ -85,31 +88,53 @@ def rms_norm(g: GraphBuilder, spec: ModelSpec, x: str, weight: str) -> str:
 
 
 # rotary tables: position_ids ─ Cast ─ Unsqueeze ─ Mul(inv_freq) ─ Concat(f, f) ─ Cos / Sin ─ Unsqueeze(2)
+# longrope:      freqs = Where(max position of the sequence >= original_max, p·long_inv_freq, p·inv_freq)
+# yarn/longrope: cos, sin ─ Mul(attention_scaling)   (HF scales both; the fused rotary then does not match)
 def _rotary_tables(g: GraphBuilder, spec: ModelSpec, pos: str) -> tuple[str, str]:
-    half = spec.head_dim // 2
-    inv_freq = 1.0 / (spec.rope_theta ** (np.arange(0, half, dtype=np.float64) * 2 / spec.head_dim))
+    rot = rotary_for(spec)
     with g.scope("rotary"):
         p = g.op("Unsqueeze", [g.op("Cast", [pos], "Cast", to=FLOAT), g.const([-1])], "Unsqueeze")
-        freqs = g.op("Mul", [p, g.weight("/model/rotary/inv_freq", inv_freq.astype(np.float32))], "Freqs")
+        freqs = g.op("Mul", [p, g.weight("/model/rotary/inv_freq", rot.inv_freq)], "Freqs")
+        if rot.long_inv_freq is not None:
+            long = g.op("Mul", [p, g.weight("/model/rotary/long_inv_freq", rot.long_inv_freq)], "LongFreqs")
+            # As HF: a sequence's call takes the long factors once its last position passes the
+            # original context (HF decides per call over the batch; kiln per sequence, batch-invariant).
+            last = g.op("ReduceMax", [p, g.const([1])], "LastPosition", keepdims=1)         # [B,1,1]
+            past_original = g.op("GreaterOrEqual", [last, g.const(float(rot.original_max), np.float32)], "IsLong")
+            freqs = g.op("Where", [past_original, long, freqs], "PickFreqs")
         emb = g.op("Concat", [freqs, freqs], "Concat", axis=-1)
-        cos = g.op("Unsqueeze", [g.op("Cos", [emb], "Cos"), g.const([2])], "cos")
-        sin = g.op("Unsqueeze", [g.op("Sin", [emb], "Sin"), g.const([2])], "sin")
+        cos, sin = g.op("Cos", [emb], "Cos"), g.op("Sin", [emb], "Sin")
+        if rot.attention_scaling != 1.0:
+            scale = g.const(rot.attention_scaling, np.float32)
+            cos, sin = g.op("Mul", [cos, scale], "ScaleCos"), g.op("Mul", [sin, scale], "ScaleSin")
+        cos = g.op("Unsqueeze", [cos, g.const([2])], "cos")
+        sin = g.op("Unsqueeze", [sin, g.const([2])], "sin")
     return cos, sin
 
 
 # rope(x): x ─ Slice[:h] ─────────┐
 #          └ Slice[h:] ─ Neg ─ Concat(-x2, x1) ─ Mul(sin) ─ Add ─ out
 #          └────────────────────── Mul(cos) ──────────────┘
+# partial rotary (Phi-3, rotary_dim < head_dim): rope(x[..., :rotary_dim]) ─ Concat ─ x[..., rotary_dim:]
 def apply_rope(g: GraphBuilder, spec: ModelSpec, x: str, cos: str, sin: str) -> str:
-    half = spec.head_dim // 2
+    dim = spec.rotary_dim
+    if dim == spec.head_dim:
+        return _rotate(g, x, dim, cos, sin)
+    rotary = g.op("Slice", [x, g.const([0]), g.const([dim]), g.const([-1])], "RotaryPart")
+    rest = g.op("Slice", [x, g.const([dim]), g.const([spec.head_dim]), g.const([-1])], "PassPart")
+    return g.op("Concat", [_rotate(g, rotary, dim, cos, sin), rest], "PartialRotary", axis=-1)
+
+
+def _rotate(g: GraphBuilder, x: str, dim: int, cos: str, sin: str) -> str:
+    half = dim // 2
     x1 = g.op("Slice", [x, g.const([0]), g.const([half]), g.const([-1])], "SliceLow")
-    x2 = g.op("Slice", [x, g.const([half]), g.const([spec.head_dim]), g.const([-1])], "SliceHigh")
+    x2 = g.op("Slice", [x, g.const([half]), g.const([dim]), g.const([-1])], "SliceHigh")
     rot = g.op("Concat", [g.op("Neg", [x2], "Neg"), x1], "RotateHalf", axis=-1)
     return g.op("Add", [g.op("Mul", [x, cos], "MulCos"), g.op("Mul", [rot, sin], "MulSin")], "Add")
 
 
-def _attention_bias(g: GraphBuilder, mask: str, ids: str) -> str:
-    """[B,S,T] additive bias; causal by position, padded keys masked."""
+def _attention_bias(g: GraphBuilder, spec: ModelSpec, mask: str, ids: str) -> str:
+    """[B,S,T] additive bias; causal by position, padded keys masked, keys outside the window masked."""
     with g.scope("attn_mask"):
         total = g.op("Squeeze", [g.op("Shape", [mask], "Total", start=1, end=2)], "TotalScalar")
         seq = g.op("Squeeze", [g.op("Shape", [ids], "Seq", start=1, end=2)], "SeqScalar")
@@ -119,8 +144,12 @@ def _attention_bias(g: GraphBuilder, mask: str, ids: str) -> str:
         past = g.op("Sub", [total, seq], "PastLen")
         qp = g.op("Add", [g.op("Range", [g.const(0), seq, g.const(1)], "QueryIndex"), past], "QueryPos")
         qp = g.op("Unsqueeze", [qp, g.const([0])], "query_positions")
-        allowed = g.op("LessOrEqual", [g.op("Unsqueeze", [kp, g.const([1])], "KeyCol"),
-                                       g.op("Unsqueeze", [qp, g.const([2])], "QueryRow")], "Allowed")
+        key_col = g.op("Unsqueeze", [kp, g.const([1])], "KeyCol")
+        query_row = g.op("Unsqueeze", [qp, g.const([2])], "QueryRow")
+        allowed = g.op("LessOrEqual", [key_col, query_row], "Allowed")
+        if spec.sliding_window:
+            oldest = g.op("Sub", [query_row, g.const(spec.sliding_window)], "WindowStart")
+            allowed = g.op("And", [allowed, g.op("Greater", [key_col, oldest], "InWindow")], "AllowedInWindow")
         bias = g.op("Where", [allowed, g.const(0.0, np.float32), g.const(MASKED, np.float32)], "Bias")
         return g.op("Unsqueeze", [bias, g.const([0, 2])], "bias")  # [1,B,1,S,T]
 
@@ -147,6 +176,8 @@ def _attention(g, spec, w, i, h, cos, sin, bias) -> str:
     p = f"model.layers.{i}.self_attn."
     kvh, nrep, hd = spec.num_kv_heads, spec.num_queries_per_kv, spec.head_dim
     q, k, v = (_projection(g, w, p, n, h, spec.attention_bias) for n in ("q_proj", "k_proj", "v_proj"))
+    if spec.qk_norm:
+        q, k = _head_norm(g, spec, w, p + "q_norm", q), _head_norm(g, spec, w, p + "k_norm", k)
     with g.scope("q_rotary"):
         q = apply_rope(g, spec, g.op("Reshape", [q, g.const([0, 0, spec.num_heads, hd])], "Heads"), cos, sin)
     with g.scope("k_rotary"):
@@ -161,6 +192,16 @@ def _attention(g, spec, w, i, h, cos, sin, bias) -> str:
     out = g.op("Reshape", [out, g.const([0, 0, spec.num_heads * hd])], "out_merge")
     with g.scope("o_proj"):
         return g.op("MatMul", [out, w.linear(p + "o_proj.weight")], "MatMul")
+
+
+# Qwen3: flat [B,S,heads*hd] ─ Reshape(heads) ─ rms_norm(head_dim) ─ Reshape(flat)
+# NOTE: back to flat so the rotary scope sees the same Reshape(Heads) input as everywhere (FuseRotary).
+def _head_norm(g, spec, w, name: str, x: str) -> str:
+    leaf = name.rsplit(".", 1)[-1]
+    with g.scope(leaf):
+        heads = g.op("Reshape", [x, g.const([0, 0, -1, spec.head_dim])], "Heads")
+        normed = rms_norm(g, spec, heads, w.add(name + ".weight"))
+        return g.op("Reshape", [normed, g.const([0, 0, -1])], "Flat")
 
 
 def _cache_io(g, spec, i, kind: str, new: str) -> str:

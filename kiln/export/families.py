@@ -1,10 +1,17 @@
-"""The registry of model families kiln exports: HF `model_type` -> how to read its config."""
+"""The registry of model families kiln exports: HF `model_type` -> how to read its config.
+
+Every family here is the same decoder (RMSNorm, SwiGLU, rotate-half rotary, grouped-query
+attention); a family says which variant switches its config turns on. What a family cannot run
+faithfully is refused here, before any weight is read, with the supported list.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable
 
+from kiln.export.rope import ROPE_TYPES, check_rope
 from kiln.export.spec import ModelSpec, UnsupportedModelError
 
 
@@ -12,29 +19,58 @@ from kiln.export.spec import ModelSpec, UnsupportedModelError
 class Family:
     name: str
     attention_bias: Callable[[dict], bool]
+    qk_norm: bool = False
+    fused_projections: bool = False   # checkpoint holds qkv_proj / gate_up_proj (Phi-3)
+    sliding_window: Callable[[dict], int] = lambda cfg: 0
 
 
 def _llama_bias(cfg: dict) -> bool:
-    return bool(cfg.get("attention_bias", False))
+    # NOTE: in Llama, Mistral and Qwen3, attention_bias also puts a bias on o_proj, which the
+    # graph does not carry; refusing beats a silently wrong model.
+    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        raise UnsupportedModelError(f"{cfg['model_type']} with attention_bias/mlp_bias is not supported")
+    return False
+
+
+def _window_everywhere(cfg: dict) -> int:
+    """Mistral / Phi-3: `sliding_window` applies to every layer when set."""
+    return int(cfg.get("sliding_window") or 0)
+
+
+def _qwen_window(cfg: dict) -> int:
+    """Qwen2/3 use a window only with use_sliding_window, and then only from max_window_layers on."""
+    if not cfg.get("use_sliding_window") or not cfg.get("sliding_window"):
+        return 0
+    first_sliding = cfg.get("max_window_layers", 28)
+    if first_sliding >= cfg["num_hidden_layers"]:
+        return 0                      # every layer is full attention
+    if first_sliding > 0:
+        raise UnsupportedModelError("Qwen sliding window on only some layers (max_window_layers) is not supported")
+    return int(cfg["sliding_window"])
 
 
 FAMILIES: dict[str, Family] = {
-    # Llama covers SmolLM and Mistral-style configs (GQA, RMSNorm, SwiGLU, rotate-half RoPE).
+    # Llama 1/2/3.x and SmolLM: GQA, RMSNorm, SwiGLU, rotate-half RoPE (rope_scaling per rope.py).
     "llama": Family("llama", _llama_bias),
-    "mistral": Family("llama", _llama_bias),
-    # Qwen2 is Llama with biases on q/k/v.
-    "qwen2": Family("qwen2", lambda cfg: True),
+    "mistral": Family("mistral", _llama_bias, sliding_window=_window_everywhere),
+    # Qwen2 / Qwen2.5: Llama with biases on q/k/v.
+    "qwen2": Family("qwen2", lambda cfg: True, sliding_window=_qwen_window),
+    # Qwen3: per-head RMSNorm on q and k before rotary; no q/k/v bias by default.
+    "qwen3": Family("qwen3", _llama_bias, qk_norm=True, sliding_window=_qwen_window),
+    # Phi-3 / Phi-3.5 / Phi-4-mini: fused qkv_proj and gate_up_proj (split at load), partial rotary, longrope.
+    "phi3": Family("phi3", lambda cfg: False, fused_projections=True, sliding_window=_window_everywhere),
 }
+
+# Named in the refusal so a user sees what would build, not only what did not.
+SUPPORTED = ("llama (Llama 1/2/3.x, SmolLM), mistral (sliding window), qwen2 (Qwen2/2.5), qwen3, "
+             "phi3 (Phi-3/3.5, Phi-4-mini); rope types " + ", ".join(ROPE_TYPES))
 
 
 def family_for(model_type: str) -> Family:
     try:
         return FAMILIES[model_type]
     except KeyError:
-        supported = ", ".join(sorted(FAMILIES))
-        raise UnsupportedModelError(
-            f"unsupported architecture {model_type!r}: kiln exports {supported}"
-        ) from None
+        raise UnsupportedModelError(f"unsupported architecture {model_type!r}: kiln exports {SUPPORTED}") from None
 
 
 def spec_from_hf_config(cfg: dict) -> ModelSpec:
@@ -42,6 +78,10 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
     family = family_for(cfg.get("model_type", "<missing model_type>"))
     _refuse_unsupported_features(cfg)
     heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    rope_type, rope_params = _rope(cfg)
+    partial = float(rope_params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    check_rope(rope_type, rope_params, int(head_dim * partial))
     return ModelSpec(
         family=family.name,
         vocab_size=cfg["vocab_size"],
@@ -49,27 +89,84 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
         num_layers=cfg["num_hidden_layers"],
         num_heads=heads,
         num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        head_dim=head_dim,
         intermediate_size=cfg["intermediate_size"],
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(_rope_theta(cfg)),
+        rope_theta=float(rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=family.attention_bias(cfg),
+        rope_type=rope_type,
+        rope_scaling=_rope_json(rope_type, rope_params, cfg),
+        partial_rotary_factor=partial,
+        sliding_window=family.sliding_window(cfg),
+        qk_norm=family.qk_norm,
     )
 
 
-def _rope_theta(cfg: dict) -> float:
-    params = cfg.get("rope_parameters") or {}
-    return params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+def _rope(cfg: dict) -> tuple[str, dict]:
+    """(rope_type, parameters) from either transformers 5's rope_parameters or the older rope_scaling."""
+    params = dict(cfg.get("rope_parameters") or {})
+    params.update(cfg.get("rope_scaling") or {})
+    rope_type = params.get("rope_type", params.get("type")) or "default"
+    if rope_type == "su":        # Phi-3's early name for longrope
+        rope_type = "longrope"
+    return rope_type, params
+
+
+def _rope_json(rope_type: str, params: dict, cfg: dict) -> str:
+    if rope_type == "default":
+        return ""
+    keep = {k: v for k, v in params.items() if k not in ("rope_type", "type", "rope_theta", "partial_rotary_factor")}
+    if "original_max_position_embeddings" in cfg:   # Phi-3 keeps it beside, not inside, rope_scaling
+        keep.setdefault("original_max_position_embeddings", cfg["original_max_position_embeddings"])
+    return json.dumps(keep, sort_keys=True)
 
 
 def _refuse_unsupported_features(cfg: dict) -> None:
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise UnsupportedModelError(f"rope scaling {rope_type!r} is not supported yet")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise UnsupportedModelError(f"activation {cfg['hidden_act']!r} is not supported")
-    if cfg.get("sliding_window") and cfg.get("use_sliding_window"):
-        raise UnsupportedModelError("sliding-window attention is not supported")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedModelError(f"activation {act!r} is not supported (kiln runs SwiGLU with silu)")
+    for key in ("num_attention_heads", "hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"):
+        if not isinstance(cfg.get(key), int):
+            raise UnsupportedModelError(f"config.json has no integer {key!r}")
+
+
+def expected_shapes(spec: ModelSpec, fused: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every tensor the exporter reads, HF-named, with the shape the config implies."""
+    h, hd, inter = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    q, kv = spec.num_heads * hd, spec.num_kv_heads * hd
+    shapes = {"model.embed_tokens.weight": (spec.vocab_size, h), "model.norm.weight": (h,)}
+    if not spec.tie_word_embeddings:
+        shapes["lm_head.weight"] = (spec.vocab_size, h)
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                   p + "self_attn.o_proj.weight": (h, q), p + "mlp.down_proj.weight": (h, inter)}
+        if fused:
+            shapes |= {p + "self_attn.qkv_proj.weight": (q + 2 * kv, h), p + "mlp.gate_up_proj.weight": (2 * inter, h)}
+        else:
+            shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                       p + "self_attn.v_proj.weight": (kv, h), p + "mlp.gate_proj.weight": (inter, h),
+                       p + "mlp.up_proj.weight": (inter, h)}
+        if spec.attention_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                       p + "self_attn.v_proj.bias": (kv,)}
+        if spec.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+    return shapes
+
+
+def split_fused(weights: dict, spec: ModelSpec) -> None:
+    """Phi-3's qkv_proj -> q/k/v_proj and gate_up_proj -> gate/up_proj, in place (views, no copy).
+
+    MergeProjections fuses them back at build time; splitting keeps one graph for every family.
+    """
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    for i in range(spec.num_layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        qkv = weights.pop(a + "qkv_proj.weight")
+        weights |= {a + "q_proj.weight": qkv[:q], a + "k_proj.weight": qkv[q:q + kv], a + "v_proj.weight": qkv[q + kv:]}
+        gate_up = weights.pop(m + "gate_up_proj.weight")
+        weights |= {m + "gate_proj.weight": gate_up[:spec.intermediate_size],
+                    m + "up_proj.weight": gate_up[spec.intermediate_size:]}

@@ -52,18 +52,18 @@ def _load_preset(files: presets.PresetFiles) -> ModelSource:
 
 
 def load_hf_folder(path: Path) -> ModelSource:
-    from safetensors.numpy import load_file
+    """An HF folder: bf16/fp16/fp32 safetensors, one file or sharded; checked before it is read."""
+    from kiln.export.checkpoint import load_tensors
+    from kiln.export.families import expected_shapes, family_for, split_fused
 
     cfg = json.loads((path / "config.json").read_text())
     spec = spec_from_hf_config(cfg)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {path}")
-    weights: dict[str, np.ndarray] = {}
-    for f in files:
-        weights.update({k: v.astype(np.float32) for k, v in load_file(str(f)).items()})
     if not (path / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no tokenizer.json in {path}: kiln needs a fast tokenizer")
+    fused = family_for(cfg["model_type"]).fused_projections
+    weights = load_tensors(path, expected_shapes(spec, fused))
+    if fused:
+        split_fused(weights, spec)
     return ModelSource(f"HF folder {path}", spec, weights, path, hf_dir=path)
 
 

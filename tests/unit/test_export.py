@@ -1,31 +1,75 @@
-"""Model sources and the family registry."""
+"""Model sources, the family registry and checkpoint reading: what builds, and what is refused."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
+from kiln.export.checkpoint import CheckpointError
 from kiln.export.families import spec_from_hf_config
 from kiln.export.sources import load_source
-from kiln.export.spec import UnsupportedModelError
+from kiln.export.spec import ModelSpec, UnsupportedModelError
+
+TINY = dict(model_type="llama", vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=128)
 
 
 def test_unknown_architecture_refused_with_supported_list():
-    with pytest.raises(UnsupportedModelError, match="'gpt2'.*llama.*qwen2"):
+    with pytest.raises(UnsupportedModelError, match="'gpt2'.*llama.*mistral.*qwen2.*qwen3.*phi3"):
         spec_from_hf_config({"model_type": "gpt2"})
 
 
-def test_unknown_architecture_in_hf_folder_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "falcon"}))
-    with pytest.raises(UnsupportedModelError, match="unsupported architecture 'falcon'"):
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text", "falcon"])
+def test_unknown_architecture_in_hf_folder_refused(tmp_path, model_type):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    with pytest.raises(UnsupportedModelError, match=f"unsupported architecture '{model_type}'"):
         load_source(str(tmp_path))
 
 
-def test_rope_scaling_refused():
-    cfg = {"model_type": "llama", "rope_scaling": {"rope_type": "yarn"}}
-    with pytest.raises(UnsupportedModelError, match="yarn"):
+def test_unknown_rope_type_refused_with_the_supported_ones():
+    cfg = TINY | {"rope_scaling": {"rope_type": "proportional", "factor": 2.0}}
+    with pytest.raises(UnsupportedModelError, match="'proportional'.*linear.*dynamic.*llama3.*yarn.*longrope"):
         spec_from_hf_config(cfg)
+
+
+def test_rope_type_missing_its_parameters_refused():
+    with pytest.raises(UnsupportedModelError, match="'llama3' needs .*low_freq_factor"):
+        spec_from_hf_config(TINY | {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+
+
+def test_old_and_new_rope_config_forms_read_alike():
+    params = {"rope_type": "linear", "factor": 4.0, "rope_theta": 5e5}
+    old = spec_from_hf_config(TINY | {"rope_scaling": {"type": "linear", "factor": 4.0}, "rope_theta": 5e5})
+    new = spec_from_hf_config(TINY | {"rope_parameters": params})
+    assert old == new and old.rope_type == "linear" and old.rope_theta == 5e5
+
+
+def test_llama_with_o_proj_bias_refused():
+    with pytest.raises(UnsupportedModelError, match="attention_bias"):
+        spec_from_hf_config(TINY | {"attention_bias": True})
+
+
+def test_qwen_sliding_window_on_some_layers_refused_all_layers_kept():
+    qwen = TINY | {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16}
+    with pytest.raises(UnsupportedModelError, match="max_window_layers"):
+        spec_from_hf_config(qwen | {"max_window_layers": 1})
+    assert spec_from_hf_config(qwen | {"max_window_layers": 0}).sliding_window == 16
+    assert spec_from_hf_config(qwen | {"max_window_layers": 2}).sliding_window == 0
+
+
+def test_mistral_window_recorded_in_spec():
+    spec = spec_from_hf_config(TINY | {"model_type": "mistral", "sliding_window": 4096})
+    assert spec.family == "mistral" and spec.sliding_window == 4096
+
+
+def test_old_manifest_spec_loads_and_keeps_its_hash():
+    spec = spec_from_hf_config(TINY)
+    old = {k: v for k, v in spec.to_dict().items()
+           if k not in ("rope_type", "rope_scaling", "partial_rotary_factor", "sliding_window", "qk_norm")}
+    assert ModelSpec.from_dict(old) == spec
+    assert spec.config_hash() != spec_from_hf_config(TINY | {"model_type": "mistral", "sliding_window": 8}).config_hash()
 
 
 def test_missing_source_is_a_clear_error():
@@ -40,3 +84,80 @@ def test_tiny_presets_are_seeded_and_deterministic(name, family, bias, tied):
     assert a.spec.family == family and a.spec.attention_bias is bias and a.spec.tie_word_embeddings is tied
     assert a.weights.keys() == b.weights.keys()
     assert all((a.weights[k] == b.weights[k]).all() for k in a.weights)
+
+
+# --- checkpoint formats ------------------------------------------------------------------------
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    from kiln.export.presets import write_tiny_checkpoint
+
+    return write_tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
+
+
+def _resave(folder, dtype: str, shards: int = 1):
+    """Rewrite the folder's weights in another dtype, split over `shards` files with an index."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = {k: v.to(getattr(torch, dtype)) for k, v in load_file(str(folder / "model.safetensors")).items()}
+    (folder / "model.safetensors").unlink()
+    names, weight_map = sorted(tensors), {}
+    for i in range(shards):
+        part = names[i::shards]
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else "model.safetensors"
+        save_file({k: tensors[k] for k in part}, str(folder / file))
+        weight_map |= {k: file for k in part}
+    if shards > 1:
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return {k: v.float().numpy() for k, v in tensors.items()}
+
+
+@pytest.mark.parametrize("dtype,shards", [("float32", 1), ("float16", 1), ("bfloat16", 1), ("bfloat16", 3)])
+def test_hf_folder_dtypes_and_shards_read_exactly(tiny_folder, dtype, shards):
+    expected = _resave(tiny_folder, dtype, shards)
+    src = load_source(str(tiny_folder))
+    assert src.weights.keys() == expected.keys()
+    assert all(src.weights[k].dtype == np.float32 and (src.weights[k] == expected[k]).all() for k in expected)
+
+
+def test_missing_shard_refused_with_tensor_name(tiny_folder):
+    _resave(tiny_folder, "bfloat16", 3)
+    (tiny_folder / "model-00002-of-00003.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"tensor model\.\S+: its shard model-00002-of-00003"):
+        load_source(str(tiny_folder))
+
+
+def test_missing_tensor_refused_with_its_name(tiny_folder):
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(tiny_folder / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(tiny_folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="incomplete checkpoint: tensor model.layers.1.mlp.up_proj.weight"):
+        load_source(str(tiny_folder))
+
+
+def test_mismatched_shape_refused_with_tensor_name(tiny_folder):
+    cfg = json.loads((tiny_folder / "config.json").read_text())
+    (tiny_folder / "config.json").write_text(json.dumps(cfg | {"intermediate_size": 96}))
+    with pytest.raises(CheckpointError, match=r"tensor model.layers.0.mlp.down_proj.weight has shape \[64, 128\], "
+                                              r"the config implies \[64, 96\]"):
+        load_source(str(tiny_folder))
+
+
+def test_unknown_dtype_refused_with_tensor_name(tiny_folder):
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(tiny_folder / "model.safetensors"))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].astype(np.int8)
+    save_file(tensors, str(tiny_folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="tensor model.norm.weight has dtype I8; kiln reads F32, F16, BF16"):
+        load_source(str(tiny_folder))
+
+
+def test_truncated_file_refused(tiny_folder):
+    f = tiny_folder / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])
+    with pytest.raises(CheckpointError, match="truncated"):
+        load_source(str(tiny_folder))

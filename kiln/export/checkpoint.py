@@ -1,0 +1,117 @@
+"""Read an HF safetensors checkpoint (one file or shards with model.safetensors.index.json).
+
+The safetensors header (8-byte length, then JSON: name -> dtype, shape, data_offsets) is read
+directly, so every tensor is checked against the config before any data is read, and each one
+is memory-mapped and converted to fp32 on its own: bf16 has no numpy dtype, so its bits are
+widened (bf16 is the top half of an fp32). Anything wrong is refused naming the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+INDEX = "model.safetensors.index.json"
+DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}   # BF16 read as raw bits
+
+
+class CheckpointError(ValueError):
+    """The checkpoint is incomplete, damaged, or holds what the config does not describe."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int           # absolute byte offsets in the file
+    end: int
+
+
+def read_index(folder: Path) -> dict[str, TensorEntry]:
+    """name -> where its bytes are, over all shards; checks shards exist and headers parse."""
+    entries: dict[str, TensorEntry] = {}
+    for file, names in _shards(folder).items():
+        header = _header(file)
+        for name in names or header:
+            if name not in header:
+                raise CheckpointError(f"tensor {name}: the index puts it in {file.name}, which does not hold it")
+            entries[name] = header[name]
+    return entries
+
+
+def _shards(folder: Path) -> dict[Path, list[str] | None]:
+    """file -> the names the index assigns to it (None: whatever the file holds)."""
+    index = folder / INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map") or {}
+        shards: dict[Path, list[str]] = {}
+        for name, file in weight_map.items():
+            shards.setdefault(folder / file, []).append(name)
+        for file, names in shards.items():
+            if not file.is_file():
+                raise CheckpointError(f"tensor {names[0]}: its shard {file.name} (from {INDEX}) is missing")
+        return shards
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {folder}")
+    return {f: None for f in files}
+
+
+def _header(file: Path) -> dict[str, TensorEntry]:
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise CheckpointError(f"{file.name} is not a safetensors file (shorter than its header)")
+        (length,) = struct.unpack("<Q", raw)
+        if length > size - 8:
+            raise CheckpointError(f"{file.name} is truncated (its header runs past the end)")
+        try:
+            header = json.loads(f.read(length))
+        except ValueError:
+            raise CheckpointError(f"{file.name} has a damaged safetensors header") from None
+    header.pop("__metadata__", None)
+    base = 8 + length
+    entries = {}
+    for name, e in header.items():
+        start, end = (base + o for o in e["data_offsets"])
+        if end > size:
+            raise CheckpointError(f"tensor {name}: {file.name} is truncated (its data runs past the end)")
+        entries[name] = TensorEntry(file, e["dtype"], tuple(e["shape"]), start, end)
+    return entries
+
+
+def check_tensors(entries: dict[str, TensorEntry], expected: dict[str, tuple[int, ...]]) -> None:
+    """Refuse a missing tensor, a shape the config does not imply, or a dtype kiln cannot read."""
+    for name, shape in expected.items():
+        e = entries.get(name)
+        if e is None:
+            raise CheckpointError(f"incomplete checkpoint: tensor {name} is missing")
+        if e.dtype not in DTYPES:
+            raise CheckpointError(f"tensor {name} has dtype {e.dtype}; kiln reads {', '.join(DTYPES)}")
+        if e.shape != shape:
+            raise CheckpointError(f"tensor {name} has shape {list(e.shape)}, the config implies {list(shape)}")
+        if e.end - e.start != np.dtype(DTYPES[e.dtype]).itemsize * int(np.prod(shape)):
+            raise CheckpointError(f"tensor {name}: its byte range does not match its shape and dtype")
+
+
+def load_fp32(entry: TensorEntry) -> np.ndarray:
+    """One tensor as fp32, read through a memory map (only this tensor's pages are touched)."""
+    count = int(np.prod(entry.shape))
+    raw = np.memmap(entry.file, dtype=DTYPES[entry.dtype], mode="r", offset=entry.start, shape=(count,))
+    if entry.dtype == "BF16":
+        out = (raw.astype(np.uint32) << 16).view(np.float32)
+    else:
+        out = raw.astype(np.float32)
+    return out.reshape(entry.shape)
+
+
+def load_tensors(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    entries = read_index(folder)
+    check_tensors(entries, expected)
+    return {name: load_fp32(entries[name]) for name in expected}
