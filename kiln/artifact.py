@@ -68,12 +68,6 @@ class EngineArtifact:
     def tokenizer_dir(self) -> Path:
         return self.path / TOKENIZER_DIR
 
-    def engine_file(self, backend: str = "ort") -> Path:
-        for e in self.manifest.engines:
-            if e["backend"] == backend:
-                return self.path / e["file"]
-        raise ArtifactError(f"{self.path} has no {backend} engine; rebuild with `kiln build --backend {backend}`")
-
     @classmethod
     def load(cls, path: str | Path, verify: bool = True) -> "EngineArtifact":
         path = Path(path)

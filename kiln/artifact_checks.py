@@ -66,7 +66,8 @@ def _check_kv_layout(path: Path, m: Manifest) -> None:
     s, kv = m.spec, m.kv_layout
     if (kv.num_layers, kv.num_kv_heads, kv.head_dim) != (s.num_layers, s.num_kv_heads, s.head_dim):
         raise ArtifactError(f"{path}: the KV layout {kv} does not match the model config; {REBUILD}")
-    for engine in m.engines:
+    # NOTE: only the ORT graph reads kiln's own pool layout; other backends check their cache at load.
+    for engine in (e for e in m.engines if e["backend"] == "ort"):
         for layer_input, shape in engine.get("io", {}).items():
             if layer_input.startswith("key_cache.") and (shape[0], shape[2], shape[3]) != (
                     kv.num_kv_heads, kv.block_size, kv.head_dim):

@@ -34,7 +34,8 @@ def test_round_trip(tiny_llama_artifact):
     assert m.quant["mode"] == "none"
     assert m.kv_layout.block_size == 16 and m.kv_layout.bytes_per_token == 2 * 2 * 2 * 16 * 4
     assert [p["name"] for p in m.passes][0] == "cleanup" and m.passes[-1]["name"] == "kv_io"
-    assert art.engine_file("ort").is_file()
+    assert [e["backend"] for e in m.engines] == ["ort"]
+    assert (art.path / m.engines[0]["file"]).is_file()
     assert (art.tokenizer_dir / "tokenizer.json").is_file()
     assert m.generation["eos_token_ids"] == [258]
 
