@@ -1,19 +1,17 @@
-"""kiln's runtime side by side with its peers on the same SmolLM2 weights, in one process and one run.
+"""kiln's runtime side by side with its peers on the same SmolLM2 weights, in one run.
 
-    .venv/bin/python bench/bench_runtime.py            # full run (~10 min on 2 cores)
+    .venv/bin/python bench/bench_runtime.py            # full run
     .venv/bin/python bench/bench_runtime.py --quick    # smoke run: few tokens, one repetition
 
-Measures, greedy and with exactly N new tokens everywhere, every engine on the same threads:
-- single-stream decode tokens/s: kiln vs HF transformers `generate` (fp32) and vs
-  onnxruntime-genai at the same precision (fp32, int4);
-- 32 concurrent requests, aggregate tokens/s: kiln's in-flight batch vs onnxruntime-genai's
-  static batch of 32 (it has no continuous batching on CPU);
-- TTFT of a 512-token prompt: kiln vs onnxruntime-genai;
-- kiln's Python overhead per decode-only step at batch 32: 1 - time in engine.run / step time.
-Prints a table of ratios against the runtime issue's targets and writes bench/results/runtime.json;
-where kiln misses a target it profiles where the time goes: ONNX Runtime's per-op-type profile of
-kiln's engine next to onnxruntime-genai's for the same step, or cProfile of kiln's Python step.
-These are benchmarks, not tests: nothing here asserts on a time.
+Systems: kiln (each `--kiln BACKEND:QUANT`), ONNX Runtime GenAI (`--genai`), OpenVINO GenAI
+(`--openvino`, in its own environment made by bench/setup_peers.sh) and HF transformers fp32.
+Each runs in a process of its own (runtime_worker.py), one after another, on the same threads,
+greedy, exactly N new tokens, the same token ids. Workloads: TTFT of a 512-token prompt;
+single-stream decode tokens/s (13-token prompt); 8-way and 32-way end-to-end tokens/s (distinct
+13-token prompts submitted together, prefill included); the greedy chat answer to "What is the
+capital of France?". Prints every system's medians, the engine-speed issue's ratios with target
+met/missed, writes bench/results/runtime.json and runtime.png, and, where kiln misses a target,
+profiles where its time goes (runtime_profile.py). Benchmarks, not tests: nothing asserts a time.
 """
 
 from __future__ import annotations
@@ -21,101 +19,132 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-# NOTE: transformers' GGUF loader draws tqdm bars of its own; tqdm reads this when it is imported.
-os.environ.setdefault("TQDM_DISABLE", "1")
 sys.path.insert(0, str(Path(__file__).parent))
-from peers import GenAIRunner, HFRunner, build_genai, load_hf_gguf, write_hf_folder  # noqa: E402
 from runtime_console import console  # noqa: E402
-from runtime_kiln import KilnRunner, ensure_kiln  # noqa: E402
-from runtime_profile import profile_misses  # noqa: E402
-from runtime_report import agreement, phase_split, print_agreement, print_phases, print_table, rows_for, to_json  # noqa: E402,E501
-from runtime_workloads import SIZES, Sizes, make_prompts, measure  # noqa: E402
+from runtime_plot import plot  # noqa: E402
+from runtime_report import (agreement, print_agreement, print_systems, print_targets, summarize,  # noqa: E402
+                            target_rows, to_json)
+from runtime_workloads import SIZES, make_prompts  # noqa: E402
+
+from kiln.tokenizer import Tokenizer  # noqa: E402
 
 HERE = Path(__file__).parent
+PEER_VENV = HERE / ".cache" / "venv-openvino"
 
 
-# -- main -----------------------------------------------------------------------------------------
-
-def setup(args, precisions: list[str]) -> tuple[dict, dict, object]:
-    """Build or load every model; returns kiln runners, genai runners and the HF model."""
-    cache = args.cache
-    with console.status("loading SmolLM2 into HF transformers (fp32, from the GGUF)"):
-        hf_model, hf_tok = load_hf_gguf()
-    hf_dir = write_hf_folder(hf_model, hf_tok, cache / "hf-smollm2")
-    kiln, genai = {}, {}
-    for p in precisions:
-        artifact = ensure_kiln(cache, p)
-        with console.status(f"building onnxruntime-genai {p} (its model builder, offline)"):
-            genai_dir = build_genai(hf_dir, cache / f"genai-{p}", p, cache / "genai-cache")
-        kiln[p] = KilnRunner(artifact, args.threads, p)
-        genai[p] = GenAIRunner(genai_dir, args.threads, p)
-    return kiln, genai, hf_model
+def systems(args) -> list[str]:
+    """The system specs of this run, in the order they run."""
+    specs = [f"kiln:{k}" for k in _split(args.kiln)]
+    specs += [f"genai:{q}" for q in _split(args.genai)] + [f"openvino:{q}" for q in _split(args.openvino)]
+    return specs + (["hf:fp32"] if args.hf else [])
 
 
-def run_all(args, sizes: Sizes, kiln: dict, genai: dict, hf) -> dict:
-    prompts = make_prompts(kiln[next(iter(kiln))].llm.tokenizer, sizes)
-    results = {}
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=console) as progress:
-        for p in kiln:
-            single = [kiln[p], genai[p]] + ([hf] if p == "fp32" else [])
-            results[p] = {
-                "single": measure(single, prompts["single"], sizes.decode_tokens, sizes.reps, progress,
-                                  f"{p} single stream"),
-                "batch": measure([kiln[p], genai[p]], prompts["batch"], sizes.batch_tokens, sizes.reps,
-                                 progress, f"{p} 32 streams"),
-                "ttft": measure([kiln[p], genai[p]], prompts["ttft"], 1, sizes.reps, progress, f"{p} TTFT 512"),
-            }
-    return results
+def _split(csv: str) -> list[str]:
+    return [x.strip() for x in csv.split(",") if x.strip()]
 
 
-def _quiet() -> None:
-    """Keep the progress display readable: no per-tensor bars from transformers, no INFO logs."""
-    import logging
+def write_plan(args, sizes, hf_dir: Path) -> tuple[Path, Tokenizer]:
+    """What every worker reads: sizes, threads, cache, and the prompts as kiln's token ids."""
+    tokenizer = Tokenizer(hf_dir)
+    plan = {"sizes": {**sizes.__dict__, "ways": list(sizes.ways)}, "threads": args.threads,
+            "cache": str(args.cache.resolve()), "hf_dir": str(hf_dir.resolve()),
+            "prompts": make_prompts(tokenizer, sizes)}
+    path = args.cache / "runtime-plan.json"
+    path.write_text(json.dumps(plan))
+    return path, tokenizer
 
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    logging.getLogger("kiln").setLevel(logging.WARNING)
+def ensure_hf_dir(cache: Path) -> Path:
+    """The plain HF folder (from the GGUF) the peers' builders read and the tokenizer comes from."""
+    out = cache / "hf-smollm2"
+    if not (out / "config.json").is_file():
+        with console.status("writing SmolLM2 as a plain HF folder (from the GGUF, once)"):
+            code = f"import peers, pathlib; peers.ensure_hf_folder(pathlib.Path({str(out)!r}))"
+            subprocess.run([sys.executable, "-c", code], cwd=HERE, check=True)
+    return out
+
+
+def peer_python(spec: str) -> str:
+    """The interpreter a system's worker runs in: OpenVINO GenAI's own environment, made on demand."""
+    if not spec.startswith("openvino:"):
+        return sys.executable
+    if not hasattr(peer_python, "ready"):
+        with console.status("checking the OpenVINO GenAI environment (bench/setup_peers.sh)"):
+            subprocess.run(["bash", str(HERE / "setup_peers.sh")], check=True)
+        peer_python.ready = True
+    return str(PEER_VENV / "bin" / "python")
+
+
+def run_system(spec: str, plan: Path, cache: Path) -> dict:
+    out = cache / f"runtime-result-{spec.replace(':', '-')}.json"
+    out.unlink(missing_ok=True)
+    cmd = [peer_python(spec), str(HERE / "runtime_worker.py"), spec, "--plan", str(plan), "--out", str(out)]
+    done = subprocess.run(cmd, env={**os.environ, "TQDM_DISABLE": "1"})
+    if done.returncode != 0 or not out.is_file():
+        return {"system": spec, "error": f"worker exited {done.returncode}"}
+    return json.loads(out.read_text())
+
+
+def profile(args, rows, plan: Path) -> dict:
+    """Per-op profiles of kiln's engine (next to onnxruntime-genai's where it is the peer), in a process of its own."""
+    cases = sorted({c for r in rows if args.profile == "always" or r.met is False for c in r.cases
+                    if c[0].startswith("kiln:ort:")}, key=str)
+    if args.profile == "never" or not cases:
+        return {}
+    out = args.cache / "runtime-profiles.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, str(HERE / "runtime_profile.py"), "--plan", str(plan), "--cases", json.dumps(cases),
+           "--out", str(out)]
+    done = subprocess.run(cmd, env={**os.environ, "TQDM_DISABLE": "1"})
+    return json.loads(out.read_text()) if done.returncode == 0 and out.is_file() else {"error": done.returncode}
+
+
+def parse(argv) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: few tokens, one repetition")
+    ap.add_argument("--kiln", default="ort:int4,ort:int8,ort:fp32",
+                    help="kiln artifacts as BACKEND:QUANT, comma-separated (e.g. ort:int8,openvino:int8)")
+    ap.add_argument("--genai", default="int4,fp32", help="onnxruntime-genai precisions ('' for none)")
+    ap.add_argument("--openvino", default="int8,int4,fp32", help="OpenVINO GenAI precisions ('' for none)")
+    ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True, help="HF transformers fp32")
+    ap.add_argument("--threads", type=int, default=2, help="intra-op threads for every system")
+    ap.add_argument("--cache", type=Path, default=HERE / ".cache", help="built models (reused)")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "runtime.json")
+    ap.add_argument("--plot", type=Path, default=HERE / "results" / "runtime.png")
+    ap.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
+                    help="profile where kiln's time goes: only for missed targets by default")
+    return ap.parse_args(argv)
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run: few tokens, one repetition")
-    ap.add_argument("--precisions", default="fp32,int4", help="comma-separated: fp32, int4 (int8: untried)")
-    ap.add_argument("--threads", type=int, default=2, help="intra-op threads for every engine")
-    ap.add_argument("--cache", type=Path, default=HERE / ".cache", help="built models (reused)")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "runtime.json")
-    ap.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
-                    help="profile where kiln's time goes: only for missed targets by default")
-    args = ap.parse_args(argv)
+    args = parse(argv)
     sizes = SIZES["quick" if args.quick else "full"]
-    precisions = args.precisions.split(",")
-    load_start = os.getloadavg()
-    _quiet()
-    kiln, genai, hf_model = setup(args, precisions)
-    results = run_all(args, sizes, kiln, genai, HFRunner(hf_model, args.threads))
-    rows = [row for p in precisions for row in rows_for(p, results[p])]
+    args.cache.mkdir(parents=True, exist_ok=True)
+    plan, tokenizer = write_plan(args, sizes, ensure_hf_dir(args.cache))
+    specs, load_start, results = systems(args), os.getloadavg(), {}
+    for i, spec in enumerate(specs, 1):
+        console.rule(f"[{i}/{len(specs)}] {spec}")
+        results[spec] = run_system(spec, plan, args.cache)
     load_end = os.getloadavg()
-    print_table(rows)
-    phases = phase_split(results)
-    print_phases(phases)
-    print_agreement(agreement(results), sizes.decode_tokens)
+    summaries = [summarize(results[s], tokenizer) for s in specs]
+    rows = target_rows(summaries)
+    print_systems(summaries)
+    print_targets(rows)
+    same = agreement(summaries)
+    if same:
+        print_agreement(same, sizes.decode_tokens)
     console.print(f"load average (1 min) at start {load_start[0]:.2f}, at end {load_end[0]:.2f} "
                   f"on {os.cpu_count()} CPUs: anything well above 0 means shared cores and noisy figures")
-    profiles = {}
-    if args.profile != "never":
-        cases = {c for r in rows if args.profile == "always" or not r.met for c in r.cases}
-        profiles = profile_misses(sorted(cases), kiln, genai, make_prompts(kiln[precisions[0]].llm.tokenizer, sizes))
+    profiles = profile(args, rows, plan)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(to_json(args, sizes, rows, results, (load_start, load_end), profiles), indent=1))
-    console.print(f"wrote {args.out}")
+    args.out.write_text(json.dumps(to_json(args, sizes, summaries, rows, results, (load_start, load_end),
+                                           profiles), indent=1))
+    title = f"kiln vs peers, SmolLM2-135M, {args.threads} threads{' (quick)' if args.quick else ''}"
+    console.print(f"wrote {args.out} and {plot(summaries, args.plot, title)}")
 
 
 if __name__ == "__main__":

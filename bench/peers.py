@@ -3,6 +3,7 @@
 - HF transformers `generate` in fp32, loaded from the same GGUF file kiln builds from.
 - ONNX Runtime GenAI (fp32 and int4), built by its own model builder from a plain HF folder that
   is written from that GGUF-loaded model (the builder cannot read a GGUF file).
+- OpenVINO GenAI: peer_openvino.py (it runs in an environment of its own).
 
 Every runner answers `generate(prompts, n) -> Run`: greedy, exactly n new tokens per prompt,
 timed with perf_counter in this process. Building models is setup, done before any timing.
@@ -23,7 +24,7 @@ import numpy as np
 
 @dataclass
 class Run:
-    first_token_s: float          # start -> first new token of any sequence (prefill + one sample)
+    first_token_s: float | None   # start -> first new token of any sequence; None where not observable
     total_s: float                # start -> all n tokens of every sequence
     token_ids: list[list[int]]    # the new tokens, per prompt
 
@@ -49,6 +50,13 @@ def load_hf_gguf():
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     return model.eval(), tok
+
+
+def ensure_hf_folder(out: Path) -> Path:
+    """The plain HF folder the peers' builders read, written once from the GGUF-loaded model."""
+    if (out / "config.json").is_file():
+        return out
+    return write_hf_folder(*load_hf_gguf(), out)
 
 
 def write_hf_folder(model, tokenizer, out: Path) -> Path:
@@ -93,9 +101,9 @@ def build_genai(hf_dir: Path, out: Path, precision: str, cache: Path) -> Path:
 # -- runners --------------------------------------------------------------------------------------
 
 class HFRunner:
-    """transformers `generate`, one prompt at a time (its streamer times the first token)."""
+    """transformers `generate`: its streamer times the first token; a batch takes equal-length prompts."""
 
-    name = "HF transformers"
+    name = "HF transformers fp32"
 
     def __init__(self, model, threads: int):
         import torch
@@ -104,8 +112,8 @@ class HFRunner:
         self.model = model
 
     def generate(self, prompts: list[list[int]], n: int) -> Run:
-        if len(prompts) != 1:
-            raise ValueError("HFRunner measures single-stream decode only")
+        if len({len(p) for p in prompts}) != 1:
+            raise ValueError("a batch without padding takes equal-length prompts")
         import torch
 
         clock = _FirstTokenClock()
@@ -116,7 +124,7 @@ class HFRunner:
                                       min_new_tokens=n, do_sample=False, streamer=clock,
                                       pad_token_id=self.model.config.eos_token_id)
         total = time.perf_counter() - t0
-        return Run(clock.first - t0, total, [out[0, ids.shape[1]:].tolist()])
+        return Run(clock.first - t0, total, out[:, ids.shape[1]:].tolist())
 
 
 def _FirstTokenClock():

@@ -1,37 +1,58 @@
 """Where kiln's time goes, for the targets it misses: ONNX Runtime's per-op-type profile of kiln's
-engine next to onnxruntime-genai's for the same step, and cProfile of kiln's Python step."""
+engine next to onnxruntime-genai's for the same step (kiln's alone where the peer is not genai), and
+cProfile of kiln's Python step. bench_runtime.py runs it as a process of its own, after the systems:
+
+    python bench/runtime_profile.py --plan PLAN.json --cases '[["kiln:ort:int4", "genai:int4", 1, "decode"]]' --out OUT
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
-from peers import GenAIRunner
-from rich.table import Table
-from runtime_console import console
-from runtime_kiln import KilnRunner
+sys.path.insert(0, str(Path(__file__).parent))
+from peers import GenAIRunner  # noqa: E402
+from rich.table import Table  # noqa: E402
+from runtime_console import console  # noqa: E402
+from runtime_kiln import KilnRunner, ensure_kiln  # noqa: E402
 
 HERE = Path(__file__).parent
+GENAI = "onnxruntime-genai"
 
 
-def profile_misses(cases: list[tuple], kiln: dict, genai: dict, prompts: dict) -> dict:
-    out = {}
-    for precision, batch, phase in cases:
-        key = f"{precision}, B={batch}, {phase}"
+def profile_misses(cases: list[tuple], plan: dict) -> dict:
+    """cases: (kiln spec, genai spec or None, batch, phase); phase is prefill, decode or python."""
+    out, runners = {}, {}
+    prompts = plan["prompts"]
+    for kiln_spec, genai_spec, batch, phase in cases:
+        key = f"{kiln_spec} vs {genai_spec or '-'}, B={batch}, {phase}"
+        kiln = runners.get(kiln_spec) or runners.setdefault(kiln_spec, _kiln_runner(kiln_spec, plan))
         if phase == "python":
-            out[key] = profile_python(kiln[precision], prompts["batch"])
+            out[key] = profile_python(kiln, prompts[f"{batch}-way"])
             continue
-        workload = prompts["batch"] if batch > 1 else prompts["ttft" if phase == "prefill" else "single"]
+        workload = prompts[f"{batch}-way"] if batch > 1 else prompts["ttft" if phase == "prefill" else "single"]
+        genai = _genai_dir(genai_spec, plan)
         with console.status(f"profiling {key}"):
-            out[key] = profile_engines(kiln[precision], genai[precision], workload, phase)
+            out[key] = profile_engines(kiln, genai, plan["threads"], workload, phase)
         print_ops(key, out[key])
     return out
 
 
-def profile_engines(kiln: KilnRunner, genai: GenAIRunner, prompts: list[list[int]], phase: str,
+def _kiln_runner(spec: str, plan: dict) -> KilnRunner:
+    _, backend, quant = spec.split(":")
+    return KilnRunner(ensure_kiln(Path(plan["cache"]), backend, quant), plan["threads"], f"{backend} {quant}")
+
+
+def _genai_dir(spec: str | None, plan: dict) -> Path | None:
+    return Path(plan["cache"]) / f"genai-{spec.split(':')[1]}" if spec else None
+
+
+def profile_engines(kiln: KilnRunner, genai_dir: Path | None, threads: int, prompts: list[list[int]], phase: str,
                     rounds: int = 3) -> dict[str, dict[str, float]]:
     """ORT's per-op profile of kiln's engine and genai's for the same generate, round-robin.
 
@@ -43,36 +64,49 @@ def profile_engines(kiln: KilnRunner, genai: GenAIRunner, prompts: list[list[int
 
     n = 1 if phase == "prefill" else 8
     prefix = HERE / ".cache" / f"profile-genai-{time.time_ns()}"
-    peer = GenAIRunner(genai.model_dir, genai.threads, "profiled", {"enable_profiling": str(prefix)})
-    engine, shapes, starts = _swap_in_profiling(kiln)
+    peer = GenAIRunner(genai_dir, threads, "profiled", {"enable_profiling": str(prefix)}) if genai_dir else None
+    engine, recorder = _swap_in_profiling(kiln)
+    starts = []
     try:
         for _ in range(rounds):
-            starts.append(len(shapes))
+            starts.append(len(recorder.shapes))
             kiln.generate(prompts, n)
-            peer.generate(prompts, n)
+            if peer:
+                peer.generate(prompts, n)
     finally:
-        kiln.llm.core.engine = kiln.llm.core.runner.engine = engine.original
-    kiln_units = _kiln_units(_model_runs(engine.session.end_profiling()), shapes, starts[1:] + [len(shapes)], phase)
+        engine.session = recorder.original
+    shapes = recorder.shapes
+    kiln_units = _kiln_units(_model_runs(recorder.session.end_profiling()), shapes, starts[1:] + [len(shapes)], phase)
+    if peer is None:
+        return {"kiln": _median(kiln_units)}
     del peer
     gc.collect()                                       # genai writes its profile when the session goes
     genai_runs = _model_runs(str(max(prefix.parent.glob(prefix.name + "*.json"), key=os.path.getmtime)))
     per_generate = [genai_runs[i:i + n] for i in range(n, len(genai_runs), n)]
     genai_units = [g[0] for g in per_generate] if phase == "prefill" else [r for g in per_generate for r in g[1:]]
-    return {"kiln": _median(kiln_units), "onnxruntime-genai": _median(genai_units)}
+    return {"kiln": _median(kiln_units), GENAI: _median(genai_units)}
+
+
+class _RecordingSession:
+    """A profiling session in the engine's place; remembers each call's [batch, seq] shape."""
+
+    def __init__(self, session, original):
+        self.session, self.original, self.shapes = session, original, []
+
+    def run(self, names, feeds):
+        self.shapes.append(feeds["input_ids"].shape)
+        return self.session.run(names, feeds)
 
 
 def _swap_in_profiling(runner: KilnRunner):
-    """A copy of kiln's engine on a profiling session, put where the core and the runner call it."""
-    import copy
-
-    core = runner.llm.core
-    engine = copy.copy(core.engine)
-    engine.original = core.engine
-    engine.session = _profiling_session(runner.llm.artifact.engine_file("ort"), core.engine.threads)
-    shapes, run = [], engine.run
-    engine.run = lambda feeds: (shapes.append(feeds["input_ids"].shape), run(feeds))[1]
-    core.engine = core.runner.engine = engine
-    return engine, shapes, []
+    """kiln's ORT engine (Engine.execute -> session.run per bucket call) on a profiling session."""
+    engine = runner.llm.core.engine
+    if not hasattr(engine, "session"):
+        raise SystemExit(f"{runner.name}: per-op profiles need the ONNX Runtime backend")
+    recorder = _RecordingSession(_profiling_session(runner.llm.artifact.engine_file("ort"), engine.threads),
+                                 engine.session)
+    engine.session = recorder
+    return engine, recorder
 
 
 def _kiln_units(runs: list[dict], shapes: list[tuple], bounds: list[int], phase: str) -> list[dict]:
@@ -90,15 +124,13 @@ def _kiln_units(runs: list[dict], shapes: list[tuple], bounds: list[int], phase:
 def _profiling_session(model_path: Path, threads: int):
     import onnxruntime as ort
 
+    from kiln.engines.ort_session import cpu_session, session_options
+
     # The options kiln's OrtEngine uses (the artifact is optimized offline), plus profiling.
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts = session_options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     opts.enable_profiling = True
     opts.profile_file_prefix = str(HERE / ".cache" / "profile-kiln")
-    opts.log_severity_level = 3
-    return ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
+    return cpu_session(str(model_path), opts)
 
 
 NODES, CALLS = "(nodes run)", "(engine calls)"
@@ -141,7 +173,7 @@ def _median(units: list[dict[str, float]]) -> dict[str, float]:
 
 
 def print_ops(key: str, ops: dict[str, dict[str, float]], top: int = 12) -> None:
-    kiln, peer = ops["kiln"], ops["onnxruntime-genai"]
+    kiln, peer = ops["kiln"], ops.get(GENAI, {})
     per = "prefill of one generate" if key.endswith("prefill") else "one decode call"
     table = Table(title=f"where the engine time goes: {key} (median ms for {per}, by op type)")
     for col in ("op type", "kiln", "onnxruntime-genai"):
@@ -177,3 +209,20 @@ def profile_python(runner: KilnRunner, prompts: list[list[int]], n: int = 16, to
         table.add_row(name, str(calls), f"{tt:.3f}", f"{ct:.3f}")
     console.print(table)
     return [dict(zip(("function", "calls", "self_s", "cumulative_s"), r)) for r in rows]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--plan", type=Path, required=True)
+    ap.add_argument("--cases", required=True, help="JSON list of [kiln spec, genai spec or null, batch, phase]")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    import logging
+
+    logging.getLogger("kiln").setLevel(logging.WARNING)
+    out = profile_misses([tuple(c) for c in json.loads(args.cases)], json.loads(args.plan.read_text()))
+    args.out.write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,119 +1,170 @@
-"""bench_runtime.py's results: the ratio rows against the targets, tables, agreement and JSON."""
+"""bench_runtime.py's results: one line of medians per system, the issue's ratios against their
+targets, the greedy agreement line, and the JSON."""
 
 from __future__ import annotations
 
 import os
-import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from peers import Run
 from rich.table import Table
 from runtime_console import console
-from runtime_kiln import KilnRun
 from runtime_workloads import Sizes, median
+
+METRICS = {"ttft_ms": ("TTFT 512", "ms"), "1-stream": ("1 stream", "tok/s"),
+           "8-way": ("8-way", "tok/s"), "32-way": ("32-way", "tok/s")}
+
+
+@dataclass
+class Summary:
+    """One system's medians over its repetitions."""
+    system: str                   # the spec: kiln:ort:int8, genai:int4, openvino:int8, hf:fp32
+    name: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    chat: str = ""
+    single_ids: list[int] = field(default_factory=list)
+    overhead_pct: float | None = None  # kiln: 1 - engine time / step time over 32-way decode-only steps
+    setup_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def is_kiln(self) -> bool:
+        return self.system.startswith("kiln:")
+
+    @property
+    def quant(self) -> str:
+        return self.system.rsplit(":", 1)[-1]
+
+
+def summarize(result: dict, tokenizer) -> Summary:
+    if "error" in result:
+        return Summary(result["system"], result.get("name", result["system"]), error=result["error"])
+    runs = {w: [Run(r["first_token_s"], r["total_s"], r["token_ids"]) for r in rs] for w, rs in result["runs"].items()}
+    metrics = {"ttft_ms": 1e3 * median(r.first_token_s for r in runs["ttft"]),
+               "1-stream": median(r.decode_tokens_per_s() for r in runs["single"])}
+    metrics |= {w: median(r.aggregate_tokens_per_s() for r in rs) for w, rs in runs.items() if w.endswith("-way")}
+    answer = runs["chat"][0].token_ids[0]
+    if tokenizer.eos_token_id in answer:
+        answer = answer[:answer.index(tokenizer.eos_token_id)]
+    decode = [r["decode"] for r in result["runs"].get("32-way", []) if "decode" in r]
+    overhead = median(100 * (1 - d["engine_s"] / d["wall_s"]) for d in decode if d["wall_s"]) if decode else None
+    return Summary(result["system"], result["name"], metrics, tokenizer.decode(answer).strip(),
+                   runs["single"][-1].token_ids[0], overhead, result.get("setup_s", 0.0))
+
+
+# -- the issue's targets --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    metric: str                   # a METRICS key
+    kiln_quant: str               # every kiln system of this quant mode is held to it
+    peer: str                     # the peer's system spec
+    bound: float                  # on kiln / peer
+    higher_is_better: bool
+    profile: tuple = ()           # (batch, phase) to profile where it misses
+
+
+TARGETS = [Target("ttft_ms", "int8", "openvino:int8", 1.0, False, ((1, "prefill"),)),
+           Target("1-stream", "int4", "genai:int4", 1.2, True, ((1, "decode"),)),
+           Target("1-stream", "int8", "openvino:int8", 1.0, True, ((1, "decode"),)),
+           Target("32-way", "int8", "openvino:int8", 1.2, True, ((32, "prefill"), (32, "decode")))]
+OVERHEAD_PCT = 15.0               # kiln's Python share of a decode-only step at batch 32
 
 
 @dataclass
 class Row:
     metric: str
-    kiln: float
+    kiln_name: str
+    kiln: float | None
     peer_name: str
     peer: float | None
-    unit: str                     # "tok/s", "ms" or "%"
-    target: float                 # on the ratio kiln/peer, or on kiln's value where there is no peer
+    unit: str
+    target: float
     higher_is_better: bool
-    cases: tuple                  # ((precision, batch, phase), ...): what to profile if it misses
+    met: bool | None              # None: a side is missing
+    cases: tuple = ()             # ((kiln spec, peer spec or None, batch, phase), ...) to profile
 
     @property
     def ratio(self) -> float | None:
-        return self.kiln / self.peer if self.peer else None
-
-    @property
-    def met(self) -> bool:
-        value = self.ratio if self.peer is not None else self.kiln
-        return value >= self.target if self.higher_is_better else value <= self.target
+        return self.kiln / self.peer if self.kiln is not None and self.peer else None
 
 
-def rows_for(precision: str, results: dict) -> list[Row]:
-    k, g = f"kiln {precision}", f"onnxruntime-genai {precision}"
-    single, batch, ttft = results["single"], results["batch"], results["ttft"]
-    dec, agg = Run.decode_tokens_per_s, Run.aggregate_tokens_per_s
+def target_rows(summaries: list[Summary]) -> list[Row]:
+    by_spec = {s.system: s for s in summaries if s.error is None}
     rows = []
-    if "HF transformers" in single:
-        rows.append(Row(f"decode tok/s, 1 stream, {precision}", median(single[k], dec), "HF transformers",
-                        median(single["HF transformers"], dec), "tok/s", 3.0, True, ((precision, 1, "decode"),)))
-    rows += [
-        Row(f"decode tok/s, 1 stream, {precision}", median(single[k], dec), g, median(single[g], dec),
-            "tok/s", 1.0, True, ((precision, 1, "decode"),)),
-        Row(f"aggregate tok/s, 32 streams, {precision}", median(batch[k], agg), g, median(batch[g], agg),
-            "tok/s", 1.2, True, ((precision, 32, "prefill"), (precision, 32, "decode"))),
-        Row(f"TTFT, 512-token prompt, {precision}", 1e3 * median(ttft[k], lambda r: r.first_token_s), g,
-            1e3 * median(ttft[g], lambda r: r.first_token_s), "ms", 1.0, False, ((precision, 1, "prefill"),)),
-        Row(f"Python overhead / decode step, B=32, {precision}", 100 * median(batch[k], lambda r: r.decode.overhead),
-            "", None, "%", 15.0, False, ((precision, 32, "python"),)),
-    ]
+    for k in (s for s in summaries if s.is_kiln and s.error is None):
+        for t in (t for t in TARGETS if t.kiln_quant == k.quant):
+            rows.append(_ratio_row(t, k, by_spec.get(t.peer)))
+        rows.append(Row("chat answer names Paris", k.name, None, "", None, "", 1, True, "Paris" in k.chat))
+        if k.overhead_pct is not None:
+            rows.append(Row("Python overhead / decode step, B=32", k.name, k.overhead_pct, "", None, "%",
+                            OVERHEAD_PCT, False, k.overhead_pct <= OVERHEAD_PCT, ((k.system, None, 32, "python"),)))
     return rows
 
 
-def print_table(rows: list[Row]) -> None:
-    table = Table(title="kiln vs peers (median of repetitions; same weights, greedy, same threads)")
-    for col in ("metric", "kiln", "peer", "peer value", "ratio", "target", "met?"):
-        table.add_column(col, justify="left" if col in ("metric", "peer") else "right")
+def _ratio_row(t: Target, k: Summary, peer: Summary | None) -> Row:
+    label, unit = METRICS[t.metric]
+    mine, theirs = k.metrics.get(t.metric), peer.metrics.get(t.metric) if peer else None
+    met = None
+    if mine is not None and theirs:
+        met = mine / theirs >= t.bound if t.higher_is_better else mine / theirs <= t.bound
+    # Profiling compares against onnxruntime-genai only (same runtime, per-op profiles match).
+    genai = t.peer if t.peer.startswith("genai:") else None
+    return Row(label, k.name, mine, peer.name if peer else t.peer, theirs, unit, t.bound, t.higher_is_better, met,
+               tuple((k.system, genai, b, phase) for b, phase in t.profile))
+
+
+# -- printing -------------------------------------------------------------------------------------
+
+def print_systems(summaries: list[Summary]) -> None:
+    table = Table(title="every system, median of repetitions (same weights, greedy, same threads)")
+    for col in ("system", *(label for label, _ in METRICS.values()), "chat answer"):
+        table.add_column(col, justify="left" if col in ("system", "chat answer") else "right")
+    for s in summaries:
+        if s.error:
+            table.add_row(s.name, *["—"] * len(METRICS), f"[red]failed: {s.error}[/]")
+            continue
+        cells = [_fmt(s.metrics.get(m), unit) for m, (_, unit) in METRICS.items()]
+        table.add_row(s.name, *cells, _short(s.chat))
+    console.print(table)
+
+
+def print_targets(rows: list[Row]) -> None:
+    table = Table(title="the issue's targets (ratio = kiln / peer)")
+    for col in ("metric", "kiln", "value", "peer", "peer value", "ratio", "target", "met?"):
+        table.add_column(col, justify="left" if col in ("metric", "kiln", "peer") else "right")
     for r in rows:
-        ratio = f"{r.ratio:.2f}×" if r.ratio is not None else "—"
         sign = "≥" if r.higher_is_better else "≤"
-        target = f"{sign} {r.target:g}%" if r.peer is None else f"{sign} {r.target:g}×"
-        met = "[green]yes[/]" if r.met else "[red]no[/]"
-        peer_value = _fmt(r.peer, r.unit) if r.peer is not None else "—"
-        table.add_row(r.metric, _fmt(r.kiln, r.unit), r.peer_name or "—", peer_value, ratio, target, met)
+        target = "" if not r.unit else f"{sign} {r.target:g}{'%' if r.unit == '%' else '×'}"
+        ratio = f"{r.ratio:.2f}×" if r.ratio is not None else "—"
+        met = {True: "[green]met[/]", False: "[red]missed[/]", None: "[yellow]not measured[/]"}[r.met]
+        table.add_row(r.metric, r.kiln_name, _fmt(r.kiln, r.unit), r.peer_name or "—", _fmt(r.peer, r.unit),
+                      ratio, target, met)
     console.print(table)
 
 
-def phase_split(results: dict) -> list[dict]:
-    """Where the 32-stream runs' time went: steps that prefill (kiln's also decode the requests
-    already prefilled), then decoding alone, per step. Medians over the repetitions."""
-    out = []
-    for precision, res in results.items():
-        for name, runs in res["batch"].items():
-            out.append({"precision": precision, "system": name,
-                        "prefill_phase_s": statistics.median(_prefill_phase(r) for r in runs),
-                        "decode_ms_per_step": statistics.median(_decode_step_ms(r) for r in runs),
-                        "total_s": statistics.median(r.total_s for r in runs)})
-    return out
-
-
-def _prefill_phase(r: Run) -> float:
-    return r.total_s - r.decode.wall_s if isinstance(r, KilnRun) else r.first_token_s
-
-
-def _decode_step_ms(r: Run) -> float:
-    if isinstance(r, KilnRun):
-        return 1e3 * r.decode.wall_s / max(r.decode.steps, 1)
-    return 1e3 * (r.total_s - r.first_token_s) / max(len(r.token_ids[0]) - 1, 1)
-
-
-def print_phases(phases: list[dict]) -> None:
-    table = Table(title="32 streams: where each run's time goes (median)")
-    for col in ("precision", "system", "prefill phase s", "decode ms/step (B=32)", "total s"):
-        table.add_column(col, justify="left" if col in ("precision", "system") else "right")
-    for p in phases:
-        table.add_row(p["precision"], p["system"], f"{p['prefill_phase_s']:.2f}", f"{p['decode_ms_per_step']:.1f}",
-                      f"{p['total_s']:.2f}")
-    console.print(table)
-
-
-def _fmt(value: float, unit: str) -> str:
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
     return f"{value:.1f} %" if unit == "%" else f"{value:,.1f} {unit}"
 
 
-def agreement(results: dict) -> dict[str, int]:
-    """Single stream: greedy tokens each system shares with the first kiln run before they differ.
+def _short(text: str, width: int = 48) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
 
-    Checks that everyone did the same work; quantized engines may part early (near-ties)."""
-    singles = {name: runs[-1].token_ids[0] for res in results.values() for name, runs in res["single"].items()}
-    ref = singles[next(n for n in singles if n.startswith("kiln"))]
-    return {name: next((i for i, (a, b) in enumerate(zip(ref, toks)) if a != b), min(len(ref), len(toks)))
-            for name, toks in singles.items()}
+
+def agreement(summaries: list[Summary]) -> dict[str, int]:
+    """Single stream: greedy tokens each system shares with the reference (kiln fp32, else the
+    first kiln system) before they differ. fp32 peers should match; quantized ones part at near-ties."""
+    ok = [s for s in summaries if s.error is None]
+    kiln = [s for s in ok if s.is_kiln]
+    if not kiln:
+        return {}
+    ref = next((s for s in kiln if s.quant == "fp32"), kiln[0])
+    ok = [ref] + [s for s in ok if s is not ref]        # NOTE: the reference comes first
+    return {s.name: next((i for i, (a, b) in enumerate(zip(ref.single_ids, s.single_ids)) if a != b),
+                         min(len(ref.single_ids), len(s.single_ids))) for s in ok}
 
 
 def print_agreement(same: dict[str, int], n: int) -> None:
@@ -122,20 +173,19 @@ def print_agreement(same: dict[str, int], n: int) -> None:
     console.print(f"greedy tokens (of {n}) matching {ref} before the first difference: {parts}")
 
 
-def to_json(args, sizes: Sizes, rows: list[Row], results: dict, load: tuple, profiles: dict) -> dict:
-    def run_dict(r: Run) -> dict:
-        d = {"first_token_s": r.first_token_s, "total_s": r.total_s, "new_tokens": sum(map(len, r.token_ids))}
-        if isinstance(r, KilnRun):
-            d["decode_steps"] = {**asdict(r.decode), "overhead": r.decode.overhead,
-                                 "core_overhead": r.decode.core_overhead}
-        return d
+def to_json(args, sizes: Sizes, summaries: list[Summary], rows: list[Row], results: dict, load: tuple,
+            profiles: dict) -> dict:
+    def runs(result: dict) -> dict:
+        return {w: [{"first_token_s": r["first_token_s"], "total_s": r["total_s"],
+                     "new_tokens": sum(map(len, r["token_ids"])), **({"decode": r["decode"]} if "decode" in r else {})}
+                    for r in rs] for w, rs in result.get("runs", {}).items()}
 
     return {"mode": "quick" if args.quick else "full", "sizes": asdict(sizes), "threads": args.threads,
             "machine": {"cpus": os.cpu_count(), "load_avg_start": load[0], "load_avg_end": load[1]},
-            "rows": [{**asdict(r), "ratio": r.ratio, "met": r.met} for r in rows],
-            "runs": {p: {w: {name: [run_dict(r) for r in runs] for name, runs in by.items()}
-                         for w, by in res.items()} for p, res in results.items()},
-            "greedy_agreement_tokens": agreement(results),
+            "systems": {s.system: {"name": s.name, "metrics": s.metrics, "chat_answer": s.chat,
+                                   "python_overhead_pct": s.overhead_pct, "setup_s": s.setup_s, "error": s.error,
+                                   "runs": runs(results[s.system])} for s in summaries},
+            "targets": [{**asdict(r), "ratio": r.ratio} for r in rows],
+            "greedy_agreement_tokens": agreement(summaries),
             "unverified_kiln_builds": {p.name: p.read_text() for p in sorted(args.cache.glob("kiln-*.UNVERIFIED"))},
-            "batch_phases": phase_split(results),
             "profiles": profiles}

@@ -1,0 +1,92 @@
+"""One system of bench_runtime.py, measured in a process of its own.
+
+    python bench/runtime_worker.py SYSTEM --plan PLAN.json --out RESULT.json
+
+SYSTEM is `kiln:BACKEND:QUANT` (kiln:ort:int8), `genai:QUANT`, `openvino:QUANT` or `hf:fp32`.
+The plan (written by bench_runtime.py) holds the sizes, the threads, the cache folder and the
+prompts as token ids. The worker sets its system up (builds or exports the model into the cache:
+setup, not measurement), then times every workload and writes the runs as JSON.
+
+NOTE: one system per process, one process at a time: two ONNX Runtime processes on 2 cores
+collapse each other, and a process that held another runtime's threads and arenas is not a fair
+start. This module imports kiln only for kiln systems: the OpenVINO GenAI peer runs it in an
+environment without kiln.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TQDM_DISABLE", "1")      # NOTE: transformers' GGUF loader draws tqdm bars
+sys.path.insert(0, str(Path(__file__).parent))
+from runtime_workloads import Sizes, measure_system  # noqa: E402
+
+
+def _kiln(variant: str, plan: dict):
+    import logging
+
+    from runtime_kiln import KilnRunner, ensure_kiln
+
+    logging.getLogger("kiln").setLevel(logging.WARNING)
+    backend, quant = variant.split(":")
+    artifact = ensure_kiln(Path(plan["cache"]), backend, quant)
+    return KilnRunner(artifact, plan["threads"], f"{backend} {quant}")
+
+
+def _genai(quant: str, plan: dict):
+    from peers import GenAIRunner, build_genai
+
+    cache = Path(plan["cache"])
+    model_dir = build_genai(Path(plan["hf_dir"]), cache / f"genai-{quant}", quant, cache / "genai-cache")
+    return GenAIRunner(model_dir, plan["threads"], quant)
+
+
+def _openvino(quant: str, plan: dict):
+    from peer_openvino import OpenVINORunner, export_openvino
+
+    model_dir = export_openvino(Path(plan["hf_dir"]), Path(plan["cache"]) / f"openvino-{quant}", quant)
+    return OpenVINORunner(model_dir, plan["threads"], quant)
+
+
+def _hf(quant: str, plan: dict):
+    from peers import HFRunner, load_hf_gguf
+    from transformers.utils import logging as hf_logging
+
+    if quant != "fp32":
+        raise SystemExit("HF transformers runs fp32 only here")
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    return HFRunner(load_hf_gguf()[0], plan["threads"])
+
+
+FAMILIES = {"kiln": _kiln, "genai": _genai, "openvino": _openvino, "hf": _hf}
+
+
+def load_plan(path: Path) -> tuple[dict, Sizes]:
+    plan = json.loads(path.read_text())
+    sizes = plan["sizes"]
+    return plan, Sizes(**{**sizes, "ways": tuple(sizes["ways"])})
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("system")
+    ap.add_argument("--plan", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    plan, sizes = load_plan(args.plan)
+    family, _, variant = args.system.partition(":")
+    t0 = time.perf_counter()
+    runner = FAMILIES[family](variant, plan)
+    setup_s = time.perf_counter() - t0
+    runs = measure_system(runner, plan["prompts"], sizes)
+    args.out.write_text(json.dumps({"system": args.system, "name": runner.name, "setup_s": setup_s, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()
