@@ -79,10 +79,11 @@ def peer_python(spec: str) -> str:
     return str(PEER_VENV / "bin" / "python")
 
 
-def run_system(spec: str, plan: Path, cache: Path) -> dict:
+def run_system(spec: str, plan: Path, cache: Path, setup_only: bool = False) -> dict:
     out = cache / f"runtime-result-{spec.replace(':', '-')}.json"
     out.unlink(missing_ok=True)
-    cmd = [peer_python(spec), str(HERE / "runtime_worker.py"), spec, "--plan", str(plan), "--out", str(out)]
+    cmd = [peer_python(spec), str(HERE / "runtime_worker.py"), spec, "--plan", str(plan), "--out", str(out),
+           *(["--setup-only"] if setup_only else [])]
     done = subprocess.run(cmd, env={**os.environ, "TQDM_DISABLE": "1"})
     if done.returncode != 0 or not out.is_file():
         return {"system": spec, "error": f"worker exited {done.returncode}"}
@@ -115,6 +116,8 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--cache", type=Path, default=HERE / ".cache", help="built models (reused)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "runtime.json")
     ap.add_argument("--plot", type=Path, default=HERE / "results" / "runtime.png")
+    ap.add_argument("--setup-only", action="store_true",
+                    help="build and export every system's model into the cache, measure nothing")
     ap.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
                     help="profile where kiln's time goes: only for missed targets by default")
     return ap.parse_args(argv)
@@ -128,7 +131,11 @@ def main(argv=None) -> None:
     specs, load_start, results = systems(args), os.getloadavg(), {}
     for i, spec in enumerate(specs, 1):
         console.rule(f"[{i}/{len(specs)}] {spec}")
-        results[spec] = run_system(spec, plan, args.cache)
+        results[spec] = run_system(spec, plan, args.cache, args.setup_only)
+    if args.setup_only:
+        for spec, r in results.items():
+            console.print(f"{spec}: " + (r["error"] if "error" in r else f"ready (setup {r['setup_s']:.0f} s)"))
+        return
     load_end = os.getloadavg()
     summaries = [summarize(results[s], tokenizer) for s in specs]
     rows = target_rows(summaries)

@@ -78,12 +78,16 @@ def main(argv=None) -> None:
     ap.add_argument("system")
     ap.add_argument("--plan", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--setup-only", action="store_true", help="build or export the model, measure nothing")
     args = ap.parse_args(argv)
     plan, sizes = load_plan(args.plan)
     family, _, variant = args.system.partition(":")
     t0 = time.perf_counter()
     runner = FAMILIES[family](variant, plan)
     setup_s = time.perf_counter() - t0
+    if args.setup_only:
+        args.out.write_text(json.dumps({"system": args.system, "name": runner.name, "setup_s": setup_s}))
+        return
     runs = measure_system(runner, plan["prompts"], sizes)
     args.out.write_text(json.dumps({"system": args.system, "name": runner.name, "setup_s": setup_s, "runs": runs}))
 
