@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from pathlib import Path
 from typing import AsyncIterator, Sequence
 
 from kiln.artifact import EngineArtifact
 from kiln.config import RuntimeConfig
+from kiln.runtime.engine_client import EngineClient
 from kiln.runtime.engine_core import EngineCore
 from kiln.runtime.outputs import CompletionOutput, OutputProcessor, StreamDelta
 from kiln.runtime.request import Request
@@ -24,7 +26,8 @@ class LLM:
         self.tokenizer = Tokenizer(self.artifact.tokenizer_dir)
         self.outputs = OutputProcessor(self.core, self.tokenizer)
         self._ids = itertools.count()
-        self._async = None
+        self._client: EngineClient | None = None
+        self._client_lock = threading.Lock()
 
     # -- requests -----------------------------------------------------------------------------
     def make_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> Request:
@@ -34,35 +37,34 @@ class LLM:
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         return self.tokenizer.encode_chat(messages)
 
+    # -- the engine client: the one loop that steps the core -------------------------------
+    @property
+    def client(self) -> EngineClient:
+        """Created on first use; generate(), stream() and the servers all go through it."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = EngineClient(self)
+            return self._client
+
     # -- batch API ----------------------------------------------------------------------------
     def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
                  ) -> list[CompletionOutput]:
-        """Run all prompts to completion in one in-flight batch; outputs in prompt order."""
+        """Run all prompts to completion in one in-flight batch; outputs in prompt order.
+        Safe alongside stream() and other generate() calls: they all join the same batch."""
         prompts = [prompts] if isinstance(prompts, str) or _is_token_list(prompts) else list(prompts)
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
-        requests = [self.make_request(p, sp) for p, sp in zip(prompts, params_list)]
-        for r in requests:
-            self.core.add_request(r)
-            self.outputs.add(r)
-        while self.core.has_unfinished():
-            for delta in self.core.step():
-                self.outputs.process(delta)
-        return [self.outputs.result(r) for r in requests]
+        return self.client.complete([self.make_request(p, sp) for p, sp in zip(prompts, params_list)])
 
     def chat(self, conversations: list[list[dict]], params: SamplingParams | None = None) -> list[CompletionOutput]:
         return self.generate([self.chat_prompt(c) for c in conversations], params)
 
     # -- streaming API ------------------------------------------------------------------------
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncIterator[StreamDelta]:
-        from kiln.runtime.async_engine import AsyncEngine
-
-        if self._async is None:
-            self._async = AsyncEngine(self)
-        return self._async.generate(prompt, params or SamplingParams())
+        return self.client.stream(self.make_request(prompt, params or SamplingParams()))
 
     def shutdown(self) -> None:
-        if self._async is not None:
-            self._async.shutdown()
+        if self._client is not None:
+            self._client.shutdown()
 
 
 def _is_token_list(x) -> bool:

@@ -1,4 +1,4 @@
-"""Serving: an OpenAI-compatible HTTP server over the runtime's AsyncEngine (`kiln serve`).
+"""Serving: an OpenAI-compatible HTTP server over the runtime's EngineClient (`kiln serve`).
 
 protocol (request models) -> requests (prompt ids + SamplingParams) -> flights (one engine
 generation, shared by identical requests) -> responses (OpenAI bodies and SSE chunks).

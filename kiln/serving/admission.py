@@ -11,7 +11,7 @@ import math
 import threading
 
 from kiln.config import ServeConfig
-from kiln.serving.engine_client import StepReport
+from kiln.runtime.engine_stats import StepReport
 from kiln.serving.errors import ApiError
 
 

@@ -14,16 +14,16 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from kiln.config import ServeConfig
+from kiln.runtime.engine_client import EngineClient
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.admission import Admission, PrefillRate
-from kiln.config import ServeConfig
-from kiln.serving.engine_client import EngineClient
 from kiln.serving.errors import ApiError, bad_request
 from kiln.serving.generations import Generations
 from kiln.serving.http_io import EventStream, check_api_key, read_json, until_disconnected
 from kiln.serving.metrics import ServerMetrics
 from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from kiln.serving.requests import prepare_chat, prepare_completion
+from kiln.serving.requests import EngineLimits, prepare_chat, prepare_completion
 from kiln.serving.response_cache import ResponseCache
 from kiln.serving.responses import Renderer
 
@@ -40,12 +40,12 @@ class Server:
         self.llm, self.config, self.model_name = llm, config, model_name
         self.metrics = ServerMetrics()
         self.ready = False
-        self.client: EngineClient | None = None
+        self.client: EngineClient = llm.client
+        self.limits = EngineLimits.of(llm.core)
         self.generations: Generations | None = None
 
     def start(self) -> None:
         c = self.config
-        self.client = EngineClient(self.llm)
         rate = PrefillRate()
         self.client.step_listeners += [rate.observe, self.metrics.observe_step]
         admission = Admission(c, rate)
@@ -57,7 +57,7 @@ class Server:
         """One small request through the whole path, so the first user does not pay for it and
         admission control predicts TTFT from a measured prefill rate, not only its prior."""
         ids = (self.llm.tokenizer.encode("Hello world. ") or [0]) * WARM_UP_PROMPT_TOKENS
-        ids = ids[:min(WARM_UP_PROMPT_TOKENS, self.client.limits.max_model_len - 2)]
+        ids = ids[:min(WARM_UP_PROMPT_TOKENS, self.limits.max_model_len - 2)]
         request = self.client.make_request(ids, SamplingParams(max_tokens=1, temperature=0), "kiln-warmup")
         async for _ in self.client.stream(request):
             pass
@@ -65,8 +65,7 @@ class Server:
         log.info("ready: serving %s", self.model_name)
 
     def stop(self) -> None:
-        if self.client is not None:
-            self.client.shutdown()
+        self.client.shutdown()
         log.info("stopped: the engine thread has exited")
 
     def rejected(self, e: ApiError) -> Response:
@@ -132,7 +131,7 @@ async def _models(server: Server, request: HttpRequest) -> Response:
     except ApiError as e:
         return server.rejected(e)
     card = {"id": server.model_name, "object": "model", "created": int(time.time()), "owned_by": "kiln",
-            "max_model_len": server.client.limits.max_model_len}
+            "max_model_len": server.limits.max_model_len}
     return JSONResponse({"object": "list", "data": [card]})
 
 
@@ -163,7 +162,7 @@ async def _prepare(server: Server, request: HttpRequest, kind: str):
     if body.model is not None and body.model != server.model_name:
         raise ApiError(404, f"the model '{body.model}' does not exist; this server serves "
                        f"'{server.model_name}'", "model", "model_not_found")
-    return prepare(body, server.llm.tokenizer, server.client.limits)
+    return prepare(body, server.llm.tokenizer, server.limits)
 
 
 async def _collect(sub) -> list:

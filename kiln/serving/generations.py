@@ -58,7 +58,6 @@ class Generations:
         if flight.cancelled:
             self.metrics.aborted.inc()
         if flight.error is None:
-            reason = flight.finish_reason or "abort"
-            self.metrics.observe_request(flight.request, flight.usage.completion_tokens, reason)
+            self.metrics.observe_request(flight.request, flight.usage.completion_tokens)
         if key is not None and flight.finish_reason in CACHEABLE_FINISH_REASONS:
             self.cache.put(key, flight.recording())

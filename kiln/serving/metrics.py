@@ -1,18 +1,19 @@
 """Prometheus metrics, in a registry of the app's own (so two servers in one process, as in
 tests, never share series). Request latencies come from the engine's timestamps on each Request;
-engine-wide counters and gauges are read from the EngineClient's snapshot at scrape time."""
+the engine's own metrics (engine_metrics.py, the same names as on Triton) are read from the
+engine client's snapshot at scrape time."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from kiln.runtime.engine_stats import StepReport
 from kiln.runtime.request import Request
-from kiln.serving.engine_client import StepReport
+from kiln.serving import engine_metrics as em
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class ServerMetrics:
@@ -32,12 +33,9 @@ class ServerMetrics:
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.decode = Histogram("kiln_request_decode_time_seconds", "First token to finish.",
                                 buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("kiln_batch_size", "Requests per engine step.",
-                                    buckets=BATCH_BUCKETS, registry=r)
+        self.batch_size = Histogram(em.BATCH_SIZE.name, em.BATCH_SIZE.doc, buckets=em.BATCH_BUCKETS, registry=r)
         self.prompt_tokens = Counter("kiln_prompt_tokens", "Prompt tokens of engine requests.", registry=r)
         self.generation_tokens = Counter("kiln_generation_tokens", "Tokens generated.", registry=r)
-        self.finished = Counter("kiln_requests_finished", "Engine requests by finish reason.",
-                                ["finish_reason"], registry=r)
         self.rejected = Counter("kiln_requests_rejected", "Requests refused: 429 by admission bound, "
                                 "or invalid (4xx).", ["reason"], registry=r)
         self.aborted = Counter("kiln_requests_aborted", "Engine requests aborted because every "
@@ -49,8 +47,7 @@ class ServerMetrics:
         """Engine thread; prometheus-client metrics are thread-safe."""
         self.batch_size.observe(step.batch_size)
 
-    def observe_request(self, request: Request, num_generated: int, finish_reason: str) -> None:
-        self.finished.labels(finish_reason).inc()
+    def observe_request(self, request: Request, num_generated: int) -> None:
         self.prompt_tokens.inc(request.num_prompt_tokens)
         self.generation_tokens.inc(num_generated)
         t = request.timings
@@ -75,12 +72,14 @@ class _EngineCollector:
 
     def collect(self):
         s = self.client.snapshot
-        yield _gauge("kiln_requests_running", "Requests in the running batch.", s.num_running)
-        yield _gauge("kiln_requests_waiting", "Requests in the engine's waiting queue.", s.num_waiting)
-        yield _gauge("kiln_kv_blocks_used", "KV-cache blocks held by requests.", s.kv_blocks_used)
-        yield _gauge("kiln_kv_blocks_total", "KV-cache blocks in the pool.", s.kv_blocks_total)
-        yield _gauge("kiln_kv_bytes_used", "Bytes of the KV blocks in use.", s.kv_blocks_used * s.kv_bytes_per_block)
-        yield _gauge("kiln_kv_bytes_total", "Bytes of the KV pool.", s.kv_blocks_total * s.kv_bytes_per_block)
+        for m in em.GAUGES:
+            yield _gauge(m.name, m.doc, getattr(s, m.field))
+        for m in em.COUNTERS:
+            yield _counter(m.name, m.doc, getattr(s, m.field))
+        finished = CounterMetricFamily(em.FINISHED.name, em.FINISHED.doc, labels=[em.FINISH_REASON_LABEL])
+        for reason, n in sorted(s.finished.items()):
+            finished.add_metric([reason], n)
+        yield finished
         yield _gauge("kiln_admission_waiting_requests", "Admitted requests without a first token.",
                      self.admission.pending)
         yield _gauge("kiln_admission_waiting_tokens", "Their prompt tokens.", self.admission.pending_tokens)
@@ -91,13 +90,6 @@ class _EngineCollector:
         cache = self.generations.cache
         yield _gauge("kiln_response_cache_entries", "Responses in the response cache.", len(cache) if cache else 0)
         yield _gauge("kiln_response_cache_bytes", "Their estimated size.", cache.nbytes if cache else 0)
-        yield _counter("kiln_preemptions", "Requests preempted (freed and recomputed).", s.num_preemptions)
-        yield _counter("kiln_kv_evictions", "Cached KV blocks evicted for reuse.", s.kv_evictions)
-        yield _counter("kiln_kv_allocation_failures", "KV block allocations that did not fit.",
-                       s.kv_allocation_failures)
-        yield _counter("kiln_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                       s.prefix_queries)
-        yield _counter("kiln_prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_hits)
 
 
 def _gauge(name, doc, value):

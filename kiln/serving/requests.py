@@ -21,6 +21,11 @@ class EngineLimits:
     block_size: int
     vocab_size: int
 
+    @classmethod
+    def of(cls, core) -> EngineLimits:
+        return cls(core.scheduler.config.max_model_len, core.kv.num_blocks, core.kv.block_size,
+                   core.artifact.manifest.spec.vocab_size)
+
     @property
     def kv_tokens(self) -> int:
         # NOTE: the last sampled token is never computed, so a request of kv_tokens + 1 still fits.

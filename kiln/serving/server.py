@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from kiln.config import RuntimeConfig
-from kiln.config import ServeConfig
+from kiln.config import RuntimeConfig, ServeConfig
 
 
 def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, announce=print) -> None:

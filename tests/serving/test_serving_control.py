@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from kiln.serving import engine_metrics as em
+
 from serving_flags import TINY_FLAGS
 
 MODEL = "tiny-llama-none"
@@ -200,9 +202,10 @@ def test_single_flight(tiny_server):
 def test_no_response_cache(start_server, tiny_llama_artifact):
     server = start_server(tiny_llama_artifact, *TINY_FLAGS, "--no-response-cache")
     body = {"model": MODEL, "prompt": "again", "max_tokens": 8, "temperature": 0}
+    engine = _engine_requests(server)                           # the warm-up's
     texts = [httpx.post(f"{server.url}/v1/completions", json=body).json()["choices"][0]["text"] for _ in range(2)]
     assert texts[0] == texts[1]                                 # greedy: the same, but computed twice
-    assert _hits(server) == 0 and _engine_requests(server) == 2
+    assert _hits(server) == 0 and _engine_requests(server) == engine + 2
 
 
 # -- metrics ---------------------------------------------------------------------------------------
@@ -226,3 +229,7 @@ def test_metrics_move(tiny_server):
                  "kiln_prefix_cache_hits_total", "kiln_kv_bytes_used", "kiln_requests_aborted_total",
                  "kiln_requests_in_progress", "kiln_response_cache_entries", "kiln_admission_waiting_tokens"):
         assert name in after
+    # The engine's metrics carry the names Triton's metrics port uses (tests/triton_backend checks those).
+    names = [m.name for m in (*em.GAUGES, *em.COUNTERS)] + [f"{em.BATCH_SIZE.name}_count"]
+    assert not [name for name in names if name not in after]
+    assert any(k.startswith(em.FINISHED.name + "{") for k in after)

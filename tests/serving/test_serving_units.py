@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from kiln.config import ServeConfig
+from kiln.runtime.engine_stats import StepReport
 from kiln.runtime.outputs import StreamDelta
 from kiln.serving.admission import Admission, PrefillRate
-from kiln.config import ServeConfig
-from kiln.serving.engine_client import StepReport
 from kiln.serving.errors import ApiError
 from kiln.serving.flights import Recording, Usage
 from kiln.serving.response_cache import ResponseCache

@@ -1,5 +1,5 @@
-"""The backend's pure parts: request tensors -> SamplingParams, replies, and the engine loop with
-fake sinks on the tiny model (no Triton)."""
+"""The backend's pure parts: request tensors -> SamplingParams, replies, and the engine client
+with Triton-like sinks on the tiny model (no Triton)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
 from kiln.runtime.outputs import StreamDelta
-from kiln.serving.triton.engine_loop import EngineLoop
 from kiln.serving.triton.requests import ReplyBuilder, parse_request
 
 
@@ -63,31 +62,33 @@ def test_replies_streamed_or_whole():
 
 
 class ListSink:
-    def __init__(self):
-        self.deltas, self.errors, self.batch_sizes = [], [], []
-        self.cancel, self.closed, self.done = False, False, threading.Event()
+    """Records what the engine client hands a Triton request's sink (as TritonSink does, with the
+    batch size of the step that produced each delta)."""
 
-    def deliver(self, delta, batch_size):
+    def __init__(self, llm):
+        self.llm = llm
+        self.deltas, self.errors, self.batch_sizes = [], [], []
+        self.cancel, self.done = False, threading.Event()
+
+    def deliver(self, delta):
         self.deltas.append(delta)
-        self.batch_sizes.append(batch_size)
+        self.batch_sizes.append(self.llm.core.scheduler.last_step_stats.batch_size)
         if delta.finished:
             self.done.set()
 
-    def fail(self, message):
-        self.errors.append(message)
+    def fail(self, error):
+        self.errors.append(str(error))
         self.done.set()
 
     def cancelled(self):
         return self.cancel
 
-    def close_cancelled(self):
-        self.closed = True
-        self.done.set()
-
 
 @pytest.fixture
 def llm(tiny_llama_artifact):
-    return LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20))
+    llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20))
+    yield llm
+    llm.shutdown()
 
 
 def _wait(predicate, timeout=20.0):
@@ -97,39 +98,39 @@ def _wait(predicate, timeout=20.0):
         time.sleep(0.01)
 
 
-def test_loop_batches_concurrent_requests_and_matches_generate(llm):
+def test_client_batches_concurrent_requests_and_matches_generate(llm):
     greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     prompts = ["The quick brown fox", "Hello", "Once upon a time", "abc"]
     expected = [o.text for o in llm.generate(prompts, greedy)]
     snapshots = []
-    loop = EngineLoop(llm, publish=snapshots.append)
-    sinks = [ListSink() for _ in prompts]
+    llm.client.snapshot_listeners.append(snapshots.append)
+    sinks = [ListSink(llm) for _ in prompts]
     for prompt, sink in zip(prompts, sinks):
-        loop.submit(llm.make_request(prompt, greedy), sink)
+        llm.client.submit(llm.make_request(prompt, greedy), sink)
     for sink in sinks:
         assert sink.done.wait(20)
-    loop.shutdown()
+    _wait(lambda: snapshots[-1].num_running == 0)
     assert ["".join(d.text for d in s.deltas) for s in sinks] == expected
     assert max(b for s in sinks for b in s.batch_sizes) > 1
     last = snapshots[-1]
-    assert last.kv_blocks_used == 0 and last.batch_size == 0 and last.finished == {"length": 4}
+    assert last.kv_blocks_used == 0 and last.finished == {"length": 8}     # generate's 4, then these
     assert last.scheduled_sequences > last.steps        # mean batch above one
 
 
-def test_loop_cancel_frees_blocks_and_bad_prompt_fails(llm):
+def test_cancelled_request_frees_blocks_and_bad_prompt_fails(llm):
     snapshots = []
-    loop = EngineLoop(llm, publish=snapshots.append, publish_interval=0.0)
-    sink = ListSink()
-    loop.submit(llm.make_request("x" * 40, SamplingParams(max_tokens=900, temperature=0, ignore_eos=True)), sink)
+    llm.client.snapshot_listeners.append(snapshots.append)
+    sink = ListSink(llm)
+    llm.client.submit(llm.make_request("x" * 40, SamplingParams(max_tokens=900, temperature=0, ignore_eos=True)), sink)
     _wait(lambda: len(sink.deltas) >= 3)
     assert snapshots[-1].kv_blocks_used > 0
     sink.cancel = True
-    assert sink.done.wait(10) and sink.closed
+    assert sink.done.wait(10)
+    assert sink.deltas[-1].finished and sink.deltas[-1].finish_reason == "abort"
     _wait(lambda: snapshots[-1].kv_blocks_used == 0)
     assert snapshots[-1].finished == {"abort": 1}
 
-    too_long = ListSink()
-    loop.submit(llm.make_request("y" * 2000, SamplingParams()), too_long)
+    too_long = ListSink(llm)
+    llm.client.submit(llm.make_request("y" * 2000, SamplingParams()), too_long)
     assert too_long.done.wait(10)
     assert "max_model_len" in too_long.errors[0]
-    loop.shutdown()

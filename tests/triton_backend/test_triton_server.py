@@ -12,6 +12,7 @@ import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
 from kiln.manifest import MANIFEST
+from kiln.serving import engine_metrics as em
 from kiln.serving.triton.launch import Ports
 from kiln.serving.triton.repo import RepoOptions, render_repository
 
@@ -66,6 +67,10 @@ def test_concurrent_streams_share_one_batch(open_stream, tiny_server, reference)
     steps = after["kiln_steps_total"] - before.get("kiln_steps_total", 0)
     sequences = after["kiln_scheduled_sequences_total"] - before.get("kiln_scheduled_sequences_total", 0)
     assert sequences / steps > 1                                # mean batch size above one
+    # The engine's metrics carry the names `kiln serve` uses over HTTP (tests/serving checks those).
+    names = [m.name for m in (*em.GAUGES, *em.COUNTERS, em.FINISHED)] + [f"{em.BATCH_SIZE.name}_count"]
+    assert not [name for name in names if name not in after]
+    assert after[f"{em.BATCH_SIZE.name}_count"] - before.get(f"{em.BATCH_SIZE.name}_count", 0) == steps
 
 
 def test_cancelled_stream_frees_its_blocks(open_stream, tiny_server):
@@ -78,9 +83,9 @@ def test_cancelled_stream_frees_its_blocks(open_stream, tiny_server):
     assert wait_for(lambda: scrape(tiny_server)["kiln_kv_blocks_used"] > 0)
     stream.close(cancel=True)
     # Aborted (not run to its 900 tokens), and every block back in the pool.
-    metrics = wait_for(lambda: (m := scrape(tiny_server)).get("kiln_requests_finished_total:abort", 0)
-                       > aborts_before and m, timeout=20)
-    assert metrics["kiln_kv_blocks_used"] == 0 and metrics["kiln_num_requests_running"] == 0
+    # NOTE: one snapshot is several metric updates; a scrape may fall between them, so poll for all.
+    wait_for(lambda: (m := scrape(tiny_server)).get("kiln_requests_finished_total:abort", 0) > aborts_before
+             and m["kiln_kv_blocks_used"] == 0 and m["kiln_requests_running"] == 0, timeout=20)
 
 
 @pytest.mark.parametrize("prompt, knobs, message", [

@@ -95,8 +95,8 @@ def scrape(server, model: str = MODEL) -> dict[str, float]:
         if labels.get("model") != model:
             continue
         values[name] = values.get(name, 0.0) + float(value)
-        if "reason" in labels:
-            values[f"{name}:{labels['reason']}"] = float(value)
+        if "finish_reason" in labels:
+            values[f"{name}:{labels['finish_reason']}"] = float(value)
     return values
 
 

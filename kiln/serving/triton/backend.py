@@ -1,22 +1,23 @@
 """Triton python-backend model: kiln's engine core in-process, decoupled (streaming) responses.
 
 The rendered model.py re-exports TritonPythonModel from here. Triton may call execute() with
-requests at any time; each is parsed, tokenized and handed to the engine loop, and execute()
-returns at once. The loop's thread answers through the request's response sender, so all
-concurrent requests of an instance share one in-flight batch.
+requests at any time; each is parsed, tokenized and submitted to the LLM's engine client (the
+one loop every front end uses), and execute() returns at once. The client's thread answers
+through the request's response sender, so all concurrent requests of an instance share one
+in-flight batch.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from typing import Callable
 
 import triton_python_backend_utils as pb_utils
 
 from kiln.manifest import MANIFEST, ArtifactError, sha256_file
 from kiln.runtime.llm import LLM
 from kiln.runtime.outputs import StreamDelta
-from kiln.serving.triton.engine_loop import EngineLoop
 from kiln.serving.triton.metrics import TritonMetrics
 from kiln.serving.triton.requests import Reply, ReplyBuilder, parse_request
 from kiln.serving.triton.settings import BackendSettings, model_config_parameters
@@ -37,7 +38,9 @@ class TritonPythonModel:
         labels = {"model": args["model_name"], "version": args["model_version"],
                   "instance": args["model_instance_name"]}
         self.metrics = TritonMetrics(pb_utils, labels)
-        self.loop = EngineLoop(self.llm, publish=self.metrics.publish)
+        self.client = self.llm.client
+        self.client.step_listeners.append(self.metrics.observe_step)
+        self.client.snapshot_listeners.append(self.metrics.publish)
 
     def execute(self, requests) -> None:
         for request in requests:
@@ -48,7 +51,7 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             generate = parse_request(lambda name: _input_array(request, name))
-            if self.loop.backlog() >= self.settings.max_queue:
+            if self.client.backlog() >= self.settings.max_queue:
                 _send_error(sender, f"kiln's queue is full ({self.settings.max_queue} waiting); retry later",
                             "UNAVAILABLE")
                 return
@@ -56,31 +59,42 @@ class TritonPythonModel:
         except ValueError as e:
             _send_error(sender, str(e), "INVALID_ARG")
             return
-        self.loop.submit(kiln_request, TritonSink(request, sender, ReplyBuilder(generate.stream)))
+        sink = TritonSink(request, sender, ReplyBuilder(generate.stream), self._batch_size)
+        self.client.submit(kiln_request, sink)
+
+    def _batch_size(self) -> int:
+        """The last step's batch size (read on the engine thread, right after that step)."""
+        return self.llm.core.scheduler.last_step_stats.batch_size
 
     def finalize(self) -> None:
-        self.loop.shutdown()
+        self.llm.shutdown()
         self.metrics.close()
 
 
 class TritonSink:
-    """One request's response sender, as the engine loop sees it."""
+    """One request's response sender, as the engine client sees it (kiln.runtime.sinks.Sink)."""
 
-    def __init__(self, request, sender, builder: ReplyBuilder):
+    def __init__(self, request, sender, builder: ReplyBuilder, batch_size: Callable[[], int]):
         self._request, self._sender, self._builder = request, sender, builder
+        self._batch_size = batch_size
 
-    def deliver(self, delta: StreamDelta, batch_size: int) -> None:
-        reply = self._builder.on_delta(delta, batch_size)
+    def deliver(self, delta: StreamDelta) -> None:
+        if self.cancelled():
+            if delta.finished:
+                self._close_cancelled()
+            return
+        reply = self._builder.on_delta(delta, self._batch_size())
         if reply is not None:
             self._sender.send(_response(reply), flags=FINAL if reply.final else 0)
 
-    def fail(self, message: str) -> None:
-        _send_error(self._sender, message, "INVALID_ARG")
+    def fail(self, error: Exception) -> None:
+        code = "INVALID_ARG" if isinstance(error, ValueError) else "INTERNAL"
+        _send_error(self._sender, str(error), code)
 
     def cancelled(self) -> bool:
         return self._request.is_cancelled()
 
-    def close_cancelled(self) -> None:
+    def _close_cancelled(self) -> None:
         try:                            # Triton expects the final flag even for a cancelled request
             self._sender.send(flags=FINAL)
         except Exception as e:

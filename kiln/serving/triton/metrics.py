@@ -1,70 +1,71 @@
-"""kiln's engine statistics as Triton custom metrics (served on Triton's metrics port).
+"""kiln's engine metrics as Triton custom metrics (served on Triton's metrics port), under the same
+names as `kiln serve`'s /metrics (kiln/serving/engine_metrics.py).
 
-Gauges for the engine's state now, counters for what it has done; Prometheus counters only
-grow, so each publish adds what changed since the last one. Labels name the model instance:
+Gauges for the engine's state now, counters for what it has done; Prometheus counters only grow,
+so each publish adds what changed since the last one. Every metric update is a round trip to the
+Triton process, so snapshots are published at most every `interval` seconds while the engine is
+busy, and always once it goes idle (so idle values are exact). Labels name the model instance:
 each instance is its own stub process with its own engine and KV pool.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+import time
 
-from kiln.serving.triton.engine_loop import EngineSnapshot
-
-GAUGES = {
-    "batch_size": ("kiln_batch_size", "Sequences in the engine's last step (0 when idle)"),
-    "num_running": ("kiln_num_requests_running", "Requests holding KV blocks"),
-    "num_waiting": ("kiln_num_requests_waiting", "Requests queued for admission"),
-    "kv_blocks_used": ("kiln_kv_blocks_used", "KV cache blocks in use"),
-    "kv_blocks_free": ("kiln_kv_blocks_free", "KV cache blocks free (cached prefixes included)"),
-}
-COUNTERS = {
-    "steps": ("kiln_steps_total", "Engine steps run"),
-    "scheduled_sequences": ("kiln_scheduled_sequences_total",
-                            "Sequences scheduled, summed over steps (divide by steps for the mean batch)"),
-    "prefix_cache_queries": ("kiln_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache"),
-    "prefix_cache_hits": ("kiln_prefix_cache_hits_total", "Prompt tokens found in the prefix cache"),
-    "preemptions": ("kiln_preemptions_total", "Requests preempted (recomputed later)"),
-}
-FINISHED = ("kiln_requests_finished_total", "Requests finished, by reason (stop, length, abort)")
+from kiln.runtime.engine_stats import EngineSnapshot, StepReport
+from kiln.serving import engine_metrics as em
 
 
 class TritonMetrics:
-    def __init__(self, pb_utils, labels: dict[str, str]):
-        self._pb, self._labels = pb_utils, labels
+    def __init__(self, pb_utils, labels: dict[str, str], interval: float = 0.05):
+        self._labels, self._interval = labels, interval
         family = pb_utils.MetricFamily
         # NOTE: the families must outlive their metrics (the backend refuses the reverse order).
-        self._families = {key: family(name=name, description=doc, kind=family.GAUGE)
-                          for key, (name, doc) in GAUGES.items()}
-        self._families.update({key: family(name=name, description=doc, kind=family.COUNTER)
-                               for key, (name, doc) in COUNTERS.items()})
-        self._finished_family = family(name=FINISHED[0], description=FINISHED[1], kind=family.COUNTER)
+        self._families = {m.field: family(name=m.name, description=m.doc, kind=family.GAUGE) for m in em.GAUGES}
+        self._families |= {m.field: family(name=m.name, description=m.doc, kind=family.COUNTER)
+                           for m in em.COUNTERS}
+        self._finished_family = family(name=em.FINISHED.name, description=em.FINISHED.doc, kind=family.COUNTER)
+        self._batch_family = family(name=em.BATCH_SIZE.name, description=em.BATCH_SIZE.doc, kind=family.HISTOGRAM)
         self._metrics = {key: f.Metric(labels=labels) for key, f in self._families.items()}
+        self._batch = self._batch_family.Metric(labels=labels, buckets=[float(b) for b in em.BATCH_BUCKETS])
         self._finished: dict[str, object] = {}
         self._last = EngineSnapshot()
+        self._published_at = 0.0
+
+    def observe_step(self, step: StepReport) -> None:
+        """A step listener (engine thread)."""
+        self._batch.observe(float(step.batch_size))
 
     def publish(self, s: EngineSnapshot) -> None:
+        """A snapshot listener (engine thread)."""
+        now = time.monotonic()
+        busy = s.num_running + s.num_waiting > 0
+        if busy and now - self._published_at < self._interval:
+            return
+        self._published_at = now
         # NOTE: counters first: a scrape that sees the gauges of this snapshot (KV blocks back
         # to 0) also sees its counters (the abort that freed them).
-        for key in COUNTERS:
-            grown = getattr(s, key) - getattr(self._last, key)
+        for m in em.COUNTERS:
+            grown = getattr(s, m.field) - getattr(self._last, m.field)
             if grown:
-                self._metrics[key].increment(grown)
+                self._metrics[m.field].increment(grown)
         for reason, n in s.finished.items():
             grown = n - self._last.finished.get(reason, 0)
             if grown:
                 self._finished_metric(reason).increment(grown)
-        for key in GAUGES:
-            self._metrics[key].set(getattr(s, key))
-        self._last = EngineSnapshot(**{f.name: getattr(s, f.name) for f in fields(s)})
+        for m in em.GAUGES:
+            self._metrics[m.field].set(getattr(s, m.field))
+        self._last = s
 
     def _finished_metric(self, reason: str):
         if reason not in self._finished:
-            self._finished[reason] = self._finished_family.Metric(labels={**self._labels, "reason": reason})
+            labels = {**self._labels, em.FINISH_REASON_LABEL: reason}
+            self._finished[reason] = self._finished_family.Metric(labels=labels)
         return self._finished[reason]
 
     def close(self) -> None:
         self._metrics.clear()
         self._finished.clear()
+        self._batch = None
         self._families.clear()
-        self._finished_family = None
+        self._finished_family = self._batch_family = None

@@ -1,0 +1,71 @@
+"""What the engine client publishes about the engine: one immutable snapshot after every loop
+iteration (read from any thread), and one report per step (for histograms and rate estimates).
+
+Every front end exports the same snapshot under the same metric names (kiln/serving/engine_metrics.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# How a request ended, beyond the engine's own finish reasons (stop, length, abort, timeout).
+ERROR = "error"          # the engine failed mid-step, or refused the request when it was added
+
+
+@dataclass(frozen=True)
+class StepReport:
+    batch_size: int
+    num_scheduled_tokens: int
+    num_prefill_chunks: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Gauges describe the engine now; counters (cumulative) only grow."""
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_bytes_per_block: int = 0
+    steps: int = 0
+    scheduled_sequences: int = 0        # summed over steps: / steps = the mean batch size
+    preemptions: int = 0
+    kv_evictions: int = 0
+    kv_allocation_failures: int = 0
+    prefix_cache_queries: int = 0       # prompt tokens looked up
+    prefix_cache_hits: int = 0          # prompt tokens found
+    engine_failures: int = 0            # steps that raised; each failed every request in flight
+    finished: dict[str, int] = field(default_factory=dict)   # finish reason -> requests
+
+    @property
+    def kv_bytes_used(self) -> int:
+        return self.kv_blocks_used * self.kv_bytes_per_block
+
+    @property
+    def kv_bytes_total(self) -> int:
+        return self.kv_blocks_total * self.kv_bytes_per_block
+
+
+@dataclass
+class LoopCounters:
+    """The client's own tallies, folded into every snapshot (engine thread only)."""
+    steps: int = 0
+    scheduled_sequences: int = 0
+    engine_failures: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+
+    def count_finished(self, reason: str) -> None:
+        self.finished[reason] = self.finished.get(reason, 0) + 1
+
+
+def take_snapshot(core, counters: LoopCounters) -> EngineSnapshot:
+    kv, sched = core.kv, core.scheduler
+    return EngineSnapshot(
+        num_running=sched.num_running, num_waiting=sched.num_waiting,
+        kv_blocks_total=kv.num_blocks, kv_blocks_used=kv.num_blocks - kv.num_free_blocks,
+        kv_bytes_per_block=core.plan.bytes_per_block, steps=counters.steps,
+        scheduled_sequences=counters.scheduled_sequences, preemptions=sched.num_preemptions,
+        kv_evictions=kv.pool.evictions, kv_allocation_failures=kv.allocation_failures,
+        prefix_cache_queries=kv.prefix_queries, prefix_cache_hits=kv.prefix_hits,
+        engine_failures=counters.engine_failures, finished=dict(counters.finished))

@@ -1,0 +1,216 @@
+"""The engine client (the one loop every front end uses) on the real tiny model: its failure
+policy when the engine raises mid-batch, generate() and stream() together, aborts, sinks that
+fail, shutdown, and a thread that only lives while there is work."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kiln import LLM, RuntimeConfig, SamplingParams
+from kiln.runtime.engine_client import ClientClosed, EngineError
+
+GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+
+
+def _prompts(n=4, seed=1):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, k).tolist() for k in (5, 19, 33, 48)[:n]]
+
+
+@pytest.fixture
+def llm(tiny_llama_artifact):
+    llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20))
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_artifact):
+    """Each prompt generated alone on its own LLM: what every test expects back."""
+    llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20))
+    outs = [llm.generate([p], GREEDY)[0].token_ids for p in _prompts()]
+    llm.shutdown()
+    return outs
+
+
+def _all_free(llm) -> bool:
+    kv = llm.core.kv
+    return kv.num_free_blocks == kv.num_blocks and not llm.core.has_unfinished()
+
+
+def _wait(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def _fail_on_call(llm, n: int) -> list[int]:
+    """Make the engine raise on its n-th execute() from now on (once); returns the call count."""
+    engine, calls = llm.core.engine, [0]
+    real = engine.execute
+
+    def execute(batch):
+        calls[0] += 1
+        if calls[0] == n:
+            raise RuntimeError("injected engine fault")
+        return real(batch)
+    engine.execute = execute
+    return calls
+
+
+async def _collect(llm, prompt, params) -> tuple[list, Exception | None]:
+    deltas = []
+    try:
+        async for d in llm.stream(prompt, params):
+            deltas.append(d)
+    except Exception as e:
+        return deltas, e
+    return deltas, None
+
+
+def test_engine_failure_mid_batch_fails_every_stream_and_frees_every_block(llm, reference):
+    prompts = _prompts()
+    calls = _fail_on_call(llm, 6)             # a few decode steps in: every stream holds blocks
+
+    async def run_all():
+        return await asyncio.gather(*(_collect(llm, p, GREEDY) for p in prompts))
+    results = asyncio.run(run_all())
+
+    assert calls[0] >= 6
+    for deltas, error in results:
+        assert isinstance(error, EngineError) and "injected engine fault" in str(error)
+        assert deltas and not any(d.finished for d in deltas)     # failed mid-stream
+    _wait(lambda: llm.client.snapshot.engine_failures == 1)
+    assert _all_free(llm)
+    snapshot = llm.client.snapshot
+    assert snapshot.kv_blocks_used == 0 and snapshot.num_running == 0
+    assert snapshot.finished == {"error": len(prompts)}
+    # The client stays usable: the same prompts are served again, token for token.
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == reference
+    assert _all_free(llm)
+
+
+def test_engine_failure_fails_generate_with_the_error(llm, reference):
+    _fail_on_call(llm, 2)
+    with pytest.raises(EngineError):
+        llm.generate(_prompts(), GREEDY)
+    _wait(lambda: llm.client._thread is None)
+    assert _all_free(llm)
+    assert [o.token_ids for o in llm.generate(_prompts(), GREEDY)] == reference
+
+
+def test_generate_and_streams_together_share_one_batch(llm, reference):
+    prompts = _prompts()
+    generated: list = []
+
+    async def streams():
+        thread = threading.Thread(target=lambda: generated.extend(llm.generate(prompts[2:], GREEDY)))
+        thread.start()
+        results = await asyncio.gather(*(_collect(llm, p, GREEDY) for p in prompts[:2]))
+        await asyncio.to_thread(thread.join)
+        return results
+    streamed = asyncio.run(streams())
+
+    assert [sum((d.token_ids for d in deltas), []) for deltas, _ in streamed] == reference[:2]
+    assert all(error is None for _, error in streamed)
+    assert [o.token_ids for o in generated] == reference[2:]
+    assert llm.client.snapshot.scheduled_sequences > llm.client.snapshot.steps   # batched, not in turns
+    assert _all_free(llm)
+
+
+def test_generate_from_threads_at_once(llm, reference):
+    outs: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda i=i: outs.update({i: llm.generate([_prompts()[i]], GREEDY)}))
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [outs[i][0].token_ids for i in range(4)] == reference
+    assert _all_free(llm)
+
+
+def test_a_request_that_cannot_run_fails_alone(llm, reference):
+    too_long = [1] * 5000
+    with pytest.raises(ValueError, match="max_model_len|context|long"):
+        llm.generate([_prompts()[0], too_long], GREEDY)
+    _wait(lambda: _all_free(llm))
+    assert llm.client.snapshot.finished.get("error") == 1
+    assert llm.generate([_prompts()[0]], GREEDY)[0].token_ids == reference[0]
+
+
+def test_consumer_that_stops_aborts_its_request(llm):
+    async def read_three():
+        stream = llm.stream(_prompts()[3], LONG)
+        deltas = [await stream.__anext__() for _ in range(3)]
+        await stream.aclose()
+        return deltas
+    assert len(asyncio.run(read_three())) == 3
+    _wait(lambda: _all_free(llm) and llm.client.snapshot.finished == {"abort": 1})
+
+
+def test_timeout_ends_the_stream_with_a_final_delta(llm):
+    async def run():
+        request = llm.make_request(_prompts()[3], LONG, "slow")
+        deltas = []
+        async for d in llm.client.stream(request):
+            deltas.append(d)
+            if len(deltas) == 2:
+                llm.client.timeout("slow")
+        return deltas
+    deltas = asyncio.run(run())
+    assert deltas[-1].finished and deltas[-1].finish_reason == "timeout"
+    _wait(lambda: _all_free(llm))
+
+
+class BrokenSink:
+    """A consumer that went away: every delivery raises."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def deliver(self, delta):
+        self.calls += 1
+        raise ConnectionResetError("client gone")
+
+    def fail(self, error):
+        raise AssertionError("not expected")
+
+    def cancelled(self):
+        return False
+
+
+def test_a_sink_that_raises_drops_its_request_only(llm, reference):
+    sink = BrokenSink()
+    llm.client.submit(llm.make_request(_prompts()[3], LONG), sink)
+    assert llm.generate([_prompts()[0]], GREEDY)[0].token_ids == reference[0]
+    _wait(lambda: _all_free(llm))
+    assert sink.calls == 1 and llm.client.snapshot.finished.get("abort") == 1
+
+
+def test_shutdown_ends_streams_and_refuses_new_requests(llm):
+    async def run():
+        task = asyncio.ensure_future(_collect(llm, _prompts()[3], LONG))
+        await asyncio.sleep(0)
+        while llm.client.snapshot.num_running == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(llm.shutdown)
+        return await task
+    deltas, error = asyncio.run(run())
+    assert isinstance(error, ClientClosed) and deltas
+    assert _all_free(llm)
+    with pytest.raises(ClientClosed):
+        llm.generate([_prompts()[0]], GREEDY)
+
+
+def test_the_loop_thread_lives_only_while_there_is_work(llm, reference):
+    for expected in reference[:2]:            # it exits when idle, and a new request starts it again
+        assert llm.generate([_prompts()[reference.index(expected)]], GREEDY)[0].token_ids == expected
+        _wait(lambda: llm.client._thread is None)
