@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kiln.config import ServeConfig
-from kiln.runtime.engine_client import EngineClient
+from kiln.runtime.engine_client import EngineClient, EngineError
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.admission import Admission, PrefillRate
 from kiln.serving.errors import ApiError, bad_request
@@ -148,6 +148,8 @@ async def _generate(server: Server, request: HttpRequest, kind: str) -> Response
         finished, deltas = await until_disconnected(request.receive, _collect(sub))
     except ValueError as e:          # the engine refused it (a limit the checks above missed)
         return server.rejected(bad_request(str(e)))
+    except EngineError as e:         # the engine failed mid-step; it serves the next request
+        return ApiError(500, str(e), code="engine_error").response()
     finally:
         sub.close()
     if not finished:

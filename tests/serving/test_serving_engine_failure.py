@@ -1,0 +1,91 @@
+"""The engine failing mid-batch behind the HTTP server (in-process app, the real tiny engine): every
+request in flight ends with an error (an SSE error event, or a 500), every KV block is free, the
+metrics count the failure, and the next request is served as before."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from starlette.testclient import TestClient
+
+from kiln import LLM, RuntimeConfig
+from kiln.config import ServeConfig
+from kiln.serving.app import create_app
+
+MODEL = "tiny"
+BODY = {"model": MODEL, "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture
+def app_client(tiny_llama_artifact):
+    llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
+    app = create_app(llm, ServeConfig(response_cache=False), MODEL)
+    with TestClient(app) as client:
+        _wait(lambda: client.get("/ready").status_code == 200)
+        yield client, llm
+
+
+def _wait(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _fail_when_running(llm, n: int) -> None:
+    """The engine raises once, on the first step that runs n sequences."""
+    engine, fired = llm.core.engine, threading.Event()
+    real = engine.execute
+
+    def execute(batch):
+        if not fired.is_set() and llm.core.scheduler.num_running >= n:
+            fired.set()
+            raise RuntimeError("injected engine fault")
+        return real(batch)
+    engine.execute = execute
+
+
+def _metrics(client) -> dict[str, float]:
+    out = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def _stream(client, prompt: str) -> list[dict]:
+    with client.stream("POST", "/v1/completions", json={**BODY, "prompt": prompt, "stream": True}) as r:
+        assert r.status_code == 200
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def test_engine_failure_ends_every_request_and_the_server_recovers(app_client):
+    client, llm = app_client
+    before = client.post("/v1/completions", json={**BODY, "prompt": "again", "max_tokens": 8}).json()
+    _fail_when_running(llm, 3)
+    results: dict[str, object] = {}
+    jobs = [threading.Thread(target=lambda p=p: results.update({p: _stream(client, p)})) for p in ("aa", "bbb")]
+    jobs.append(threading.Thread(target=lambda: results.update(
+        whole=client.post("/v1/completions", json={**BODY, "prompt": "cccc"}))))
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join(60)
+
+    for prompt in ("aa", "bbb"):              # streamed: chunks, then an error event, no finish
+        events = results[prompt]
+        assert "injected engine fault" in events[-1]["error"]["message"]
+        assert all(e["choices"][0]["finish_reason"] is None for e in events[:-1])
+    whole = results["whole"]
+    assert whole.status_code == 500 and whole.json()["error"]["code"] == "engine_error"
+    _wait(lambda: _metrics(client)["kiln_kv_blocks_used"] == 0)
+    m = _metrics(client)
+    assert m["kiln_engine_failures_total"] == 1 and m['kiln_requests_finished_total{finish_reason="error"}'] == 3
+    assert m["kiln_requests_running"] == 0 and m["kiln_requests_waiting"] == 0
+    after = client.post("/v1/completions", json={**BODY, "prompt": "again", "max_tokens": 8}).json()
+    assert after["choices"][0]["text"] == before["choices"][0]["text"]
+    assert client.get("/ready").status_code == 200
