@@ -27,11 +27,15 @@ class RotaryTables:
     positions: str
     inv_freq: np.ndarray
     key: str            # the Concat both tables come from; one cache pair per key
+    scale: float = 1.0  # yarn/longrope: HF multiplies cos and sin by an attention factor
 
 
 def match_rotary_tables(idx: GraphIndex, cos: str, sin: str) -> RotaryTables | None:
-    # positions ─ Cast ─ Unsqueeze(-1) ─ Mul(inv_freq) ─ Concat(f, f) ─ Cos / Sin ─ Unsqueeze(2)
+    # positions ─ Cast ─ Unsqueeze(-1) ─ Mul(inv_freq) ─ Concat(f, f) ─ Cos / Sin ─ [Mul(scale)] ─ Unsqueeze(2)
     cos_trig, sin_trig = (_through_unsqueeze(idx, t, [2]) for t in (cos, sin))
+    (cos_trig, cos_scale), (sin_trig, sin_scale) = _through_scale(idx, cos_trig), _through_scale(idx, sin_trig)
+    if cos_scale != sin_scale:
+        return None
     if cos_trig is None or sin_trig is None or cos_trig.op_type != "Cos" or sin_trig.op_type != "Sin":
         return None
     concat = idx.producer.get(cos_trig.input[0])
@@ -47,7 +51,18 @@ def match_rotary_tables(idx: GraphIndex, cos: str, sin: str) -> RotaryTables | N
     cast = _through_unsqueeze(idx, pos_col, [-1]) if pos_col else None
     if inv_freq is None or inv_freq.ndim != 1 or cast is None or cast.op_type != "Cast":
         return None
-    return RotaryTables(cast.input[0], inv_freq.astype(np.float32), concat.name)
+    return RotaryTables(cast.input[0], inv_freq.astype(np.float32), concat.name, cos_scale)
+
+
+def _through_scale(idx: GraphIndex, node: onnx.NodeProto | None) -> tuple[onnx.NodeProto | None, float | None]:
+    """(the node under a Mul by a scalar constant, that scalar), or (node, 1.0) when there is no Mul."""
+    if node is None or node.op_type != "Mul":
+        return node, 1.0
+    scale = next((idx.const(i) for i in node.input if i in idx.initializers), None)
+    other = next((i for i in node.input if i not in idx.initializers), None)
+    if scale is None or scale.size != 1 or other is None:
+        return None, None
+    return idx.producer.get(other), float(scale.reshape(()))
 
 
 def _through_unsqueeze(idx: GraphIndex, tensor: str, axes: list[int]) -> onnx.NodeProto | None:
@@ -62,7 +77,9 @@ def rotary_caches(tables: RotaryTables, max_positions: int) -> tuple[np.ndarray,
     # NOTE: the angle is an fp32 product, as in the graph (and in HF), so large positions round
     # the same way; only cos/sin themselves are taken in float64.
     angles = np.arange(max_positions, dtype=np.float32)[:, None] * tables.inv_freq[None, :]
-    return np.cos(angles.astype(np.float64)).astype(np.float32), np.sin(angles.astype(np.float64)).astype(np.float32)
+    cos = (np.cos(angles.astype(np.float64)).astype(np.float32) * np.float32(tables.scale)).astype(np.float32)
+    sin = (np.sin(angles.astype(np.float64)).astype(np.float32) * np.float32(tables.scale)).astype(np.float32)
+    return cos, sin
 
 
 @dataclass

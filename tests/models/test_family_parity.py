@@ -90,3 +90,20 @@ def test_variant_matches_transformers_alone_and_batched(variant, variant_artifac
     batched = run_batched(artifact, _prompts(), [toks for _, toks in refs])
     together = max(worst_difference(mine, ref) for mine, (ref, _) in zip(batched, refs))
     assert alone <= TOL and together <= TOL, f"{variant}: alone {alone:.2e}, batched {together:.2e} > {TOL}"
+
+
+def test_sliding_window_hides_keys_older_than_the_window(variant_artifact, variant_hf):
+    """Past the window (8) the logits differ from full attention, so the parity above tests the window."""
+    artifact, model = variant_artifact("mistral-window"), variant_hf("mistral-window")
+    assert EngineArtifact.load(artifact).manifest.spec.sliding_window == 8
+    prompt = _prompts()[2]
+    ref, tokens = hf_reference(model, prompt)
+    model.config.sliding_window = None
+    try:
+        full, _ = hf_reference(model, prompt)
+    finally:
+        model.config.sliding_window = 8
+    mine = run_alone(artifact, prompt, tokens)
+    assert worst_difference(mine, ref) <= TOL
+    assert float(np.abs(mine[0][8:] - full[0][8:]).max()) > 100 * TOL     # keys out of the window matter
+    assert float(np.abs(mine[0][:8] - full[0][:8]).max()) <= TOL          # and inside it nothing changes
