@@ -35,7 +35,9 @@ VARIANTS = {
                                                                               "rope_theta": 1000000.0})),
     "qwen3": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=True)),
     "mistral-window": ("MistralConfig", dict(sliding_window=8, head_dim=16)),
+    "qwen2-window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=0)),
     "phi3": ("Phi3Config", dict(pad_token_id=256)),
+    "phi3-window": ("Phi3Config", dict(sliding_window=8)),
     "phi3-longrope-partial": ("Phi3Config", dict(
         partial_rotary_factor=0.75, original_max_position_embeddings=32, tie_word_embeddings=True,
         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
