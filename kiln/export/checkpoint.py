@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -111,7 +114,37 @@ def load_fp32(entry: TensorEntry) -> np.ndarray:
     return out.reshape(entry.shape)
 
 
-def load_tensors(folder: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+class LazyWeights(Mapping):
+    """name -> fp32 array, read from the checkpoint each time it is asked for and not kept.
+
+    NOTE: the build keeps its source alive to the end; a dict of fp32 arrays would hold a second
+    copy of the model (beside the graph's) through every pass. This holds none.
+    """
+
+    def __init__(self, loaders: dict[str, Callable[[], np.ndarray]]):
+        self._loaders = loaders
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._loaders[name]()
+
+    def __iter__(self):
+        return iter(self._loaders)
+
+    def __len__(self) -> int:
+        return len(self._loaders)
+
+    def split(self, source: str, parts: dict[str, slice]) -> None:
+        """Replace `source` by row ranges of it (Phi-3's fused projections)."""
+        load = self._loaders.pop(source)
+        for name, rows in parts.items():
+            self._loaders[name] = partial(_rows, load, rows)
+
+
+def _rows(load: Callable[[], np.ndarray], rows: slice) -> np.ndarray:
+    return np.ascontiguousarray(load()[rows])
+
+
+def load_tensors(folder: Path, expected: dict[str, tuple[int, ...]]) -> LazyWeights:
     entries = read_index(folder)
     check_tensors(entries, expected)
-    return {name: load_fp32(entries[name]) for name in expected}
+    return LazyWeights({name: partial(load_fp32, entries[name]) for name in expected})

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.export.graph_builder import FLOAT, INT64, GraphBuilder
+from kiln.export.graph_builder import FLOAT, INT64, GraphBuilder, release_freed_memory
 from kiln.export.rope import rotary_for
 from kiln.export.spec import ModelSpec
 
@@ -56,7 +56,9 @@ def build_decoder(spec: ModelSpec, weights: dict[str, np.ndarray]):
             x = rms_norm(g, spec, x, w.add("model.norm.weight"))
         logits = g.op("MatMul", [x, w.lm_head(spec)], "lm_head")
     g.output(logits, "logits", FLOAT, ["batch", "seq", spec.vocab_size])
-    return g.model()
+    model = g.model()
+    release_freed_memory()
+    return model
 
 
 class _Weights:

@@ -157,16 +157,15 @@ def expected_shapes(spec: ModelSpec, fused: bool = False) -> dict[str, tuple[int
     return shapes
 
 
-def split_fused(weights: dict, spec: ModelSpec) -> None:
-    """Phi-3's qkv_proj -> q/k/v_proj and gate_up_proj -> gate/up_proj, in place (views, no copy).
+def split_fused(weights, spec: ModelSpec) -> None:
+    """Phi-3's qkv_proj -> q/k/v_proj and gate_up_proj -> gate/up_proj (a checkpoint.LazyWeights).
 
     MergeProjections fuses them back at build time; splitting keeps one graph for every family.
     """
-    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    q, kv, inter = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.intermediate_size
     for i in range(spec.num_layers):
         a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        qkv = weights.pop(a + "qkv_proj.weight")
-        weights |= {a + "q_proj.weight": qkv[:q], a + "k_proj.weight": qkv[q:q + kv], a + "v_proj.weight": qkv[q + kv:]}
-        gate_up = weights.pop(m + "gate_up_proj.weight")
-        weights |= {m + "gate_proj.weight": gate_up[:spec.intermediate_size],
-                    m + "up_proj.weight": gate_up[spec.intermediate_size:]}
+        weights.split(a + "qkv_proj.weight", {a + "q_proj.weight": slice(0, q), a + "k_proj.weight": slice(q, q + kv),
+                                              a + "v_proj.weight": slice(q + kv, None)})
+        weights.split(m + "gate_up_proj.weight", {m + "gate_proj.weight": slice(0, inter),
+                                                  m + "up_proj.weight": slice(inter, None)})
