@@ -34,7 +34,14 @@ def _llama_bias(cfg: dict) -> bool:
 
 def _window_everywhere(cfg: dict) -> int:
     """Mistral / Phi-3: `sliding_window` applies to every layer when set."""
-    return int(cfg.get("sliding_window") or 0)
+    return _effective_window(cfg, cfg.get("sliding_window"))
+
+
+def _effective_window(cfg: dict, window) -> int:
+    # A window as long as the context hides nothing (Phi-3.5's 262144 over 131072 positions).
+    if not window or window >= cfg.get("max_position_embeddings", 2048):
+        return 0
+    return int(window)
 
 
 def _qwen_window(cfg: dict) -> int:
@@ -46,7 +53,7 @@ def _qwen_window(cfg: dict) -> int:
         return 0                      # every layer is full attention
     if first_sliding > 0:
         raise UnsupportedModelError("Qwen sliding window on only some layers (max_window_layers) is not supported")
-    return int(cfg["sliding_window"])
+    return _effective_window(cfg, cfg["sliding_window"])
 
 
 FAMILIES: dict[str, Family] = {
@@ -97,7 +104,7 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=family.attention_bias(cfg),
         rope_type=rope_type,
-        rope_scaling=_rope_json(rope_type, rope_params, cfg),
+        rope_scaling=_rope_json(rope_type, rope_params),
         partial_rotary_factor=partial,
         sliding_window=family.sliding_window(cfg),
         qk_norm=family.qk_norm,
@@ -111,15 +118,16 @@ def _rope(cfg: dict) -> tuple[str, dict]:
     rope_type = params.get("rope_type", params.get("type")) or "default"
     if rope_type == "su":        # Phi-3's early name for longrope
         rope_type = "longrope"
+    if rope_type != "default" and "original_max_position_embeddings" in cfg:
+        # Phi-3 keeps it beside, not inside, rope_scaling
+        params.setdefault("original_max_position_embeddings", cfg["original_max_position_embeddings"])
     return rope_type, params
 
 
-def _rope_json(rope_type: str, params: dict, cfg: dict) -> str:
+def _rope_json(rope_type: str, params: dict) -> str:
     if rope_type == "default":
         return ""
     keep = {k: v for k, v in params.items() if k not in ("rope_type", "type", "rope_theta", "partial_rotary_factor")}
-    if "original_max_position_embeddings" in cfg:   # Phi-3 keeps it beside, not inside, rope_scaling
-        keep.setdefault("original_max_position_embeddings", cfg["original_max_position_embeddings"])
     return json.dumps(keep, sort_keys=True)
 
 

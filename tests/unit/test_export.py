@@ -60,8 +60,8 @@ def test_qwen_sliding_window_on_some_layers_refused_all_layers_kept():
 
 
 def test_mistral_window_recorded_in_spec():
-    spec = spec_from_hf_config(TINY | {"model_type": "mistral", "sliding_window": 4096})
-    assert spec.family == "mistral" and spec.sliding_window == 4096
+    spec = spec_from_hf_config(TINY | {"model_type": "mistral", "sliding_window": 512})
+    assert spec.family == "mistral" and spec.sliding_window == 512
 
 
 def test_old_manifest_spec_loads_and_keeps_its_hash():
