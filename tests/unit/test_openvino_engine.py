@@ -146,3 +146,46 @@ def test_kv_cache_is_recorded_and_allocated(setup):
     assert kv["key_block_shape"] == [spec.num_kv_heads, engine.block_size, spec.head_dim]
     assert kv["bytes_per_block"] == engine.kv_layout.bytes_per_block
     assert [c.shape[0] for c in engine._caches] == [5] * (2 * spec.num_layers)
+
+
+@pytest.fixture(scope="module")
+def int8_setup(tmp_path_factory):
+    """tiny-llama with NNCF int8 weights, bf16 compute and the plugin's u8 KV cache."""
+    from kiln.engines.openvino.options import OpenVinoOptions
+    from kiln.passes.quantize import QuantMode
+
+    spec, model = standard_graph("tiny-llama")
+    root = tmp_path_factory.mktemp("ov-int8")
+    record = compile_openvino(model, spec, root / "engines" / "openvino", OpenVinoOptions.for_quant(QuantMode.INT8),
+                              root=root)[0]
+    return spec, record, root, KvLayout(**record["kv_layout"]), DenseReference(spec, model)
+
+
+def test_int8_u8_cache_engine_stays_close_to_fp32(int8_setup):
+    """Lossy by design (int8 weights, bf16 compute, u8 K/V): a sanity bound, far below the O(1)
+    error of a wrong block or mask, checked over chunked, ragged steps so the u8 cache is read back."""
+    spec, record, *_, reference = int8_setup
+    assert record["compression"]["weights"] == "int8_asym"
+    assert record["compression"]["constants_by_type"].get("u8", 0) >= 2 * spec.num_layers
+    engine = _engine(int8_setup)
+    rng = np.random.default_rng(4)
+    seqs = Sequences([rng.integers(0, spec.vocab_size, n).tolist() for n in (20, 50)], engine.block_size,
+                     engine.num_blocks, seed=6)
+    for chunk in ({0: 12, 1: 40}, {0: 8, 1: 10}):
+        starts = {b: seqs.done[b] for b in chunk}
+        got = engine.execute(seqs.batch(chunk)).logits
+        want = np.concatenate([reference(seqs.tokens[b][:starts[b] + n])[starts[b]:] for b, n in chunk.items()])
+        assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
+
+
+def test_u8_cache_bytes_count_the_scales(int8_setup):
+    spec, record, *_ = int8_setup
+    engine = _engine(int8_setup, num_blocks=3)
+    kv = record["kv_cache"]
+    assert kv["element_type"] == "u8"
+    key, value = kv["key_block_shape"], kv["value_block_shape"]
+    assert key[0] == value[0] == spec.num_kv_heads and value[1] == engine.block_size
+    per_layer = np.prod(key) + np.prod(value)
+    assert per_layer > 2 * spec.num_kv_heads * engine.block_size * spec.head_dim    # scales beside values
+    assert engine.kv_layout.bytes_per_block == kv["bytes_per_block"] == spec.num_layers * per_layer
+    assert sum(c.get_byte_size() for c in engine._caches) == 3 * kv["bytes_per_block"]

@@ -20,6 +20,7 @@ from kiln.engines.base import KvLayout
 from kiln.engines.openvino.engine import compile_paged, describe_kv_cache
 from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.engines.openvino.paged_graph import mark_cuts
+from kiln.engines.openvino.weights import WeightCompression
 from kiln.export.spec import ModelSpec
 
 BACKEND = "openvino"
@@ -36,11 +37,15 @@ def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
     The record's "kv_layout" is the layout the runtime must plan with (the plugin's block size).
     """
     options = options or OpenVinoOptions()
+    if options.compresses_weights and any(n.op_type == "MatMulNBits" for n in model.graph.node):
+        raise ValueError(f"openvino weight compression {options.weights!r} takes the fp32 graph; this one "
+                         "is already quantized (build without kiln's quantize pass for this backend)")
     out_dir.mkdir(parents=True, exist_ok=True)
     root = root or out_dir.parent.parent
     with tempfile.TemporaryDirectory(prefix="kiln-ov-") as tmp:
         ov_model = _read_onnx(model, Path(tmp))
         mark_cuts(ov_model, model, spec)
+        compression = WeightCompression(options.weights).apply(ov_model)
         # NOTE: compress_to_fp16=False: save_model halves fp32 weights by default, which would
         # break the fp32 artifact's HF parity.
         ov.save_model(ov_model, out_dir / MODEL_FILE, compress_to_fp16=False)
@@ -50,7 +55,7 @@ def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
     return [{
         "backend": BACKEND, **file_record(root, out_dir / MODEL_FILE),
         "weights": file_record(root, out_dir / WEIGHTS_FILE),
-        "io": _io(compiled), "options": options.to_dict(), "kv_cache": kv,
+        "io": _io(compiled), "options": options.to_dict(), "compression": compression, "kv_cache": kv,
         "kv_layout": kv_layout_for(spec, kv).to_dict(), "openvino": ov.get_version(),
     }]
 

@@ -21,6 +21,7 @@ KV_DTYPES = {"f32": np.float32, "f16": np.float16, "u8": np.uint8}
 class OpenVinoOptions:
     inference_precision: str = "f32"     # INFERENCE_PRECISION_HINT: f32 | bf16 | f16
     kv_cache_precision: str = "f32"      # KV_CACHE_PRECISION: f32 | f16 | u8 (u8 holds per-token scales)
+    weights: str = "none"                # a WeightCompression value: none | int8_asym | int4_sym_g32
 
     @classmethod
     def for_quant(cls, quant: QuantMode) -> "OpenVinoOptions":
@@ -28,7 +29,12 @@ class OpenVinoOptions:
         # have already given up exactness, and u8 KV + bf16 compute is what the plugin is fastest at.
         if quant is QuantMode.NONE:
             return cls()
-        return cls(inference_precision="bf16", kv_cache_precision="u8")
+        weights = {QuantMode.INT8: "int8_asym", QuantMode.INT4: "int4_sym_g32"}[quant]
+        return cls(inference_precision="bf16", kv_cache_precision="u8", weights=weights)
+
+    @property
+    def compresses_weights(self) -> bool:
+        return self.weights != "none"
 
     def compile_properties(self, threads: int) -> dict[str, str]:
         return {
