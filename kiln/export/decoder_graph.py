@@ -15,6 +15,8 @@ Variants (ModelSpec): rope scaling types (export.rope), partial rotary, per-head
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from kiln.export.graph_builder import FLOAT, INT64, GraphBuilder, release_freed_memory
@@ -38,8 +40,10 @@ def new_kv_name(layer: int, kind: str) -> str:
     return f"/model/layers.{layer}/attn/new_{kind}_kv_major"
 
 
-def build_decoder(spec: ModelSpec, weights: dict[str, np.ndarray]):
-    g = GraphBuilder(f"kiln-{spec.family}")
+def build_decoder(spec: ModelSpec, weights, weights_dir: Path | None = None):
+    """The standard graph; with weights_dir, its large weights are external data there (a graph of
+    any size, and passes that copy megabytes, not the model: export.external)."""
+    g = GraphBuilder(f"kiln-{spec.family}", weights_dir)
     w = _Weights(g, weights)
     ids = g.input("input_ids", INT64, ["batch", "seq"])
     pos = g.input("position_ids", INT64, ["batch", "seq"])

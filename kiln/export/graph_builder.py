@@ -5,18 +5,22 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+
+from kiln.export.external import attach_weights_dir, fill_tensor
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
 
 
 class GraphBuilder:
-    def __init__(self, name: str):
+    def __init__(self, name: str, weights_dir: Path | None = None):
         self.name = name
+        self.weights_dir = weights_dir     # large weights go there as external data (export.external)
         self.nodes: list[onnx.NodeProto] = []
         # NOTE: weights go straight into the model being built: a list handed to make_graph would be
         # copied, and the graph held twice at the end of an export.
@@ -51,10 +55,7 @@ class GraphBuilder:
         return self._model.graph.initializer
 
     def weight(self, name: str, array: np.ndarray) -> str:
-        t = self.initializers.add()
-        t.name, t.data_type = name, helper.np_dtype_to_tensor_dtype(array.dtype)
-        t.dims.extend(array.shape)
-        t.raw_data = np.ascontiguousarray(array).tobytes()
+        fill_tensor(self.initializers.add(), name, array, self.weights_dir)
         return name
 
     def const(self, value, dtype=np.int64) -> str:
@@ -85,6 +86,8 @@ class GraphBuilder:
         graph.output.extend(self.outputs)
         model.opset_import.extend([helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)])
         model.producer_name, model.ir_version = "kiln", 10
+        if self.weights_dir is not None:
+            attach_weights_dir(model, self.weights_dir)
         return model
 
 

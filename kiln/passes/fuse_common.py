@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from pathlib import Path
+
 import numpy as np
 import onnx
-from onnx import numpy_helper
+
+from kiln.export.external import fill_tensor, tensor_array, weights_dir
 
 MS_DOMAIN = "com.microsoft"
 
@@ -20,8 +23,8 @@ MS_DOMAIN = "com.microsoft"
 class GraphIndex:
     """Read-only lookups over a graph as it was before this pass's rewrite."""
 
-    def __init__(self, graph: onnx.GraphProto):
-        self.graph = graph
+    def __init__(self, graph: onnx.GraphProto, weights_dir: Path | None = None):
+        self.graph, self.weights_dir = graph, weights_dir
         self.by_name = {n.name: n for n in graph.node}
         self.producer = {o: n for n in graph.node for o in n.output if o}
         self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
@@ -37,7 +40,7 @@ class GraphIndex:
 
     def const(self, tensor: str) -> np.ndarray | None:
         t = self.initializers.get(tensor)
-        return None if t is None else numpy_helper.to_array(t)
+        return None if t is None else tensor_array(t, self.weights_dir)
 
     def const_equals(self, tensor: str, value) -> bool:
         arr = self.const(tensor)
@@ -52,7 +55,8 @@ class GraphIndex:
 class Rewrite:
     """Nodes to drop, nodes to add, tensors to rename; applied in one go."""
 
-    def __init__(self):
+    def __init__(self, weights_dir: Path | None = None):
+        self.weights_dir = weights_dir      # large new weights are appended there (export.external)
         self.removed: set[str] = set()
         self.added: list[onnx.NodeProto] = []
         self.renamed: dict[str, str] = {}
@@ -65,7 +69,7 @@ class Rewrite:
 
     def add_initializer(self, name: str, array: np.ndarray) -> str:
         if name not in self.initializers:
-            self.initializers[name] = numpy_helper.from_array(np.ascontiguousarray(array), name)
+            self.initializers[name] = fill_tensor(onnx.TensorProto(), name, array, self.weights_dir)
         return name
 
     def apply(self, graph: onnx.GraphProto) -> None:
@@ -149,7 +153,8 @@ class FusionPass:
         self._counts, self._skipped = Counter(), []
         out = onnx.ModelProto()
         out.CopyFrom(model)
-        idx, rw = GraphIndex(out.graph), Rewrite()
+        folder = weights_dir(out)
+        idx, rw = GraphIndex(out.graph, folder), Rewrite(folder)
         for site in self.sites(idx):
             if self.rewrite(idx, site, rw):
                 self._counts["fused"] += 1
