@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -37,15 +38,18 @@ def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
     The record's "kv_layout" is the layout the runtime must plan with (the plugin's block size).
     """
     options = options or OpenVinoOptions()
-    if options.compresses_weights and any(n.op_type == "MatMulNBits" for n in model.graph.node):
-        raise ValueError(f"openvino weight compression {options.weights!r} takes the fp32 graph; this one "
-                         "is already quantized (build without kiln's quantize pass for this backend)")
+    if options.compresses_weights and _already_quantized(model):
+        # NOTE: OpenVINO runs kiln's MatMulNBits too, but slower than NNCF's per-channel int8 from
+        # the fp32 graph (weights.py); the record says which path the weights took.
+        options = replace(options, weights=WeightCompression.NONE.value)
     out_dir.mkdir(parents=True, exist_ok=True)
     root = root or out_dir.parent.parent
     with tempfile.TemporaryDirectory(prefix="kiln-ov-") as tmp:
         ov_model = _read_onnx(model, Path(tmp))
         mark_cuts(ov_model, model, spec)
         compression = WeightCompression(options.weights).apply(ov_model)
+        if _already_quantized(model):
+            compression["weights"] = "onnx MatMulNBits (kiln's quantize pass)"
         # NOTE: compress_to_fp16=False: save_model halves fp32 weights by default, which would
         # break the fp32 artifact's HF parity.
         ov.save_model(ov_model, out_dir / MODEL_FILE, compress_to_fp16=False)
@@ -58,6 +62,10 @@ def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
         "io": _io(compiled), "options": options.to_dict(), "compression": compression, "kv_cache": kv,
         "kv_layout": kv_layout_for(spec, kv).to_dict(), "openvino": ov.get_version(),
     }]
+
+
+def _already_quantized(model: onnx.ModelProto) -> bool:
+    return any(n.op_type in ("MatMulNBits", "GatherBlockQuantized") for n in model.graph.node)
 
 
 def kv_layout_for(spec: ModelSpec, kv: dict) -> KvLayout:
