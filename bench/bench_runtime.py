@@ -51,7 +51,7 @@ def write_plan(args, sizes, hf_dir: Path) -> tuple[Path, Tokenizer]:
     """What every worker reads: sizes, threads, cache, and the prompts as kiln's token ids."""
     tokenizer = Tokenizer(hf_dir)
     plan = {"sizes": {**sizes.__dict__, "ways": list(sizes.ways)}, "threads": args.threads,
-            "cache": str(args.cache.resolve()), "hf_dir": str(hf_dir.resolve()),
+            "cache": str(args.cache.resolve()), "hf_dir": str(hf_dir.resolve()), "reuse_kiln": args.reuse_kiln,
             "prompts": make_prompts(tokenizer, sizes)}
     path = args.cache / "runtime-plan.json"
     path.write_text(json.dumps(plan))
@@ -116,6 +116,8 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--cache", type=Path, default=HERE / ".cache", help="built models (reused)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "runtime.json")
     ap.add_argument("--plot", type=Path, default=HERE / "results" / "runtime.png")
+    ap.add_argument("--reuse-kiln", action="store_true",
+                    help="take the newest cached kiln artifacts even if kiln's build code changed since (smoke runs)")
     ap.add_argument("--setup-only", action="store_true",
                     help="build and export every system's model into the cache, measure nothing")
     ap.add_argument("--profile", choices=("auto", "always", "never"), default="auto",

@@ -76,12 +76,18 @@ class KilnRunner:
         return bool(deltas)
 
 
-def ensure_kiln(cache: Path, backend: str, quant: str) -> Path:
-    """The kiln artifact for one backend and precision, rebuilt into the cache when kiln's build code changes."""
+def ensure_kiln(cache: Path, backend: str, quant: str, reuse: bool = False) -> Path:
+    """The kiln artifact for one backend and precision, rebuilt into the cache when kiln's build code
+    changes; `reuse` takes the newest one cached whatever code built it (smoke runs in a busy checkout)."""
     name = f"kiln-{backend}-{quant}-{_build_code_hash()}"
+    cached = sorted(cache.glob(f"kiln-{backend}-{quant}-*/manifest.json"), key=lambda p: p.stat().st_mtime)
+    if reuse and cached and cached[-1].parent.name != name:
+        console.print(f"[yellow]reusing {cached[-1].parent.name}: kiln's build code changed since it was built[/]")
+        name = cached[-1].parent.name
     out, marker = cache / name, cache / f"{name}.UNVERIFIED"
     if not (out / "manifest.json").is_file():
-        for stale in cache.glob(f"kiln-{backend}-{quant}-*"):
+        # NOTE: the dot-folders are builds a killed process left half-written (the OOM killer, Ctrl-C).
+        for stale in [*cache.glob(f"kiln-{backend}-{quant}-*"), *cache.glob(f".kiln-{backend}-{quant}-*.building-*")]:
             shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
         _build_kiln(out, backend, quant, marker)
     if marker.is_file():

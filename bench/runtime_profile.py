@@ -45,7 +45,8 @@ def profile_misses(cases: list[tuple], plan: dict) -> dict:
 
 def _kiln_runner(spec: str, plan: dict) -> KilnRunner:
     _, backend, quant = spec.split(":")
-    return KilnRunner(ensure_kiln(Path(plan["cache"]), backend, quant), plan["threads"], f"{backend} {quant}")
+    artifact = ensure_kiln(Path(plan["cache"]), backend, quant, reuse=plan.get("reuse_kiln", False))
+    return KilnRunner(artifact, plan["threads"], f"{backend} {quant}")
 
 
 def _genai_dir(spec: str | None, plan: dict) -> Path | None:

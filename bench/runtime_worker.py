@@ -34,7 +34,7 @@ def _kiln(variant: str, plan: dict):
 
     logging.getLogger("kiln").setLevel(logging.WARNING)
     backend, quant = variant.split(":")
-    artifact = ensure_kiln(Path(plan["cache"]), backend, quant)
+    artifact = ensure_kiln(Path(plan["cache"]), backend, quant, reuse=plan.get("reuse_kiln", False))
     return KilnRunner(artifact, plan["threads"], f"{backend} {quant}")
 
 
