@@ -15,7 +15,7 @@ import numpy as np
 import openvino as ov
 
 from kiln.engines.base import BucketGrid, EngineResult, KvLayout, PagedBatch
-from kiln.engines.openvino.feeds import check_tables, paged_feeds
+from kiln.engines.openvino.feeds import paged_feeds
 from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.engines.openvino.paged_graph import paged_model
 from kiln.export.spec import ModelSpec
@@ -93,7 +93,6 @@ class OpenVinoEngine:
     def execute(self, batch: PagedBatch) -> EngineResult:
         if not self._caches:
             raise RuntimeError("allocate_kv(num_blocks) must run before execute()")
-        check_tables(batch, self.block_size, self.num_blocks)
-        self.request.infer(paged_feeds(batch, self.block_size), share_inputs=True)
+        self.request.infer(paged_feeds(batch, self.block_size, self.num_blocks), share_inputs=True)
         logits = self.request.get_output_tensor(0).data
         return EngineResult(np.array(logits, np.float32, copy=True))
