@@ -2,26 +2,34 @@
 
     .venv/bin/python bench/bench_quant_ppl.py [--model smollm2-135m] [--variants fp32,int8,int4] [--fuse]
 
+Each variant also answers QUESTION (chat template, greedy, 24 tokens).
 --fuse runs the build's fusion passes first (as `kiln build` does). Decode latency: B=1, S=1 after 256
 cached tokens, sessions with ORT_ENABLE_ALL and 2 threads, interleaved rounds over all variants.
 
 Variants: fp32, int8, int4 (the pass's default recipe), plus options joined by '-': sym (symmetric),
 bs16/bs64 (block size), t4/t8 (bits of the embedding and LM head), pure (no linear kept at 8 bits),
-k8=a+b (these node-name segments at 8 bits), e.g. int4-pure-t4 (everything 4-bit), int4-sym-bs16.
+k8=a+b (these node-name segments at 8 bits), off/nooff (4-bit linears with / without a float
+minimum per block, passes/block_offsets.py), e.g. int4-pure-t4 (everything 4-bit), int4-sym-bs16.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
+import onnx
 
-from kiln.eval.perplexity import make_session, perplexity, text_token_ids
+from kiln.eval.perplexity import greedy_tokens, make_session, perplexity, text_token_ids
 from kiln.export.decoder_graph import build_decoder
 from kiln.export.sources import load_source
 from kiln.passes.quantize import QuantizePass, QuantMode, weight_bytes
+from kiln.tokenizer import Tokenizer
+
+QUESTION = "What is the capital of France?"
 
 
 def make_pass(variant: str) -> QuantizePass:
@@ -34,6 +42,10 @@ def make_pass(variant: str) -> QuantizePass:
             kw["table_bits"] = int(o[1:])
         if o == "pure":
             kw["int8_linears"] = ()
+        if o == "off":
+            kw["block_offsets"] = True
+        if o == "nooff":
+            kw["block_offsets"] = False
         if o.startswith("k8="):
             kw["int8_linears"] = tuple(o[3:].split("+"))
     return QuantizePass(QuantMode.NONE if mode == "fp32" else QuantMode(mode), **kw)
@@ -70,6 +82,7 @@ def main() -> None:
     ap.add_argument("--variants", default="fp32,int8,int4")
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--fuse", action="store_true")
+    ap.add_argument("--no-ppl", action="store_true", help="decode latency and bytes only")
     args = ap.parse_args()
     src = load_source(args.model)
     fp32 = build_decoder(src.spec, src.weights)
@@ -82,21 +95,40 @@ def main() -> None:
     base_bytes = weight_bytes(fp32.graph)
     print(f"{args.model}{' (fused)' if args.fuse else ''}: {len(tokens)} tokens, window {args.window}, "
           f"fp32 weights {base_bytes / 1e6:.1f} MB", flush=True)
-    models, rows = {}, {}
-    for variant in args.variants.split(","):
-        t0 = time.perf_counter()
-        models[variant] = make_pass(variant).run(fp32)
-        rows[variant] = (perplexity(models[variant], tokens, args.window), time.perf_counter() - t0)
-        print(f"  {variant}: ppl {rows[variant][0]:.4f}", flush=True)
-    latency = decode_latencies_ms(models)
-    base_ppl = next(iter(rows.values()))[0]
-    print("| variant | ppl | Δppl | weight MB | ratio | decode ms (median / min) | quantize + ppl s |")
-    print("|---|---|---|---|---|---|---|")
-    for v, (ppl, secs) in rows.items():
-        size = weight_bytes(models[v].graph)
-        print(f"| {v} | {ppl:.4f} | {100 * (ppl / base_ppl - 1):+.2f}% | {size / 1e6:.1f} | "
-              f"{size / base_bytes:.3f} | {latency[v][0]:.2f} / {latency[v][1]:.2f} | {secs:.0f} |")
+    chat = chat_prompt(src.tokenizer_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = {v: measure(v, fp32, tokens, chat, args, Path(tmp)) for v in args.variants.split(",")}
+        del fp32
+        latency = decode_latencies_ms({v: r["path"] for v, r in rows.items()})
+    base_ppl = next(iter(rows.values()))["ppl"]
+    print("| variant | ppl | Δppl | weight MB | ratio | nodes | decode ms (median / min) | quantize + ppl s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for v, r in rows.items():
+        print(f"| {v} | {r['ppl']:.4f} | {100 * (r['ppl'] / base_ppl - 1):+.2f}% | {r['bytes'] / 1e6:.1f} | "
+              f"{r['bytes'] / base_bytes:.3f} | {r['nodes']} | {latency[v][0]:.2f} / {latency[v][1]:.2f} | "
+              f"{r['seconds']:.0f} |")
+    for v, r in rows.items():
+        print(f"{v}: {r['answer']!r}")
 
+
+def chat_prompt(tokenizer_dir: Path) -> tuple[list[int], tuple[int, ...], Tokenizer]:
+    tok = Tokenizer(tokenizer_dir)
+    ids = tok.encode_chat([{"role": "user", "content": QUESTION}])
+    return ids, (tok.eos_token_id,) if tok.eos_token_id is not None else (), tok
+
+
+def measure(variant: str, fp32, tokens: list[int], chat, args, tmp: Path) -> dict:
+    """Quantize, score and save one variant; only its file stays (SmolLM2 graphs are ~0.1-0.7 GB each)."""
+    t0 = time.perf_counter()
+    model = make_pass(variant).run(fp32)
+    ppl = float("nan") if args.no_ppl else perplexity(model, tokens, args.window)
+    ids, stop, tok = chat
+    answer = tok.decode(greedy_tokens(model, ids, 24, stop))
+    path = tmp / f"{variant}.onnx"
+    onnx.save(model, str(path))
+    print(f"  {variant}: ppl {ppl:.4f}, {len(model.graph.node)} nodes, {answer!r}", flush=True)
+    return {"ppl": ppl, "seconds": time.perf_counter() - t0, "bytes": weight_bytes(model.graph),
+            "nodes": len(model.graph.node), "answer": answer, "path": str(path)}
 
 if __name__ == "__main__":
     main()

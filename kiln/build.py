@@ -68,9 +68,7 @@ EngineBuilder = Callable[[onnx.ModelProto, ModelSpec, BuildConfig, Path, StageFn
 def _build_ort(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig, root: Path,
                stage: StageFn) -> BuiltEngines:
     """Paged IO in the graph (a gather from the runtime's pool), then ORT's offline optimization."""
-    kv_io = KvIoPass(spec, config.block_size)
-    if config.quant is not QuantMode.NONE:
-        kv_io.rel_tolerance = QuantizePass(config.quant).rel_tolerance
+    kv_io = KvIoPass(spec, config.block_size)      # NOTE: checked at fp32 activations (verify_paged.py)
     with stage(f"pass {kv_io.name}"):
         check = (lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size)) if config.verify else None
         model, report = run_pass(kv_io, model, check)
@@ -104,20 +102,26 @@ def _engine_builder(backend: str) -> EngineBuilder:
 
 
 def _passes(src: ModelSource, config: BuildConfig) -> list:
-    """The backend-neutral passes: the standard decoder graph (dense KV IO) in, fused and quantized out."""
+    """The backend-neutral passes: the standard decoder graph (dense KV IO) in, fused and quantized out.
+    The quantize pass runs in every mode: its check's perplexity on kiln/data/check.txt goes into
+    the manifest, and a quantized graph that disagrees with fp32 fails the build."""
     from kiln.passes.cleanup import CleanupPass
+    from kiln.passes.quantize import MIN_TOP1
+    from kiln.passes.verify_quant import QuantCheck, check_token_ids
 
     passes = [(CleanupPass(), compare_logits)]
     if config.fuse:
         from kiln.passes.fusion import fusion_passes
 
         passes += [(p, compare_logits) for p in fusion_passes(src.spec)]
-    if config.quant is not QuantMode.NONE:
-        passes.append((QuantizePass(config.quant), compare_logits))
+    quantize = QuantizePass(config.quant)
+    tokens = check_token_ids(src.tokenizer_dir, min(512, src.spec.max_position_embeddings))
+    passes.append((quantize, QuantCheck(quantize.name, tokens, MIN_TOP1[config.quant])))
     return passes
 
 
 def _quant_record(config: BuildConfig, reports: list[dict]) -> dict:
+    """The manifest's quant entry: the quantize pass's details, with its check's perplexity."""
     details = next((r["details"] for r in reports if r["name"].startswith("quantize")), {})
     return {"mode": config.quant.value, **details}
 

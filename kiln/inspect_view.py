@@ -25,6 +25,7 @@ def _summary(art: EngineArtifact, context_len: int, memory_bytes: int) -> Table:
         ("config hash", m.spec.config_hash()),
         ("source", m.source),
         ("quantization", _quant_line(m.quant)),
+        ("perplexity", _perplexity_line(m.quant)),
         ("buckets", f"batch {list(m.buckets.batch_sizes)} × seq {list(m.buckets.seq_lens)}"),
         ("KV layout", f"[layers {kv.num_layers}, k/v, kv_heads {kv.num_kv_heads}, blocks, "
                       f"{kv.block_size}, head_dim {kv.head_dim}] {kv.dtype}"),
@@ -39,9 +40,23 @@ def _summary(art: EngineArtifact, context_len: int, memory_bytes: int) -> Table:
     return t
 
 
+_CHECK_KEYS = ("check_text", "check_tokens", "top1_agreement", "min_top1_agreement", "perplexity", "perplexity_fp32")
+
+
 def _quant_line(q: dict) -> str:
-    extras = ", ".join(f"{k}={v}" for k, v in q.items() if k != "mode" and not isinstance(v, (dict, list)))
+    extras = ", ".join(f"{k}={v}" for k, v in q.items()
+                       if k != "mode" and k not in _CHECK_KEYS and not isinstance(v, (dict, list)))
     return f"{q.get('mode')}" + (f" ({extras})" if extras else "")
+
+
+def _perplexity_line(q: dict) -> str:
+    """The build's quantize check: perplexity of this quant mode and of fp32 on the same text."""
+    if "perplexity" not in q:
+        return "not measured (built without checks, or by an older kiln)"
+    delta = q["perplexity"] / q["perplexity_fp32"] - 1
+    return (f"{q['perplexity']:.3f} (fp32 {q['perplexity_fp32']:.3f}, {delta:+.2%}) over {q['check_tokens']} tokens "
+            f"of {q['check_text']}; top-1 agreement with fp32 {q['top1_agreement']:.3f} "
+            f"(build minimum {q['min_top1_agreement']:.2f})")
 
 
 def _capacity_line(kv, context_len: int, memory_bytes: int) -> str:

@@ -14,6 +14,8 @@ import onnx
 import onnxruntime as ort
 
 PERPLEXITY_TEXT = Path(__file__).resolve().parents[2] / "tests" / "data" / "perplexity.txt"
+# Shipped in the package: the build's quantization check and the manifest's perplexity use it.
+CHECK_TEXT = Path(__file__).resolve().parents[1] / "data" / "check.txt"
 
 
 def perplexity(model: onnx.ModelProto | str, token_ids: list[int], window: int = 512) -> float:
@@ -30,6 +32,33 @@ def make_session(model: onnx.ModelProto | str) -> ort.InferenceSession:
     opts.log_severity_level = 3
     source = model if isinstance(model, str) else model.SerializeToString()
     return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+
+
+def text_logits(model: onnx.ModelProto | str, token_ids: list[int]) -> np.ndarray:
+    """[n, vocab] logits of one run over token_ids (batch 1, no past): for short texts."""
+    ids = np.asarray(token_ids, np.int64)
+    sess = make_session(model)
+    return _step(sess, ids, 0, _empty_cache(sess))[0]
+
+
+def perplexity_of_logits(logits: np.ndarray, token_ids: list[int]) -> float:
+    """exp(mean NLL) of token_ids[1:] given logits [n, vocab] for token_ids (the last row is unused)."""
+    targets = np.asarray(token_ids[1:], np.int64)
+    return float(np.exp(-_log_probs(logits[:len(targets)], targets).mean()))
+
+
+def greedy_tokens(model: onnx.ModelProto | str, prompt_ids: list[int], max_new: int,
+                  stop_ids: tuple[int, ...] = ()) -> list[int]:
+    """Greedy continuation of a prompt (batch 1, KV cache carried): quality spot checks, not serving."""
+    sess = make_session(model)
+    logits, cache = _step(sess, np.asarray(prompt_ids, np.int64), 0, _empty_cache(sess))
+    out: list[int] = []
+    while len(out) < max_new:
+        out.append(int(logits[-1].argmax()))
+        if out[-1] in stop_ids:
+            break
+        logits, cache = _step(sess, np.asarray(out[-1:], np.int64), len(prompt_ids) + len(out) - 1, cache)
+    return out
 
 
 def _total_nll(sess: ort.InferenceSession, token_ids: list[int], window: int) -> float:

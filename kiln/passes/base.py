@@ -50,6 +50,7 @@ def run_pass(p: GraphPass, model: onnx.ModelProto, check: NumericCheck | None) -
                         tolerance=p.rel_tolerance, details=p.details())
     if check is not None:
         report.max_abs_error, report.max_rel_error = check(model, out)
+        report.details |= getattr(check, "details", dict)()     # what a check object measured
         if not report.max_rel_error <= p.rel_tolerance:
             raise PassCheckError(
                 f"pass {p.name!r} failed its numeric check: max relative error "

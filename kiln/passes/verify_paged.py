@@ -2,6 +2,12 @@
 
 The dense graph's past KV (one row left-padded) is written into a pool through a shuffled block
 table; logits at every position and the new tokens' K/V must match the dense run.
+
+Both graphs run with fp32 activations (MatMulNBits at accuracy_level 0), so the layout pass is held
+to its own tight tolerance on quantized graphs too: at level 4 MatMulNBits rounds activations to
+int8, and a 1e-6 difference in the attention's summation order flips whole rounding steps (measured
+on SmolLM2 int8: a 1e-6 relative nudge to the past KV moved the logits by 1.5, in fp32 by 5e-4).
+The quantized weights are the same at either level, so the check still covers the graph as built.
 """
 
 from __future__ import annotations
@@ -12,6 +18,21 @@ import onnx
 from kiln.passes.verify import _session, seeded_feeds
 
 KINDS = ("key", "value")
+
+
+def fp32_activations(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph with every MatMulNBits at accuracy_level 0 (same weights, fp32 activations)."""
+    levels = [a for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+              if a.name == "accuracy_level" and a.i != 0]
+    if not levels:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for n in out.graph.node:
+        for a in n.attribute:
+            if n.op_type == "MatMulNBits" and a.name == "accuracy_level":
+                a.i = 0
+    return out
 
 
 def _pool_from_past(feeds: dict, num_layers: int, past_lens: np.ndarray, block_size: int, seed: int):
@@ -35,6 +56,7 @@ def _pool_from_past(feeds: dict, num_layers: int, past_lens: np.ndarray, block_s
 def compare_paged(before: onnx.ModelProto, after: onnx.ModelProto, num_layers: int, block_size: int,
                   seed: int = 0) -> tuple[float, float]:
     """(max abs error, relative error) over logits and new K/V."""
+    before, after = fp32_activations(before), fp32_activations(after)
     feeds = seeded_feeds(before, seed=seed)
     dense = _session(before)
     ref = dict(zip([o.name for o in dense.get_outputs()], dense.run(None, feeds)))
@@ -56,3 +78,4 @@ def compare_paged(before: onnx.ModelProto, after: onnx.ModelProto, num_layers: i
             mine = new_kv[2 * layer + k].transpose(1, 0, 2, 3)       # [B,kvh,S,hd]
             err = max(err, float(np.abs(mine - ref[f"present.{layer}.{kind}"][:, :, past:]).max()))
     return err, err / max(float(np.abs(ref["logits"]).max()), 1e-12)
+

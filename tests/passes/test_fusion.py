@@ -117,11 +117,27 @@ def test_a_site_that_does_not_match_is_skipped(tiny_sources, checks):
     assert checks.op_counts(out)["Pow"] == 1
 
 
-def test_fusions_compose_with_kv_io(tiny):
+def test_fusions_compose_with_kv_io(tiny, checks):
+    """The whole fused chain, then paged IO, computes the unfused dense graph's logits and K/V
+    (through ONNX Runtime: the dense past KV written into a shuffled block pool)."""
     from kiln.passes.kv_io import KvIoPass
+    from kiln.passes.verify_paged import compare_paged
 
     spec, model = tiny
+    fused = model
     for p in fusion_passes(spec):
-        model = p.run(model)
-    paged = KvIoPass(spec).run(model)
-    assert "new_kv" in [o.name for o in paged.graph.output]
+        fused = p.run(fused)
+    checks.same_outputs(model, fused)
+    paged = KvIoPass(spec).run(fused)
+    assert compare_paged(fused, paged, spec.num_layers, 16)[1] <= 1e-5
+    assert compare_paged(model, paged, spec.num_layers, 16)[1] <= 1e-4
+
+
+def test_the_fusion_check_fails_a_wrong_fusion(tiny):
+    """compare_logits, the check every fusion runs under, catches a fused op with a wrong attribute."""
+    spec, model = tiny
+    fused = FuseRMSNorm().run(model)
+    sln = next(n for n in fused.graph.node if n.op_type == "SimplifiedLayerNormalization")
+    next(a for a in sln.attribute if a.name == "epsilon").f = 1.0      # eps 1e-6 -> 1
+    _, rel = compare_logits(model, fused)
+    assert rel > FuseRMSNorm().rel_tolerance

@@ -30,9 +30,13 @@ def ops(model: onnx.ModelProto) -> Counter:
     return Counter(n.op_type for n in model.graph.node)
 
 
+OFFSET_NODES = ("/block_sums", "/block_offset")      # block_offsets.py's side product, not a linear
+
+
 def weight_matmuls(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     inits = {t.name for t in model.graph.initializer}
-    return [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    return [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits
+            and not n.name.endswith(OFFSET_NODES)]
 
 
 def producer(model: onnx.ModelProto, tensor: str) -> onnx.NodeProto:
@@ -48,8 +52,9 @@ def test_every_linear_and_the_embedding_are_quantized(models, name, mode):
     assert ops(out)["MatMulNBits"] == linears == 15
     assert ops(out)["GatherBlockQuantized"] == 1 and ops(out)["Gather"] == ops(model)["Gather"] - 1
     assert weight_matmuls(out) == []
-    # INT4's recipe keeps v_proj, down_proj and the tables at 8 bits
-    assert report.details["matmuls_by_bits"] == ({8: 15} if mode is QuantMode.INT8 else {4: 10, 8: 5})
+    # INT4's recipe: every linear 4-bit (with block offsets), the LM head 8-bit
+    assert report.details["matmuls_by_bits"] == ({8: 15} if mode is QuantMode.INT8 else {4: 14, 8: 1})
+    assert report.details["block_offsets"] == (mode is QuantMode.INT4)
     assert all(a.i == 4 for n in out.graph.node if n.op_type == "MatMulNBits"
                for a in n.attribute if a.name == "accuracy_level")
     d = report.details
@@ -144,13 +149,20 @@ def test_tied_embedding_without_a_quantized_head_gets_its_own_table(models):
     assert ops(out)["GatherBlockQuantized"] == 1 and "own table" in p.details()["embedding"]
 
 
-def test_int4_recipe_keeps_the_sensitive_weights_at_8_bits(models):
+def test_int4_recipe_keeps_the_tables_at_8_bits(models):
     out, _ = run_pass(QuantizePass(QuantMode.INT4), models["tiny-qwen2"], compare_logits)
     bits = {n.name: next(a.i for a in n.attribute if a.name == "bits")
             for n in out.graph.node if n.domain == "com.microsoft"}
     assert bits["/model/lm_head_Q8"] == 8 and bits["/model/embed_tokens_Q8"] == 8
-    assert bits["/model/layers.1/mlp/down_proj/MatMul_Q8"] == 8 and bits["/model/layers.0/attn/v_proj/MatMul_Q8"] == 8
-    assert bits["/model/layers.0/attn/q_proj/MatMul_Q4"] == 4 and bits["/model/layers.1/mlp/up_proj/MatMul_Q4"] == 4
+    assert bits["/model/layers.1/mlp/down_proj/MatMul_Q4"] == 4 and bits["/model/layers.0/attn/v_proj/MatMul_Q4"] == 4
+
+
+def test_int8_linears_keep_named_linears_at_8_bits_without_offsets(models):
+    out = QuantizePass(QuantMode.INT4, int8_linears=("down_proj",)).run(models["tiny-qwen2"])
+    names = {n.name for n in out.graph.node}
+    assert "/model/layers.1/mlp/down_proj/MatMul_Q8" in names
+    assert "/model/layers.1/mlp/down_proj/MatMul/block_offset" not in names
+    assert "/model/layers.1/mlp/up_proj/MatMul/block_offset" in names
 
 
 def test_int8_linears_match_whole_name_segments(models):
@@ -213,4 +225,26 @@ def test_quantizes_the_fused_graph(models, name):
     assert linears == 2 * 4 + 1
     out, report = run_pass(QuantizePass(QuantMode.INT4), model, compare_logits)
     assert weight_matmuls(out) == [] and ops(out)["GatherBlockQuantized"] == 1
-    assert report.details["matmuls_by_bits"] == {4: 4, 8: 5}   # qkv, down and the head stay 8-bit
+    assert report.details["matmuls_by_bits"] == {4: 8, 8: 1}   # the head stays 8-bit
+
+
+@pytest.mark.parametrize("mode", QUANTIZED)
+def test_a_weight_shared_by_two_matmuls_keeps_one_copy_in_every_recipe(models, mode):
+    """INT4's block offsets replace one MatMul by four nodes: the second user gets its own four,
+    reading the same tables, and computes what a separately quantized copy of the weight would."""
+    from kiln.passes.verify import logits, seeded_feeds
+
+    shared, copied = onnx.ModelProto(), onnx.ModelProto()
+    shared.CopyFrom(models["tiny-llama"])
+    copied.CopyFrom(models["tiny-llama"])
+    next(n for n in shared.graph.node if n.name == "/model/layers.1/attn/q_proj/MatMul").input[1] = \
+        "model.layers.0.self_attn.q_proj.weight"
+    w = next(t for t in copied.graph.initializer if t.name == "model.layers.0.self_attn.q_proj.weight")
+    copied.graph.initializer.append(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(w), "/test/q_copy"))
+    next(n for n in copied.graph.node if n.name == "/model/layers.1/attn/q_proj/MatMul").input[1] = "/test/q_copy"
+    out = QuantizePass(mode).run(shared)
+    q_tables = [t.name for t in out.graph.initializer if "q_proj" in t.name and "_Q" in t.name]
+    assert q_tables == [f"model.layers.0.self_attn.q_proj.weight_Q{mode.bits}"]
+    assert len({n.name for n in out.graph.node}) == len(out.graph.node)        # node names stay unique
+    feeds = seeded_feeds(shared)
+    np.testing.assert_allclose(logits(out, feeds), logits(QuantizePass(mode).run(copied), feeds), atol=1e-5)

@@ -1,0 +1,163 @@
+"""Build checks that fail a wrong graph: the quantize check (top-1 agreement and logit error on the
+shipped text), block offsets that store a Q4_1 weight exactly, and kv_io held to its own tolerance
+on quantized graphs (fp32 activations)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from kiln.passes.base import PassCheckError, run_pass
+from kiln.passes.kv_io import KvIoPass
+from kiln.passes.quantize import MIN_TOP1, QuantizePass, QuantMode
+from kiln.passes.verify import logits, seeded_feeds
+from kiln.passes.verify_paged import compare_paged, fp32_activations
+from kiln.passes.verify_quant import QuantCheck, check_token_ids
+
+QUANTIZED = [QuantMode.INT8, QuantMode.INT4]
+
+
+@pytest.fixture(scope="module")
+def check_ids(tiny_sources):
+    return {name: check_token_ids(src.tokenizer_dir, 512) for name, src in tiny_sources.items()}
+
+
+def quant_check(ids, mode: QuantMode) -> QuantCheck:
+    return QuantCheck("quantize", ids, MIN_TOP1[mode])
+
+
+def scrambled_scales(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every MatMulNBits' scale table shuffled: the tables a mis-laid-out quantizer would write."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inits = {t.name: t for t in out.graph.initializer}
+    rng = np.random.default_rng(0)
+    for n in out.graph.node:
+        if n.op_type == "MatMulNBits":
+            scales = numpy_helper.to_array(inits[n.input[2]])
+            inits[n.input[2]].CopyFrom(numpy_helper.from_array(rng.permutation(scales.ravel()).reshape(scales.shape),
+                                                               n.input[2]))
+    return out
+
+
+def shifted_groups(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every block reads its neighbour's scale (a wrong group: an off-by-one along K)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inits = {t.name: t for t in out.graph.initializer}
+    for n in out.graph.node:
+        if n.op_type == "MatMulNBits":
+            scales = numpy_helper.to_array(inits[n.input[2]])
+            inits[n.input[2]].CopyFrom(numpy_helper.from_array(np.roll(scales, 1, axis=-1), n.input[2]))
+    return out
+
+
+class BrokenQuantize(QuantizePass):
+    def __init__(self, mode: QuantMode, breaker):
+        super().__init__(mode)
+        self.breaker = breaker
+
+    def run(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        return self.breaker(super().run(model))
+
+
+@pytest.mark.parametrize("mode", QUANTIZED)
+def test_a_correct_quantized_graph_passes_and_reports_its_quality(tiny, tiny_sources, check_ids, mode):
+    spec, model = tiny
+    name = next(n for n, s in tiny_sources.items() if s.spec == spec)
+    out, report = run_pass(QuantizePass(mode), model, quant_check(check_ids[name], mode))
+    d = report.details
+    assert d["check_tokens"] == 512 and d["check_text"] == "kiln/data/check.txt"
+    assert MIN_TOP1[mode] <= d["top1_agreement"] <= 1.0
+    assert report.max_rel_error <= QuantizePass(mode).rel_tolerance
+    assert d["perplexity"] > 1 and d["perplexity_fp32"] > 1 and d["perplexity"] != d["perplexity_fp32"]
+
+
+def test_none_measures_fp32_once(tiny_sources, check_ids, tiny):
+    spec, model = tiny
+    name = next(n for n, s in tiny_sources.items() if s.spec == spec)
+    _, report = run_pass(QuantizePass(QuantMode.NONE), model, quant_check(check_ids[name], QuantMode.NONE))
+    assert report.details["top1_agreement"] == 1.0 and report.max_abs_error == 0.0
+    assert report.details["perplexity"] == report.details["perplexity_fp32"]
+
+
+@pytest.mark.parametrize("breaker", [scrambled_scales, shifted_groups])
+@pytest.mark.parametrize("mode", QUANTIZED)
+def test_a_broken_quantized_graph_fails_with_the_pass_name(tiny, tiny_sources, check_ids, mode, breaker):
+    spec, model = tiny
+    name = next(n for n, s in tiny_sources.items() if s.spec == spec)
+    with pytest.raises(PassCheckError, match="pass 'quantize' failed its numeric check"):
+        run_pass(BrokenQuantize(mode, breaker), model, quant_check(check_ids[name], mode))
+
+
+def test_a_build_with_a_broken_quantizer_fails(monkeypatch, tmp_path):
+    import kiln.build
+    from kiln.config import BuildConfig
+
+    monkeypatch.setattr(kiln.build, "QuantizePass", lambda mode: BrokenQuantize(mode, scrambled_scales))
+    with pytest.raises(PassCheckError, match="'quantize'.*top-1 agreement with fp32"):
+        kiln.build.build(BuildConfig(source="tiny-llama", out=tmp_path / "art", quant=QuantMode.INT4))
+    assert not (tmp_path / "art").exists()
+
+
+def q4_1(w: np.ndarray, block: int = 32) -> np.ndarray:
+    """llama.cpp's Q4_1 round trip of W [K, N] along K: w = d·q + min, q in 0..15."""
+    k, n = w.shape
+    b = w.reshape(k // block, block, n)
+    lo, hi = b.min(1, keepdims=True), b.max(1, keepdims=True)
+    d = (hi - lo) / 15
+    return (np.round((b - lo) / d) * d + lo).reshape(k, n).astype(np.float32)
+
+
+def with_q4_1_linears(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    weights = {n.input[1] for n in out.graph.node if n.op_type == "MatMul"}
+    for t in out.graph.initializer:
+        if t.name in weights and len(t.dims) == 2:
+            t.CopyFrom(numpy_helper.from_array(q4_1(numpy_helper.to_array(t)), t.name))
+    return out
+
+
+@pytest.mark.parametrize("offsets,bound", [(True, 1e-5), (False, None)])
+def test_block_offsets_store_a_q4_1_weight_exactly(tiny, offsets, bound):
+    """SmolLM2's GGUF is Q4_1: with a float minimum per block the 4-bit graph is the fp32 graph
+    (up to MatMulNBits' int8 activations, turned off here); an integer zero point is not."""
+    _, model = tiny
+    source = with_q4_1_linears(model)
+    p = QuantizePass(QuantMode.INT4, block_offsets=offsets, quantize_embedding=False, quantize_lm_head=False)
+    out = fp32_activations(p.run(source))
+    feeds = seeded_feeds(source)
+    ref = logits(source, feeds)
+    rel = np.abs(logits(out, feeds) - ref).max() / np.abs(ref).max()
+    if offsets:
+        assert rel < bound
+    else:
+        assert rel > 1e-3          # the offset grid costs real error: what the recipe avoids
+
+
+@pytest.mark.parametrize("mode", QUANTIZED)
+def test_kv_io_keeps_its_own_tolerance_on_a_quantized_graph(tiny, mode):
+    spec, model = tiny
+    quantized = QuantizePass(mode).run(model)
+    kv_io = KvIoPass(spec)
+    assert kv_io.rel_tolerance == 1e-4
+    paged, report = run_pass(kv_io, quantized, lambda a, b: compare_paged(a, b, spec.num_layers, 16))
+    assert report.max_rel_error <= 1e-4
+    # and the check can fail: a paged graph that reads layer 0's K pool as its V pool and back
+    swap = {"key_cache.0": "value_cache.0", "value_cache.0": "key_cache.0"}
+    for n in paged.graph.node:
+        n.input[:] = [swap.get(i, i) for i in n.input]
+    assert compare_paged(quantized, paged, spec.num_layers, 16)[1] > 1e-2
+
+
+def test_fp32_activations_only_touches_the_accuracy_level(tiny):
+    _, model = tiny
+    q = QuantizePass(QuantMode.INT4).run(model)
+    f = fp32_activations(q)
+    assert {a.i for n in f.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+            if a.name == "accuracy_level"} == {0}
+    assert [t.name for t in f.graph.initializer] == [t.name for t in q.graph.initializer]
+    assert fp32_activations(model) is model
