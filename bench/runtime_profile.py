@@ -174,19 +174,18 @@ def _median(units: list[dict[str, float]]) -> dict[str, float]:
 
 
 def print_ops(key: str, ops: dict[str, dict[str, float]], top: int = 12) -> None:
-    kiln, peer = ops["kiln"], ops.get(GENAI, {})
+    sides = ops                      # kiln, and onnxruntime-genai where it is the peer
     per = "prefill of one generate" if key.endswith("prefill") else "one decode call"
     table = Table(title=f"where the engine time goes: {key} (median ms for {per}, by op type)")
-    for col in ("op type", "kiln", "onnxruntime-genai"):
+    for col in ("op type", *sides):
         table.add_column(col, justify="left" if col == "op type" else "right")
     counts = (CALLS, NODES)
-    names = sorted((set(kiln) | set(peer)) - set(counts), key=lambda k: -max(kiln.get(k, 0), peer.get(k, 0)))
+    names = sorted(set().union(*sides.values()) - set(counts), key=lambda k: -max(o.get(k, 0) for o in sides.values()))
     for name in names[:top + 1]:
-        table.add_row(name, f"{kiln.get(name, 0):.2f}", f"{peer.get(name, 0):.2f}")
-    gaps = [_between_kernels(o) for o in (kiln, peer)]
-    table.add_row("(whole run − kernels: dispatch between nodes)", *(f"{g:.2f}" for g in gaps))
+        table.add_row(name, *(f"{o.get(name, 0):.2f}" for o in sides.values()))
+    table.add_row("(whole run − kernels: dispatch between nodes)", *(f"{_between_kernels(o):.2f}" for o in sides.values()))
     for name in counts:
-        table.add_row(name, f"{kiln.get(name, 0):g}", f"{peer.get(name, 0):g}")
+        table.add_row(name, *(f"{o.get(name, 0):g}" for o in sides.values()))
     console.print(table)
 
 
