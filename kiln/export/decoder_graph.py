@@ -10,11 +10,14 @@ a head-major paged pool. The mask is expressed through two tensors the kv_io pas
 key_positions [B,T] (absolute position of each key, or FAR for a padded one) and
 query_positions [B,S]; a query attends to a key iff key_position <= query_position, and, with a
 sliding window W, also query_position - key_position < W (HF's sliding_window_overlay).
-Variants (ModelSpec): rope scaling types (export.rope), partial rotary, per-head q/k RMSNorm.
+Variants (ModelSpec): rope scaling types (export.rope), partial rotary, per-head q/k RMSNorm, and
+Gemma's: (1 + w) norms, scaled embeddings, GeGLU, sandwich norms, tanh soft-capping, sliding and
+full layers interleaved with their own rope bases.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -50,15 +53,20 @@ def build_decoder(spec: ModelSpec, weights, weights_dir: Path | None = None):
     mask = g.input("attention_mask", INT64, ["batch", "total"])
     with g.scope("model"):
         x = g.op("Gather", [w.add("model.embed_tokens.weight"), ids], "embed_tokens")
-        cos, sin = _rotary_tables(g, spec, pos)
-        bias = _attention_bias(g, spec, mask, ids)
+        if spec.embed_scale != 1.0:
+            x = g.op("Mul", [x, g.const(spec.embed_scale, np.float32)], "embed_scale")
+        ropes = _layer_ropes(g, spec, pos)
+        biases = _attention_biases(g, spec, mask, ids)
         for i in range(spec.num_layers):
             with g.scope(f"layers.{i}"):
-                x = _decoder_layer(g, spec, w, i, x, cos, sin, bias)
+                x = _decoder_layer(g, spec, w, i, x, *ropes[i], biases[spec.layer_window(i)])
         x = g.op("Identity", [x], "final_hidden")
         with g.scope("final_norm"):
-            x = rms_norm(g, spec, x, w.add("model.norm.weight"))
+            x = rms_norm(g, spec, x, w.norm(spec, "model.norm.weight"))
         logits = g.op("MatMul", [x, w.lm_head(spec)], "lm_head")
+        if spec.final_softcap:
+            with g.scope("logit_softcap"):
+                logits = softcap(g, logits, spec.final_softcap)
     g.output(logits, "logits", FLOAT, ["batch", "seq", spec.vocab_size])
     model = g.model()
     release_freed_memory()
@@ -73,6 +81,12 @@ class _Weights:
 
     def add(self, name: str) -> str:
         return self.g.weight(name, self.weights[name])
+
+    def norm(self, spec: ModelSpec, name: str) -> str:
+        if not spec.norm_offset:
+            return self.add(name)
+        # Gemma: (1 + w) in fp32, as HF computes it, folded into the stored weight.
+        return self.g.weight(name, (self.weights[name] + np.float32(spec.norm_offset)).astype(np.float32))
 
     def linear(self, name: str) -> str:
         return self.g.weight(name, self.weights[name].T)
@@ -96,13 +110,13 @@ def rms_norm(g: GraphBuilder, spec: ModelSpec, x: str, weight: str) -> str:
 # rotary tables: position_ids ─ Cast ─ Unsqueeze ─ Mul(inv_freq) ─ Concat(f, f) ─ Cos / Sin ─ Unsqueeze(2)
 # longrope:      freqs = Where(max position of the sequence >= original_max, p·long_inv_freq, p·inv_freq)
 # yarn/longrope: cos, sin ─ Mul(attention_scaling)   (HF scales both; the fused rotary then does not match)
-def _rotary_tables(g: GraphBuilder, spec: ModelSpec, pos: str) -> tuple[str, str]:
+def _rotary_tables(g: GraphBuilder, spec: ModelSpec, pos: str, scope: str = "rotary") -> tuple[str, str]:
     rot = rotary_for(spec)
-    with g.scope("rotary"):
+    with g.scope(scope):
         p = g.op("Unsqueeze", [g.op("Cast", [pos], "Cast", to=FLOAT), g.const([-1])], "Unsqueeze")
-        freqs = g.op("Mul", [p, g.weight("/model/rotary/inv_freq", rot.inv_freq)], "Freqs")
+        freqs = g.op("Mul", [p, g.weight(f"/model/{scope}/inv_freq", rot.inv_freq)], "Freqs")
         if rot.long_inv_freq is not None:
-            long = g.op("Mul", [p, g.weight("/model/rotary/long_inv_freq", rot.long_inv_freq)], "LongFreqs")
+            long = g.op("Mul", [p, g.weight(f"/model/{scope}/long_inv_freq", rot.long_inv_freq)], "LongFreqs")
             # As HF: a sequence's call takes the long factors once its last position passes the
             # original context (HF decides per call over the batch; kiln per sequence, batch-invariant).
             last = g.op("ReduceMax", [p, g.const([1])], "LastPosition", keepdims=1)         # [B,1,1]
@@ -121,6 +135,16 @@ def _rotary_tables(g: GraphBuilder, spec: ModelSpec, pos: str) -> tuple[str, str
 # rope(x): x ─ Slice[:h] ─────────┐
 #          └ Slice[h:] ─ Neg ─ Concat(-x2, x1) ─ Mul(sin) ─ Add ─ out
 #          └────────────────────── Mul(cos) ──────────────┘
+def _layer_ropes(g: GraphBuilder, spec: ModelSpec, pos: str) -> list[tuple[str, str]]:
+    """(cos, sin) per layer: Gemma 3's sliding layers rotate with their own (default) rope base."""
+    tables = _rotary_tables(g, spec, pos)
+    if not spec.local_rope_theta:
+        return [tables] * spec.num_layers
+    local_spec = replace(spec, rope_type="default", rope_scaling="", rope_theta=spec.local_rope_theta)
+    local = _rotary_tables(g, local_spec, pos, "rotary_local")
+    return [local if spec.layer_window(i) else tables for i in range(spec.num_layers)]
+
+
 # partial rotary (Phi-3, rotary_dim < head_dim): rope(x[..., :rotary_dim]) ─ Concat ─ x[..., rotary_dim:]
 def apply_rope(g: GraphBuilder, spec: ModelSpec, x: str, cos: str, sin: str) -> str:
     dim = spec.rotary_dim
@@ -139,8 +163,9 @@ def _rotate(g: GraphBuilder, x: str, dim: int, cos: str, sin: str) -> str:
     return g.op("Add", [g.op("Mul", [x, cos], "MulCos"), g.op("Mul", [rot, sin], "MulSin")], "Add")
 
 
-def _attention_bias(g: GraphBuilder, spec: ModelSpec, mask: str, ids: str) -> str:
-    """[B,S,T] additive bias; causal by position, padded keys masked, keys outside the window masked."""
+def _attention_biases(g: GraphBuilder, spec: ModelSpec, mask: str, ids: str) -> dict[int, str]:
+    """window -> [1,B,1,S,T] additive bias (0: full attention); causal by position, padded keys
+    masked, and with a window, keys it leaves behind masked."""
     with g.scope("attn_mask"):
         total = g.op("Squeeze", [g.op("Shape", [mask], "Total", start=1, end=2)], "TotalScalar")
         seq = g.op("Squeeze", [g.op("Shape", [ids], "Seq", start=1, end=2)], "SeqScalar")
@@ -153,23 +178,50 @@ def _attention_bias(g: GraphBuilder, spec: ModelSpec, mask: str, ids: str) -> st
         key_col = g.op("Unsqueeze", [kp, g.const([1])], "KeyCol")
         query_row = g.op("Unsqueeze", [qp, g.const([2])], "QueryRow")
         allowed = g.op("LessOrEqual", [key_col, query_row], "Allowed")
-        if spec.sliding_window:
-            oldest = g.op("Sub", [query_row, g.const(spec.sliding_window)], "WindowStart")
-            allowed = g.op("And", [allowed, g.op("Greater", [key_col, oldest], "InWindow")], "AllowedInWindow")
-        bias = g.op("Where", [allowed, g.const(0.0, np.float32), g.const(MASKED, np.float32)], "Bias")
-        return g.op("Unsqueeze", [bias, g.const([0, 2])], "bias")  # [1,B,1,S,T]
+        return {window: _bias(g, allowed, key_col, query_row, window)
+                for window in sorted({spec.layer_window(i) for i in range(spec.num_layers)})}
 
 
+def _bias(g: GraphBuilder, allowed: str, key_col: str, query_row: str, window: int) -> str:
+    if window:
+        oldest = g.op("Sub", [query_row, g.const(window)], "WindowStart")
+        allowed = g.op("And", [allowed, g.op("Greater", [key_col, oldest], "InWindow")], "AllowedInWindow")
+    bias = g.op("Where", [allowed, g.const(0.0, np.float32), g.const(MASKED, np.float32)],
+                "WindowBias" if window else "Bias")
+    return g.op("Unsqueeze", [bias, g.const([0, 2])], "window_bias" if window else "bias")
+
+
+# tanh soft-capping (Gemma 2): x ─ Div(cap) ─ Tanh ─ Mul(cap)
+def softcap(g: GraphBuilder, x: str, cap: float) -> str:
+    c = g.const(cap, np.float32)
+    return g.op("Mul", [g.op("Tanh", [g.op("Div", [x, c], "Div")], "Tanh"), c], "Cap")
+
+
+# Llama:  x + attn(norm(x)), then + mlp(norm(.))
+# Gemma:  x + out_norm(attn(norm(x))), then + out_norm(mlp(norm(.)))   (sandwich norms; HF's
+#         post_attention_layernorm is the attention's out norm there, pre_feedforward_layernorm the MLP's in norm)
 def _decoder_layer(g, spec, w, i, x, cos, sin, bias) -> str:
     p = f"model.layers.{i}."
     with g.scope("input_norm"):
-        h = rms_norm(g, spec, x, w.add(p + "input_layernorm.weight"))
+        h = rms_norm(g, spec, x, w.norm(spec, p + "input_layernorm.weight"))
     with g.scope("attn"):
-        x = g.op("Add", [x, _attention(g, spec, w, i, h, cos, sin, bias)], "residual")
+        a = _attention(g, spec, w, i, h, cos, sin, bias)
+    mlp_norm = "post_attention_layernorm.weight"
+    if spec.sandwich_norms:
+        with g.scope("attn_out_norm"):
+            a = rms_norm(g, spec, a, w.norm(spec, p + "post_attention_layernorm.weight"))
+        mlp_norm = "pre_feedforward_layernorm.weight"
+    with g.scope("attn"):
+        x = g.op("Add", [x, a], "residual")
     with g.scope("post_attn_norm"):
-        h = rms_norm(g, spec, x, w.add(p + "post_attention_layernorm.weight"))
+        h = rms_norm(g, spec, x, w.norm(spec, p + mlp_norm))
     with g.scope("mlp"):
-        return g.op("Add", [x, _mlp(g, w, p, h)], "residual")
+        m = _mlp(g, spec, w, p, h)
+    if spec.sandwich_norms:
+        with g.scope("mlp_out_norm"):
+            m = rms_norm(g, spec, m, w.norm(spec, p + "post_feedforward_layernorm.weight"))
+    with g.scope("mlp"):
+        return g.op("Add", [x, m], "residual")
 
 
 def _projection(g, w, prefix: str, name: str, h: str, bias: bool) -> str:
@@ -206,7 +258,7 @@ def _head_norm(g, spec, w, name: str, x: str) -> str:
     leaf = name.rsplit(".", 1)[-1]
     with g.scope(leaf):
         heads = g.op("Reshape", [x, g.const([0, 0, -1, spec.head_dim])], "Heads")
-        normed = rms_norm(g, spec, heads, w.add(name + ".weight"))
+        normed = rms_norm(g, spec, heads, w.norm(spec, name + ".weight"))
         return g.op("Reshape", [normed, g.const([0, 0, -1])], "Flat")
 
 
@@ -226,13 +278,18 @@ def _scaled_dot_product(g, spec, q, keys, values, bias) -> str:
     v = g.op("Unsqueeze", [values, g.const([2])], "v_group")
     kt = g.op("Transpose", [k], "k_transposed", perm=[0, 1, 2, 4, 3])
     scores = g.op("MatMul", [q, kt], "QK")
-    scores = g.op("Mul", [scores, g.const(spec.head_dim ** -0.5, np.float32)], "Scale")
+    scores = g.op("Mul", [scores, g.const(spec.query_scale, np.float32)], "Scale")
+    if spec.attn_softcap:
+        scores = softcap(g, scores, spec.attn_softcap)
     probs = g.op("Softmax", [g.op("Add", [scores, bias], "Mask")], "Softmax", axis=-1)
     return g.op("MatMul", [probs, v], "PV")
 
 
-def _mlp(g, w, p: str, h: str) -> str:
+def _mlp(g, spec, w, p: str, h: str) -> str:
     gate = _projection(g, w, p + "mlp.", "gate_proj", h, False)
     up = _projection(g, w, p + "mlp.", "up_proj", h, False)
-    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], "Sigmoid")], "SiLU")
+    if spec.activation == "gelu_tanh":
+        act = g.op("Gelu", [gate], "GELU", approximate="tanh")
+    else:
+        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], "Sigmoid")], "SiLU")
     return _projection(g, w, p + "mlp.", "down_proj", g.op("Mul", [act, up], "GateUp"), False)

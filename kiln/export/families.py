@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
-from kiln.export.rope import ROPE_TYPES, check_rope
+from kiln.export import gemma
+from kiln.export.rope import ROPE_TYPES, check_rope, read_rope
 from kiln.export.spec import ModelSpec, UnsupportedModelError
 
 
@@ -22,6 +23,9 @@ class Family:
     qk_norm: bool = False
     fused_projections: bool = False   # checkpoint holds qkv_proj / gate_up_proj (Phi-3)
     sliding_window: Callable[[dict], int] = lambda cfg: 0
+    activation: str = "silu"          # the HF hidden_act the graph implements
+    rope: Callable[[dict], tuple[str, dict]] = read_rope
+    extras: Callable[[dict], dict] = lambda cfg: {}    # further ModelSpec fields (Gemma)
 
 
 def _llama_bias(cfg: dict) -> bool:
@@ -66,11 +70,16 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family("qwen3", _llama_bias, qk_norm=True, sliding_window=_qwen_window),
     # Phi-3 / Phi-3.5 / Phi-4-mini: fused qkv_proj and gate_up_proj (split at load), partial rotary, longrope.
     "phi3": Family("phi3", lambda cfg: False, fused_projections=True, sliding_window=_window_everywhere),
+    # Gemma 2 / Gemma 3 (text): see kiln.export.gemma.
+    "gemma2": Family("gemma2", _llama_bias, activation="gelu_pytorch_tanh", extras=gemma.gemma2_extras),
+    "gemma3_text": Family("gemma3", _llama_bias, qk_norm=True, activation="gelu_pytorch_tanh",
+                          rope=gemma.gemma3_rope, extras=gemma.gemma3_extras),
 }
 
 # Named in the refusal so a user sees what would build, not only what did not.
 SUPPORTED = ("llama (Llama 1/2/3.x, SmolLM), mistral (sliding window), qwen2 (Qwen2/2.5), qwen3, "
-             "phi3 (Phi-3/3.5, Phi-4-mini); rope types " + ", ".join(ROPE_TYPES))
+             "phi3 (Phi-3/3.5, Phi-4-mini), gemma2, gemma3_text (Gemma 3 text-only); rope types "
+             + ", ".join(ROPE_TYPES))
 
 
 def family_for(model_type: str) -> Family:
@@ -83,13 +92,13 @@ def family_for(model_type: str) -> Family:
 def spec_from_hf_config(cfg: dict) -> ModelSpec:
     """Read an HF config.json dict into a ModelSpec, refusing what kiln cannot run faithfully."""
     family = family_for(cfg.get("model_type", "<missing model_type>"))
-    _refuse_unsupported_features(cfg)
+    _refuse_unsupported_features(cfg, family)
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    rope_type, rope_params = _rope(cfg)
+    rope_type, rope_params = family.rope(cfg)
     partial = float(rope_params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
     check_rope(rope_type, rope_params, int(head_dim * partial))
-    return ModelSpec(
+    facts = dict(
         family=family.name,
         vocab_size=cfg["vocab_size"],
         hidden_size=cfg["hidden_size"],
@@ -109,19 +118,7 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
         sliding_window=family.sliding_window(cfg),
         qk_norm=family.qk_norm,
     )
-
-
-def _rope(cfg: dict) -> tuple[str, dict]:
-    """(rope_type, parameters) from either transformers 5's rope_parameters or the older rope_scaling."""
-    params = dict(cfg.get("rope_parameters") or {})
-    params.update(cfg.get("rope_scaling") or {})
-    rope_type = params.get("rope_type", params.get("type")) or "default"
-    if rope_type == "su":        # Phi-3's early name for longrope
-        rope_type = "longrope"
-    if rope_type != "default" and "original_max_position_embeddings" in cfg:
-        # Phi-3 keeps it beside, not inside, rope_scaling
-        params.setdefault("original_max_position_embeddings", cfg["original_max_position_embeddings"])
-    return rope_type, params
+    return ModelSpec(**(facts | family.extras(cfg)))
 
 
 def _rope_json(rope_type: str, params: dict) -> str:
@@ -131,10 +128,11 @@ def _rope_json(rope_type: str, params: dict) -> str:
     return json.dumps(keep, sort_keys=True)
 
 
-def _refuse_unsupported_features(cfg: dict) -> None:
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise UnsupportedModelError(f"activation {act!r} is not supported (kiln runs SwiGLU with silu)")
+def _refuse_unsupported_features(cfg: dict, family: Family) -> None:
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or family.activation
+    if act != family.activation:
+        raise UnsupportedModelError(f"activation {act!r} is not supported for {family.name} "
+                                    f"(kiln runs its gated MLP with {family.activation})")
     for key in ("num_attention_heads", "hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"):
         if not isinstance(cfg.get(key), int):
             raise UnsupportedModelError(f"config.json has no integer {key!r}")
@@ -162,6 +160,8 @@ def expected_shapes(spec: ModelSpec, fused: bool = False) -> dict[str, tuple[int
                        p + "self_attn.v_proj.bias": (kv,)}
         if spec.qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+        if spec.sandwich_norms:
+            shapes |= {p + "pre_feedforward_layernorm.weight": (h,), p + "post_feedforward_layernorm.weight": (h,)}
     return shapes
 
 

@@ -31,6 +31,19 @@ class Rotary:
     original_max: int = 0
 
 
+def read_rope(cfg: dict) -> tuple[str, dict]:
+    """(rope_type, parameters) from either transformers 5's rope_parameters or the older rope_scaling."""
+    params = dict(cfg.get("rope_parameters") or {})
+    params.update(cfg.get("rope_scaling") or {})
+    rope_type = params.get("rope_type", params.get("type")) or "default"
+    if rope_type == "su":        # Phi-3's early name for longrope
+        rope_type = "longrope"
+    if rope_type != "default" and "original_max_position_embeddings" in cfg:
+        # Phi-3 keeps it beside, not inside, rope_scaling
+        params.setdefault("original_max_position_embeddings", cfg["original_max_position_embeddings"])
+    return rope_type, params
+
+
 def rotary_for(spec: ModelSpec) -> Rotary:
     params = json.loads(spec.rope_scaling) if spec.rope_scaling else {}
     return ROPE_TYPES[spec.rope_type](spec, params)

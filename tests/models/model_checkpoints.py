@@ -38,6 +38,13 @@ VARIANTS = {
     "qwen2-window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=0)),
     "phi3": ("Phi3Config", dict(pad_token_id=256)),
     "phi3-window": ("Phi3Config", dict(sliding_window=8)),
+    "gemma2": ("Gemma2Config", dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
+                                    attn_logit_softcapping=5.0, final_logit_softcapping=3.0, tie_word_embeddings=True)),
+    "gemma3": ("Gemma3TextConfig", dict(
+        head_dim=16, sliding_window=8, query_pre_attn_scalar=24, tie_word_embeddings=True,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
     "phi3-longrope-partial": ("Phi3Config", dict(
         partial_rotary_factor=0.75, original_max_position_embeddings=32, tie_word_embeddings=True,
         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,

@@ -22,7 +22,7 @@ def _edit_config(folder, **changes):
 
 
 def _unsupported_arch(folder):
-    _edit_config(folder, model_type="gemma2")
+    _edit_config(folder, model_type="falcon")
 
 
 def _unsupported_rope(folder):
@@ -34,7 +34,7 @@ def _damaged(folder):
     f.write_bytes(f.read_bytes()[:-4096])
 
 
-@pytest.mark.parametrize("damage,reason", [(_unsupported_arch, "unsupported architecture 'gemma2'"),
+@pytest.mark.parametrize("damage,reason", [(_unsupported_arch, "unsupported architecture 'falcon'"),
                                            (_unsupported_rope, "rope scaling 'proportional'"),
                                            (_damaged, "truncated")])
 def test_build_refuses_in_one_line_and_leaves_nothing(tmp_path, damage, reason):

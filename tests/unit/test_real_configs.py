@@ -74,3 +74,34 @@ def test_qwen3_and_qwen2_5():
 
 def test_mistral_7b_window():
     assert spec_from_hf_config(MISTRAL_7B_V01).sliding_window == 4096
+
+
+GEMMA_2_2B = dict(
+    model_type="gemma2", hidden_size=2304, num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+    head_dim=256, intermediate_size=9216, vocab_size=256000, max_position_embeddings=8192, rope_theta=10000.0,
+    query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+    hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)
+GEMMA_3_1B = dict(
+    model_type="gemma3_text", hidden_size=1152, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
+    head_dim=256, intermediate_size=6912, vocab_size=262144, max_position_embeddings=32768, rope_theta=1000000.0,
+    rope_local_base_freq=10000.0, rope_scaling=None, query_pre_attn_scalar=256, sliding_window=512,
+    sliding_window_pattern=6, final_logit_softcapping=None, attn_logit_softcapping=None,
+    hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)
+
+
+def test_gemma_2_interleaves_sliding_and_full_layers_with_softcaps():
+    spec = spec_from_hf_config(GEMMA_2_2B)
+    assert [spec.layer_window(i) for i in range(4)] == [4096, 0, 4096, 0]
+    assert (spec.attn_softcap, spec.final_softcap, spec.norm_offset, spec.activation) == (50.0, 30.0, 1.0, "gelu_tanh")
+    assert spec.embed_scale == pytest.approx(48.0) and spec.query_scale == 256 ** -0.5 and spec.sandwich_norms
+
+
+def test_gemma_3_local_rope_and_one_full_layer_in_six():
+    spec = spec_from_hf_config(GEMMA_3_1B)
+    assert [spec.layer_window(i) for i in range(6)] == [512] * 5 + [0]
+    assert (spec.rope_theta, spec.local_rope_theta, spec.qk_norm, spec.attn_softcap) == (1e6, 1e4, True, 0.0)
+
+
+def test_gemma_3_4b_linear_rope_on_global_layers():
+    spec = spec_from_hf_config(GEMMA_3_1B | {"rope_scaling": {"rope_type": "linear", "factor": 8.0}})
+    assert spec.rope_type == "linear" and spec.rope_theta == 1e6 and spec.local_rope_theta == 1e4
