@@ -240,6 +240,10 @@ def _attention(g, spec, w, i, h, cos, sin, bias) -> str:
         q = apply_rope(g, spec, g.op("Reshape", [q, g.const([0, 0, spec.num_heads, hd])], "Heads"), cos, sin)
     with g.scope("k_rotary"):
         k = apply_rope(g, spec, g.op("Reshape", [k, g.const([0, 0, kvh, hd])], "Heads"), cos, sin)
+    if spec.query_scale != hd ** -0.5:
+        # NOTE: the attention core always scales by head_dim^-1/2, so a backend that swaps the core
+        # for a native kernel (OpenVINO's paged attention) needs no model-specific scale.
+        q = g.op("Mul", [q, g.const(spec.query_scale * hd ** 0.5, np.float32)], "q_scale")
     v = g.op("Reshape", [v, g.const([0, 0, kvh, hd])], "v_heads")
     keys = _cache_io(g, spec, i, "key", g.op("Transpose", [k], "new_key_kv_major", perm=[2, 0, 1, 3]))
     values = _cache_io(g, spec, i, "value", g.op("Transpose", [v], "new_value_kv_major", perm=[2, 0, 1, 3]))
@@ -278,7 +282,7 @@ def _scaled_dot_product(g, spec, q, keys, values, bias) -> str:
     v = g.op("Unsqueeze", [values, g.const([2])], "v_group")
     kt = g.op("Transpose", [k], "k_transposed", perm=[0, 1, 2, 4, 3])
     scores = g.op("MatMul", [q, kt], "QK")
-    scores = g.op("Mul", [scores, g.const(spec.query_scale, np.float32)], "Scale")
+    scores = g.op("Mul", [scores, g.const(spec.head_dim ** -0.5, np.float32)], "Scale")
     if spec.attn_softcap:
         scores = softcap(g, scores, spec.attn_softcap)
     probs = g.op("Softmax", [g.op("Add", [scores, bias], "Mask")], "Softmax", axis=-1)
