@@ -44,6 +44,7 @@ def fill_tensor(t: TensorProto, name: str, array: np.ndarray, weights_dir: Path 
 
 
 def _append(path: Path, data: np.ndarray) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as f:
         end = f.tell()
         offset = -(-end // ALIGN) * ALIGN
@@ -80,7 +81,17 @@ def weights_dir(model: onnx.ModelProto) -> Path | None:
     return Path(prop.value) if prop is not None else None
 
 
-def session_config(model: onnx.ModelProto) -> dict[str, str]:
-    """Session config entries an ORT session over this model's bytes needs (none when self-contained)."""
+def session_config(model: onnx.ModelProto, optimized_data_file: str | None = None) -> dict[str, str]:
+    """Session config entries an ORT session over this model's bytes needs (none when self-contained).
+
+    optimized_data_file: when the session also saves an optimized model (an engine compile), its
+    large initializers go to this file beside it, so the saved model is over 2 GiB-safe too.
+    """
     folder = weights_dir(model)
-    return {ORT_EXTERNAL_FOLDER: str(folder)} if folder is not None else {}
+    if folder is None:
+        return {}
+    entries = {ORT_EXTERNAL_FOLDER: str(folder)}
+    if optimized_data_file:
+        entries |= {"session.optimized_model_external_initializers_file_name": optimized_data_file,
+                    "session.optimized_model_external_initializers_min_size_in_bytes": str(EXTERNAL_MIN_BYTES)}
+    return entries

@@ -79,3 +79,22 @@ def test_kv_io_keeps_weights_external_and_loadable(tiny, tmp_path):
         opts.add_session_config_entry(key, value)
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     assert {"block_tables", "key_cache.0"} <= {i.name for i in sess.get_inputs()}
+
+
+def test_compiled_engine_keeps_weights_beside_it_and_loads_by_path(tiny, tmp_path):
+    """An offline-optimized model saved with its weights in model.onnx.data loads like any file."""
+    inline = build_decoder(tiny.spec, tiny.weights)
+    feeds = seeded_feeds(inline)
+    model = build_decoder(tiny.spec, tiny.weights, tmp_path / "work")
+    engine = tmp_path / "engine" / "model.onnx"
+    engine.parent.mkdir()
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(engine)
+    for key, value in session_config(model, "model.onnx.data").items():
+        opts.add_session_config_entry(key, value)
+    ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    assert (engine.parent / "model.onnx.data").stat().st_size > 10 * engine.stat().st_size
+    sess = ort.InferenceSession(str(engine), providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    got = sess.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0]
+    np.testing.assert_allclose(got, _logits(inline, feeds), atol=1e-5)
