@@ -107,3 +107,13 @@ def test_sliding_window_hides_keys_older_than_the_window(variant_artifact, varia
     assert worst_difference(mine, ref) <= TOL
     assert float(np.abs(mine[0][8:] - full[0][8:]).max()) > 100 * TOL     # keys out of the window matter
     assert float(np.abs(mine[0][:8] - full[0][:8]).max()) <= TOL          # and inside it nothing changes
+
+
+@pytest.mark.parametrize("variant", ["mistral-window", "gemma2", "gemma3"])
+def test_chunked_prefill_past_the_window_matches_one_prefill(variant, variant_artifact, variant_hf):
+    """Chunks of 7 over a 40-token prompt: the window then spans keys read from the paged pool."""
+    prompt = _prompts()[2]
+    with torch.no_grad():
+        ref = variant_hf(variant)(torch.tensor([prompt])).logits[0].numpy()
+    runner = SequenceRunner(EngineArtifact.load(variant_artifact(variant)), len(prompt))
+    assert worst_difference([runner.feed_chunked(prompt, 7)], [ref]) <= TOL
