@@ -132,9 +132,6 @@ def _rotary_tables(g: GraphBuilder, spec: ModelSpec, pos: str, scope: str = "rot
     return cos, sin
 
 
-# rope(x): x ─ Slice[:h] ─────────┐
-#          └ Slice[h:] ─ Neg ─ Concat(-x2, x1) ─ Mul(sin) ─ Add ─ out
-#          └────────────────────── Mul(cos) ──────────────┘
 def _layer_ropes(g: GraphBuilder, spec: ModelSpec, pos: str) -> list[tuple[str, str]]:
     """(cos, sin) per layer: Gemma 3's sliding layers rotate with their own (default) rope base."""
     tables = _rotary_tables(g, spec, pos)
@@ -155,6 +152,9 @@ def apply_rope(g: GraphBuilder, spec: ModelSpec, x: str, cos: str, sin: str) -> 
     return g.op("Concat", [_rotate(g, rotary, dim, cos, sin), rest], "PartialRotary", axis=-1)
 
 
+# rope(x): x ─ Slice[:h] ─────────┐
+#          └ Slice[h:] ─ Neg ─ Concat(-x2, x1) ─ Mul(sin) ─ Add ─ out
+#          └────────────────────── Mul(cos) ──────────────┘
 def _rotate(g: GraphBuilder, x: str, dim: int, cos: str, sin: str) -> str:
     half = dim // 2
     x1 = g.op("Slice", [x, g.const([0]), g.const([half]), g.const([-1])], "SliceLow")

@@ -12,8 +12,8 @@ from kiln.export.presets import write_tiny_checkpoint
 
 
 def _kiln_build(source, out):
-    return subprocess.run([sys.executable, "-c", "from kiln.cli import main; main()", "build", str(source), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    cli = [sys.executable, "-c", "from kiln.cli import main; main()"]
+    return subprocess.run([*cli, "build", str(source), "--out", str(out)], capture_output=True, text=True, timeout=300)
 
 
 def _edit_config(folder, **changes):
