@@ -52,12 +52,21 @@ def _qwen_window(cfg: dict) -> int:
     """Qwen2/3 use a window only with use_sliding_window, and then only from max_window_layers on."""
     if not cfg.get("use_sliding_window") or not cfg.get("sliding_window"):
         return 0
-    first_sliding = cfg.get("max_window_layers", 28)
-    if first_sliding >= cfg["num_hidden_layers"]:
+    if "sliding_attention" not in _qwen_layer_types(cfg):
         return 0                      # every layer is full attention
-    if first_sliding > 0:
-        raise UnsupportedModelError("Qwen sliding window on only some layers (max_window_layers) is not supported")
     return _effective_window(cfg, cfg["sliding_window"])
+
+
+def _qwen_layer_types(cfg: dict) -> tuple[str, ...]:
+    first_sliding = cfg.get("max_window_layers", 28)
+    return tuple(cfg.get("layer_types") or ("sliding_attention" if i >= first_sliding else "full_attention"
+                                            for i in range(cfg["num_hidden_layers"])))
+
+
+def _qwen_extras(cfg: dict) -> dict:
+    """Sliding and full layers mixed (max_window_layers between 0 and the layer count)."""
+    types = _qwen_layer_types(cfg)
+    return {"layer_types": types} if _qwen_window(cfg) and len(set(types)) > 1 else {}
 
 
 FAMILIES: dict[str, Family] = {
@@ -65,9 +74,9 @@ FAMILIES: dict[str, Family] = {
     "llama": Family("llama", _llama_bias),
     "mistral": Family("mistral", _llama_bias, sliding_window=_window_everywhere),
     # Qwen2 / Qwen2.5: Llama with biases on q/k/v.
-    "qwen2": Family("qwen2", lambda cfg: True, sliding_window=_qwen_window),
+    "qwen2": Family("qwen2", lambda cfg: True, sliding_window=_qwen_window, extras=_qwen_extras),
     # Qwen3: per-head RMSNorm on q and k before rotary; no q/k/v bias by default.
-    "qwen3": Family("qwen3", _llama_bias, qk_norm=True, sliding_window=_qwen_window),
+    "qwen3": Family("qwen3", _llama_bias, qk_norm=True, sliding_window=_qwen_window, extras=_qwen_extras),
     # Phi-3 / Phi-3.5 / Phi-4-mini: fused qkv_proj and gate_up_proj (split at load), partial rotary, longrope.
     "phi3": Family("phi3", lambda cfg: False, fused_projections=True, sliding_window=_window_everywhere),
     # Gemma 2 / Gemma 3 (text): see kiln.export.gemma.

@@ -36,6 +36,7 @@ VARIANTS = {
     "qwen3": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=True)),
     "mistral-window": ("MistralConfig", dict(sliding_window=8, head_dim=16)),
     "qwen2-window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=0)),
+    "qwen2-window-some-layers": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
     "phi3": ("Phi3Config", dict(pad_token_id=256)),
     "phi3-window": ("Phi3Config", dict(sliding_window=8)),
     "gemma2": ("Gemma2Config", dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24,

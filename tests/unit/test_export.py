@@ -52,11 +52,12 @@ def test_llama_with_o_proj_bias_refused():
         spec_from_hf_config(TINY | {"attention_bias": True})
 
 
-def test_qwen_sliding_window_on_some_layers_refused_all_layers_kept():
+def test_qwen_sliding_window_from_max_window_layers_on():
     qwen = TINY | {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16}
-    with pytest.raises(UnsupportedModelError, match="max_window_layers"):
-        spec_from_hf_config(qwen | {"max_window_layers": 1})
-    assert spec_from_hf_config(qwen | {"max_window_layers": 0}).sliding_window == 16
+    some = spec_from_hf_config(qwen | {"max_window_layers": 1})
+    assert [some.layer_window(i) for i in range(2)] == [0, 16]
+    every = spec_from_hf_config(qwen | {"max_window_layers": 0})
+    assert every.sliding_window == 16 and every.layer_types == ()
     assert spec_from_hf_config(qwen | {"max_window_layers": 2}).sliding_window == 0
 
 
