@@ -4,6 +4,8 @@ tolerance, for each sequence alone (SequenceRunner) and for all of them in one b
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ from kiln.artifact import EngineArtifact
 from kiln.engines.base import PagedBatch
 from kiln.engines.factory import load_engine
 from kiln.eval.sequence import SequenceRunner
+from kiln.export.families import spec_from_hf_config
 from model_checkpoints import VARIANTS
 
 TOL = 1e-3
@@ -83,8 +86,10 @@ def worst_difference(mine: list[np.ndarray], ref: list[np.ndarray]) -> float:
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_variant_matches_transformers_alone_and_batched(variant, variant_artifact, variant_hf):
+def test_variant_matches_transformers_alone_and_batched(variant, variant_checkpoint, variant_artifact, variant_hf):
     artifact, model = variant_artifact(variant), variant_hf(variant)
+    saved = json.loads((variant_checkpoint(variant) / "config.json").read_text())
+    assert EngineArtifact.load(artifact).manifest.spec == spec_from_hf_config(saved)    # the manifest round-trips
     refs = [hf_reference(model, p) for p in _prompts()]
     alone = max(worst_difference(run_alone(artifact, p, toks), ref) for p, (ref, toks) in zip(_prompts(), refs))
     batched = run_batched(artifact, _prompts(), [toks for _, toks in refs])
