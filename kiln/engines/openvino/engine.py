@@ -16,7 +16,7 @@ import openvino as ov
 
 from kiln.engines.base import BucketGrid, EngineResult, KvLayout, PagedBatch
 from kiln.engines.openvino.feeds import paged_feeds
-from kiln.engines.openvino.options import OpenVinoOptions
+from kiln.engines.openvino.options import KV_DTYPES, OpenVinoOptions
 from kiln.engines.openvino.paged_graph import paged_model
 from kiln.export.spec import ModelSpec
 
@@ -73,6 +73,7 @@ class OpenVinoEngine:
         self.request = compiled.create_infer_request()
         self.num_blocks = 0
         self._caches: list[ov.Tensor] = []
+        self._storage: list[np.ndarray] = []       # owns the memory the shared tensors view
 
     def io_spec(self) -> dict[str, list]:
         return {p.get_any_name(): [str(d) for d in p.get_partial_shape()]
@@ -83,11 +84,14 @@ class OpenVinoEngine:
             raise RuntimeError("allocate_kv() is called once; the KV cache is already allocated")
         for port in cache_inputs(self.compiled):
             shape = [num_blocks, *[d.get_length() for d in port.get_partial_shape()[1:]]]
-            tensor = ov.Tensor(port.get_element_type(), ov.Shape(shape))
-            # NOTE: zeroed so a u8 cache's scale rows hold no garbage (a masked NaN still poisons a sum).
-            tensor.data[...] = 0
+            # NOTE: numpy's zeros come from calloc: zero pages the OS maps only when first written,
+            # so a large budget costs memory as it fills, and no slot ever holds garbage (a NaN in
+            # the unused tail of a block would survive masking).
+            storage = np.zeros(shape, KV_DTYPES[port.get_element_type().get_type_name()])
+            tensor = ov.Tensor(storage, shared_memory=True)
             self.request.set_tensor(port, tensor)
             self._caches.append(tensor)
+            self._storage.append(storage)
         self.num_blocks = num_blocks
 
     def execute(self, batch: PagedBatch) -> EngineResult:
