@@ -161,3 +161,22 @@ def test_fp32_activations_only_touches_the_accuracy_level(tiny):
             if a.name == "accuracy_level"} == {0}
     assert [t.name for t in f.graph.initializer] == [t.name for t in q.graph.initializer]
     assert fp32_activations(model) is model
+
+
+@pytest.mark.parametrize("mode", [QuantMode.NONE, QuantMode.INT4])
+def test_the_manifest_and_kiln_inspect_carry_the_perplexity(tmp_path, mode):
+    from click.testing import CliRunner
+
+    from kiln.artifact import EngineArtifact
+    from kiln.build import build
+    from kiln.cli import main
+    from kiln.config import BuildConfig
+
+    path = build(BuildConfig(source="tiny-llama", out=tmp_path / "art", quant=mode))
+    q = EngineArtifact.load(path).manifest.quant
+    assert q["mode"] == mode.value and q["check_tokens"] == 512 and q["min_top1_agreement"] == MIN_TOP1[mode]
+    assert (q["perplexity"] == q["perplexity_fp32"]) == (mode is QuantMode.NONE)
+    res = CliRunner().invoke(main, ["inspect", str(path)], terminal_width=400)
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "perplexity" in ln)
+    assert f"{q['perplexity']:.3f} (fp32 {q['perplexity_fp32']:.3f}" in line and "kiln/data/check.txt" in line
