@@ -25,11 +25,13 @@ def perplexity(model: onnx.ModelProto | str, token_ids: list[int], window: int =
     return float(np.exp(_total_nll(make_session(model), token_ids, window) / (len(token_ids) - 1)))
 
 
-def make_session(model: onnx.ModelProto | str) -> ort.InferenceSession:
+def make_session(model: onnx.ModelProto | str, threads: int = 2) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.intra_op_num_threads, opts.inter_op_num_threads = 2, 1
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.log_severity_level = 3
+    if threads == 1:        # NOTE: no spinning, so CPU time measures work (bench_quant_ppl --cpu-time)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     source = model if isinstance(model, str) else model.SerializeToString()
     return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
