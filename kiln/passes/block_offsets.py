@@ -8,7 +8,8 @@ into a small side product instead: x·W = MatMulNBits(x, W - min) + (per-block s
 Why it matters: with an integer zero point the grid is off the weights by up to half a step in
 every block, and the error is the same sign across the block's 32 weights, so it adds up in the dot
 product. A Q4_1 source (the SmolLM2 GGUF) is reproduced exactly; any source gets min-max rounding
-with an exact offset (measured in the pass's module docstring).
+with an exact offset (measured: quantize.py, above the INT4 recipe). The cost: three small nodes
+per linear, +7-9% CPU per SmolLM2 decode step (bench/bench_quant_ppl.py --cpu-time).
 
     x ─┬─ MatMulNBits(W_Q = q, scales, zp = 0) ──────────────┐
        └─ MatMul(P [K, K/bs] 0/1) ─ MatMul(mins [K/bs, N]) ─ Add ─ y
