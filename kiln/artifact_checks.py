@@ -77,7 +77,12 @@ def _check_kv_layout(path: Path, m: Manifest) -> None:
 
 def _all_files(m: Manifest) -> list[dict]:
     tokenizer_files = [{"file": f, "sha256": h} for f, h in m.tokenizer.get("files", {}).items()]
-    return [*m.engines, *tokenizer_files]
+    return [*(f for e in m.engines for f in _engine_files(e)), *tokenizer_files]
+
+
+def _engine_files(engine: dict) -> list[dict]:
+    """The engine's file and every file record inside its record (an engine's "weights" file)."""
+    return [engine, *(v for v in engine.values() if isinstance(v, dict) and {"file", "sha256"} <= v.keys())]
 
 
 def _check_file(path: Path, record: dict, verify_checksums: bool) -> None:

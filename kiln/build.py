@@ -37,7 +37,7 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> P
         with stage("load model source"):
             src = load_source(config.source)
         with stage("export ONNX decoder graph"):
-            model = build_decoder(src.spec, src.weights)
+            model = build_decoder(src.spec, src.weights, _weights_workdir(writer))
         reports = []
         for p, check in _passes(src, config):
             with stage(f"pass {p.name}"):
@@ -52,7 +52,15 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> P
                 kv_layout=built.kv_layout, engines=built.engines,
                 generation=_generation_defaults(src, writer.tmp / TOKENIZER_DIR),
                 tokenizer=tokenizer, passes=reports, source=src.description, versions=current_versions())
+            shutil.rmtree(_weights_workdir(writer), ignore_errors=True)
             return writer.commit(manifest)
+
+
+def _weights_workdir(writer: ArtifactWriter) -> Path:
+    """The build's working weights file lives in the writer's temporary folder: a graph of any size
+    stays a few MB of proto through every pass, and a failed build removes it with the folder.
+    Removed before commit: the engines keep their own copies of what they use."""
+    return writer.tmp / ".weights"
 
 
 @dataclass
@@ -73,8 +81,10 @@ def _build_ort(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig, roo
         check = (lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size)) if config.verify else None
         model, report = run_pass(kv_io, model, check)
     with stage("compile ONNX Runtime engine"):
-        engine = compile_ort(model.SerializeToString(), root / "engines" / "ort")
+        engine, weights = compile_ort(model, root / "engines" / "ort")
     record = {"backend": "ort", **file_record(root, engine), "io": _io_shapes(model)}
+    if weights is not None:
+        record["weights"] = file_record(root, weights)
     layout = KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size)
     return BuiltEngines([record], layout, [report.to_dict()])
 

@@ -17,10 +17,18 @@ DEFAULT_BACKEND = "ort"
 
 
 def _load_ort(artifact: EngineArtifact, record: dict, threads: int | None) -> Engine:
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidGraph, InvalidProtobuf, NoSuchFile
+
     from kiln.engines.ort_engine import OrtEngine
 
     m = artifact.manifest
-    return OrtEngine(artifact.path / record["file"], m.buckets, m.kv_layout, threads)
+    try:
+        return OrtEngine(artifact.path / record["file"], m.buckets, m.kv_layout, threads)
+    except (Fail, InvalidGraph, InvalidProtobuf, NoSuchFile) as e:
+        # e.g. model.onnx.data (the record's "weights", checked with the manifest) gone since
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ArtifactError(f"{artifact.path}: ONNX Runtime cannot load {record['file']} ({first}); "
+                            "rebuild it with `kiln build`") from None
 
 
 def _load_openvino(artifact: EngineArtifact, record: dict, threads: int | None) -> Engine:

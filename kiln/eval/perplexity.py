@@ -13,6 +13,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from kiln.export.external import session_config
+
 PERPLEXITY_TEXT = Path(__file__).resolve().parents[2] / "tests" / "data" / "perplexity.txt"
 # Shipped in the package: the build's quantization check and the manifest's perplexity use it.
 CHECK_TEXT = Path(__file__).resolve().parents[1] / "data" / "check.txt"
@@ -32,6 +34,9 @@ def make_session(model: onnx.ModelProto | str, threads: int = 2) -> ort.Inferenc
     opts.log_severity_level = 3
     if threads == 1:        # NOTE: no spinning, so CPU time measures work (bench_quant_ppl --cpu-time)
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not isinstance(model, str):
+        for key, value in session_config(model).items():     # where external weights live
+            opts.add_session_config_entry(key, value)
     source = model if isinstance(model, str) else model.SerializeToString()
     return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 

@@ -70,6 +70,18 @@ def tensor_array(t: TensorProto, weights_dir: Path | None) -> np.ndarray:
                      offset=int(info.get("offset", 0)), shape=(count,)).reshape(tuple(t.dims))
 
 
+def stored_bytes(t: TensorProto) -> int:
+    """Bytes a tensor occupies as stored (inline or in the weights file), without reading it."""
+    if is_external(t):
+        info = {e.key: e.value for e in t.external_data}
+        if "length" in info:
+            return int(info["length"])
+        return int(np.prod(t.dims)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    if t.HasField("raw_data"):
+        return len(t.raw_data)
+    return numpy_helper.to_array(t).nbytes
+
+
 def attach_weights_dir(model: onnx.ModelProto, weights_dir: Path) -> None:
     prop = next((p for p in model.metadata_props if p.key == WEIGHTS_DIR_KEY), None) or model.metadata_props.add()
     prop.key, prop.value = WEIGHTS_DIR_KEY, str(Path(weights_dir).resolve())

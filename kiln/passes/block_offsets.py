@@ -17,10 +17,13 @@ per linear, +7-9% CPU per SmolLM2 decode step (bench/bench_quant_ppl.py --cpu-ti
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
+from kiln.export.external import fill_tensor, tensor_array
 from kiln.passes.quant_tables import weight_quantizer
 
 MS_DOMAIN = "com.microsoft"
@@ -33,20 +36,19 @@ def block_minimums(w: np.ndarray, block_size: int) -> np.ndarray:
 
 
 def offset_linear(graph: onnx.GraphProto, w: TensorProto, node: onnx.NodeProto, bits: int,
-                  block_size: int) -> list[onnx.NodeProto]:
-    """The nodes that replace MatMul(x, w); their initializers are appended to `graph`."""
-    weight = numpy_helper.to_array(w)
+                  block_size: int, weights_dir: Path | None = None) -> list[onnx.NodeProto]:
+    """The nodes that replace MatMul(x, w); their initializers are appended to `graph` (large ones
+    as external data in weights_dir: export.external)."""
+    weight = tensor_array(w, weights_dir)
     mins = block_minimums(weight, block_size)
     shifted = weight - np.repeat(mins, block_size, axis=0)        # >= 0: the block's range starts at 0
     packed, scales, zero_points = weight_quantizer(bits, block_size, False).qbits_block_quant(shifted)
     k, n = weight.shape
     names = {"q": f"{w.name}_Q{bits}", "scales": f"{w.name}_scales", "zp": f"{w.name}_zero_points",
              "mins": f"{w.name}_block_mins"}
-    graph.initializer.extend([numpy_helper.from_array(packed, names["q"]),
-                              numpy_helper.from_array(scales, names["scales"]),
-                              numpy_helper.from_array(zero_points, names["zp"]),
-                              numpy_helper.from_array(mins.astype(np.float32), names["mins"])])
-    block_sum = _block_sum_matrix(graph, k, block_size)
+    for key, array in (("q", packed), ("scales", scales), ("zp", zero_points), ("mins", mins.astype(np.float32))):
+        graph.initializer.append(fill_tensor(TensorProto(), names[key], array, weights_dir))
+    block_sum = _block_sum_matrix(graph, k, block_size, weights_dir)
     x, y, base = node.input[0], node.output[0], node.name or w.name
     main = helper.make_node("MatMulNBits", [x, names["q"], names["scales"], names["zp"]], [f"{base}/nbits_output_0"],
                             name=f"{base}_Q{bits}", domain=MS_DOMAIN, K=k, N=n, bits=bits,
@@ -58,10 +60,10 @@ def offset_linear(graph: onnx.GraphProto, w: TensorProto, node: onnx.NodeProto, 
     return [main, sums, offset, add]
 
 
-def _block_sum_matrix(graph: onnx.GraphProto, k: int, block_size: int) -> str:
+def _block_sum_matrix(graph: onnx.GraphProto, k: int, block_size: int, weights_dir: Path | None) -> str:
     """A shared [K, K/bs] 0/1 matrix: x·P sums x over each block."""
     name = f"/model/quant/block_sum_{k}x{block_size}"
     if not any(t.name == name for t in graph.initializer):
         p = np.kron(np.eye(k // block_size, dtype=np.float32), np.ones((block_size, 1), np.float32))
-        graph.initializer.append(numpy_helper.from_array(p, name))
+        graph.initializer.append(fill_tensor(TensorProto(), name, p, weights_dir))
     return name

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -14,6 +15,8 @@ from onnxruntime.quantization.matmul_nbits_quantizer import (
     DefaultWeightOnlyQuantConfig,
     DefaultWeightOnlyQuantizer,
 )
+
+from kiln.export.external import fill_tensor, tensor_array
 
 MS_DOMAIN = "com.microsoft"
 
@@ -69,16 +72,17 @@ def _gather_axis(node: onnx.NodeProto) -> int:
 
 def quantize_embedding(graph: onnx.GraphProto, inits: dict[str, TensorProto], embed: onnx.NodeProto,
                        shared: QuantizedTable | None, bits: int, block_size: int,
-                       symmetric: bool) -> tuple[list[onnx.NodeProto], str]:
-    """The nodes that replace the embedding Gather, and a note for the pass report."""
+                       symmetric: bool, weights_dir: Path | None = None) -> tuple[list[onnx.NodeProto], str]:
+    """The nodes that replace the embedding Gather, and a note for the pass report; large new
+    tables go to weights_dir as external data (export.external)."""
     if shared is not None and shared.bits == bits == 8:
         note = "GatherBlockQuantized 8-bit, reading the LM head's quantized table in place (tied embeddings)"
-        return _gather_in_place(graph, inits, embed, shared, block_size), note
+        return _gather_in_place(graph, embed, shared, block_size, weights_dir), note
     if shared is not None and shared.bits == bits:
         view = _table_view(graph, embed, shared)
         note = f"GatherBlockQuantized {bits}-bit, sharing the LM head's quantized table (tied embeddings)"
         return [view, _gather_node(embed, shared, view.output[0], block_size)], note
-    table = _quantize_table(graph, inits[embed.input[0]], bits, block_size, symmetric)
+    table = _quantize_table(graph, inits[embed.input[0]], bits, block_size, symmetric, weights_dir)
     note = f"GatherBlockQuantized {bits}-bit, own table"
     if shared is not None:
         note += f" (tied, but the LM head is {shared.bits}-bit)"
@@ -86,16 +90,16 @@ def quantize_embedding(graph: onnx.GraphProto, inits: dict[str, TensorProto], em
 
 
 # lm_head W_Q [V, H/bs, bs] ─ GatherBlockQuantized(quantize_axis=2) ─ [B,S,H/bs,bs] ─ Reshape ─ [B,S,H]
-def _gather_in_place(graph: onnx.GraphProto, inits: dict[str, TensorProto], embed: onnx.NodeProto,
-                     table: QuantizedTable, block_size: int) -> list[onnx.NodeProto]:
+def _gather_in_place(graph: onnx.GraphProto, embed: onnx.NodeProto, table: QuantizedTable, block_size: int,
+                     weights_dir: Path | None) -> list[onnx.NodeProto]:
     """8-bit only: the gather reads MatMulNBits' 3-D weight as it is, so no [V, H] view of it is
     materialised (ORT would fold or copy that Reshape: a second 33 MB table for SmolLM2). Only
     the small scales / zero points get 3-D copies."""
     inputs = [table.data, embed.input[1]]
     current = {t.name: t for t in graph.initializer}     # the LM head's tensors are newer than `inits`
     for name in [table.scales] + ([table.zero_points] if table.zero_points else []):
-        arr = numpy_helper.to_array(current[name]).reshape(table.rows, -1, 1)
-        graph.initializer.append(numpy_helper.from_array(arr, f"{name}_3d"))
+        arr = tensor_array(current[name], weights_dir).reshape(table.rows, -1, 1)
+        graph.initializer.append(fill_tensor(TensorProto(), f"{name}_3d", arr, weights_dir))
         inputs.append(f"{name}_3d")
     blocks = embed.name + "/blocks_output_0"
     gather = helper.make_node("GatherBlockQuantized", inputs, [blocks], name=embed.name + "_Q8",
@@ -121,17 +125,17 @@ def _gather_node(embed: onnx.NodeProto, table: QuantizedTable, data: str, block_
 
 
 def _quantize_table(graph: onnx.GraphProto, table: TensorProto, bits: int, block_size: int,
-                    symmetric: bool) -> QuantizedTable:
+                    symmetric: bool, weights_dir: Path | None) -> QuantizedTable:
     """Quantize E [V, H] as the MatMulNBits weight E.T [H, V] (blocks along H), stored [V, H·bits/8]."""
     packed, scales, zero_points = weight_quantizer(bits, block_size, symmetric).qbits_block_quant(
-        np.ascontiguousarray(numpy_helper.to_array(table).T))
+        np.ascontiguousarray(tensor_array(table, weights_dir).T))
     name = table.name
     data = packed.reshape(packed.shape[0], -1)
-    graph.initializer.extend([numpy_helper.from_array(data, f"{name}_Q{bits}"),
-                              numpy_helper.from_array(scales, f"{name}_scales")])
+    graph.initializer.extend([fill_tensor(TensorProto(), f"{name}_Q{bits}", data, weights_dir),
+                              fill_tensor(TensorProto(), f"{name}_scales", scales, weights_dir)])
     zp = None
     if not symmetric:
         zp = f"{name}_zero_points"
-        graph.initializer.append(numpy_helper.from_array(zero_points, zp))
+        graph.initializer.append(fill_tensor(TensorProto(), zp, zero_points, weights_dir))
     return QuantizedTable(f"{name}_Q{bits}", f"{name}_scales", zp, bits, packed.shape[0])
 

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
+from kiln.export.external import fill_tensor, stored_bytes, tensor_array, weights_dir
 from kiln.passes.block_offsets import offset_linear
 from kiln.passes.quant_tables import QuantizedTable, embedding_node, lm_head_node, quantize_embedding
 from kiln.passes.quant_tables import weight_quantizer
@@ -92,9 +94,9 @@ class QuantizePass:
             self._details = {"mode": "none", "matmuls_quantized": 0}
             return model
         out = onnx.ModelProto()
-        out.CopyFrom(model)
+        out.CopyFrom(model)     # NOTE: a graph of names and offsets when the weights are external
         before = weight_bytes(out.graph)
-        _Rewrite(self, out.graph).apply()
+        _Rewrite(self, out.graph, weights_dir(out)).apply()
         _ensure_ms_opset(out)
         self._details["weight_bytes_before"] = before
         self._details["weight_bytes_after"] = weight_bytes(out.graph)
@@ -107,8 +109,8 @@ class QuantizePass:
 class _Rewrite:
     """One run of the pass over a graph: linears first, then the embedding (it may reuse the head)."""
 
-    def __init__(self, p: QuantizePass, graph: onnx.GraphProto):
-        self.p, self.graph = p, graph
+    def __init__(self, p: QuantizePass, graph: onnx.GraphProto, wdir: Path | None = None):
+        self.p, self.graph, self.wdir = p, graph, wdir    # wdir: where external weights are read and written
         self.inits = {t.name: t for t in graph.initializer}
         self.head = lm_head_node(graph)
         self.embed = embedding_node(graph, self.inits)
@@ -149,13 +151,28 @@ class _Rewrite:
             return _rewire(self.groups[b], node)
         bits = self.p.table_bits if is_head else self._linear_bits(node)
         if bits == 4 and self.p.block_offsets and not is_head:
-            group = offset_linear(self.graph, self.inits[b], node, bits, self.p.block_size)
+            group = offset_linear(self.graph, self.inits[b], node, bits, self.p.block_size, self.wdir)
         else:
-            group = weight_quantizer(bits, self.p.block_size, self.p.symmetric).quantize_matmul(node, [self.graph])
+            group = [self._nbits_linear(node, bits)]
         self.quantized[b], self.groups[b] = group[0], group
         if is_head:
             self.head_table = QuantizedTable.of_matmul_nbits(group[0], bits)
         return group
+
+    def _nbits_linear(self, node: onnx.NodeProto, bits: int) -> onnx.NodeProto:
+        """MatMul(x, W) -> MatMulNBits, with onnxruntime's quantizer's values and names, one weight
+        at a time (its quantize_matmul reads only inline weights)."""
+        w = self.inits[node.input[1]]
+        quantizer = weight_quantizer(bits, self.p.block_size, self.p.symmetric)
+        packed, scales, zero_points = quantizer.qbits_block_quant(np.asarray(tensor_array(w, self.wdir)))
+        tables = [(f"{w.name}_Q{bits}", packed), (f"{w.name}_scales", scales)]
+        if not self.p.symmetric:
+            tables.append((f"{w.name}_zero_points", zero_points))
+        self.graph.initializer.extend(fill_tensor(TensorProto(), n, a, self.wdir) for n, a in tables)
+        k, n = w.dims
+        return helper.make_node("MatMulNBits", [node.input[0], *(name for name, _ in tables)], list(node.output),
+                                name=f"{node.name}_Q{bits}", domain=MS_DOMAIN, K=k, N=n, bits=bits,
+                                block_size=self.p.block_size, accuracy_level=4)
 
     def _linear_bits(self, node: onnx.NodeProto) -> int:
         return 8 if set(node.name.split("/")) & set(self.p.int8_linears) else self.p.mode.bits
@@ -170,15 +187,15 @@ class _Rewrite:
             return f"fp32 (hidden={hidden} is not divisible by block_size={self.p.block_size})"
         index = next(i for i, n in enumerate(self.graph.node) if n.output == self.embed.output)
         shared = self.head_table if self._tied() else None
-        nodes[index], note = quantize_embedding(self.graph, self.inits, self.embed, shared,
-                                                self.p.table_bits, self.p.block_size, self.p.symmetric)
+        nodes[index], note = quantize_embedding(self.graph, self.inits, self.embed, shared, self.p.table_bits,
+                                                self.p.block_size, self.p.symmetric, self.wdir)
         return note
 
     def _tied(self) -> bool:
         if self.head_table is None:
             return False
-        head_w = numpy_helper.to_array(self.inits[self.head.input[1]])
-        table = numpy_helper.to_array(self.inits[self.embed.input[0]])
+        head_w = tensor_array(self.inits[self.head.input[1]], self.wdir)
+        table = tensor_array(self.inits[self.embed.input[0]], self.wdir)
         return head_w.shape == table.T.shape and np.array_equal(head_w.T, table)
 
     def _head_note(self) -> str:
@@ -224,13 +241,7 @@ def _rewire(group: list[onnx.NodeProto], node: onnx.NodeProto) -> list[onnx.Node
 
 def weight_bytes(graph: onnx.GraphProto) -> int:
     """Bytes of all initializers, as stored (packed sub-byte data counts as stored)."""
-    return sum(_tensor_bytes(t) for t in graph.initializer)
-
-
-def _tensor_bytes(t: TensorProto) -> int:
-    if t.HasField("raw_data"):
-        return len(t.raw_data)
-    return numpy_helper.to_array(t).nbytes
+    return sum(stored_bytes(t) for t in graph.initializer)
 
 
 def _drop_unused_initializers(graph: onnx.GraphProto, candidates: set[str]) -> None:

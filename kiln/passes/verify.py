@@ -9,11 +9,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from kiln.export.external import session_config
+
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     opts.log_severity_level = 3
+    for key, value in session_config(model).items():     # where external weights live
+        opts.add_session_config_entry(key, value)
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 

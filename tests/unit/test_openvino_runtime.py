@@ -73,7 +73,7 @@ def test_corrupt_weights_refused(ov_tiny_llama, tmp_path):
     data = bytearray(weights.read_bytes())
     data[100] ^= 0xFF
     weights.write_bytes(bytes(data))
-    with pytest.raises(ArtifactError, match="model.bin is missing, truncated or corrupt"):
+    with pytest.raises(ArtifactError, match=r"model.bin is (missing, truncated or )?corrupt"):
         LLM(art)
 
 

@@ -22,6 +22,8 @@ from kiln.engines.openvino.engine import compile_paged, describe_kv_cache
 from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.engines.openvino.paged_graph import mark_cuts
 from kiln.engines.openvino.weights import WeightCompression
+from kiln.export.external import WEIGHTS_FILE as ONNX_WEIGHTS_FILE
+from kiln.export.external import weights_dir
 from kiln.export.spec import ModelSpec
 
 BACKEND = "openvino"
@@ -78,7 +80,12 @@ def kv_layout_for(spec: ModelSpec, kv: dict) -> KvLayout:
 def _read_onnx(model: onnx.ModelProto, tmp: Path) -> ov.Model:
     """The frontend reads a file (and may map its weights: keep `tmp` until the model is saved)."""
     path = tmp / "model.onnx"
-    if model.ByteSize() < PROTOBUF_LIMIT:
+    if weights_dir(model) is not None:
+        # NOTE: the weights are already external (export.external), named relative to the model
+        # file: the frontend finds them through a link beside it, without a copy.
+        (tmp / ONNX_WEIGHTS_FILE).symlink_to(weights_dir(model) / ONNX_WEIGHTS_FILE)
+        onnx.save(model, path)
+    elif model.ByteSize() < PROTOBUF_LIMIT:
         onnx.save(model, path)
     else:
         # NOTE: saving with external data rewrites the proto's tensors in place: work on a copy.
