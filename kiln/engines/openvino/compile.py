@@ -22,7 +22,6 @@ from kiln.engines.openvino.engine import compile_paged, describe_kv_cache
 from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.engines.openvino.paged_graph import mark_cuts
 from kiln.engines.openvino.weights import WeightCompression
-from kiln.export.external import WEIGHTS_FILE as ONNX_WEIGHTS_FILE
 from kiln.export.external import weights_dir
 from kiln.export.spec import ModelSpec
 
@@ -81,11 +80,8 @@ def _read_onnx(model: onnx.ModelProto, tmp: Path) -> ov.Model:
     """The frontend reads a file (and may map its weights: keep `tmp` until the model is saved)."""
     path = tmp / "model.onnx"
     if weights_dir(model) is not None:
-        # NOTE: the weights are already external (export.external), named relative to the model
-        # file: the frontend finds them through a link beside it, without a copy.
-        (tmp / ONNX_WEIGHTS_FILE).symlink_to(weights_dir(model) / ONNX_WEIGHTS_FILE)
-        onnx.save(model, path)
-    elif model.ByteSize() < PROTOBUF_LIMIT:
+        return _read_external(model, weights_dir(model))
+    if model.ByteSize() < PROTOBUF_LIMIT:
         onnx.save(model, path)
     else:
         # NOTE: saving with external data rewrites the proto's tensors in place: work on a copy.
@@ -93,6 +89,16 @@ def _read_onnx(model: onnx.ModelProto, tmp: Path) -> ov.Model:
         copy.CopyFrom(model)
         onnx.save(copy, path, save_as_external_data=True, location="model.data")
     return ov.Core().read_model(path)
+
+
+def _read_external(model: onnx.ModelProto, folder: Path) -> ov.Model:
+    """A graph whose weights are already external (export.external) is read from their folder: its
+    tensors name the weights file relative to the model file, and the frontend refuses paths that
+    leave the model's folder (a link included). The weights file stays until the build ends."""
+    with tempfile.NamedTemporaryFile(dir=folder, prefix="openvino-", suffix=".onnx") as f:
+        f.write(model.SerializeToString())
+        f.flush()
+        return ov.Core().read_model(f.name)
 
 
 def _io(compiled: ov.CompiledModel) -> dict[str, list]:
