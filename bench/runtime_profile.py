@@ -104,8 +104,9 @@ def _swap_in_profiling(runner: KilnRunner):
     engine = runner.llm.core.engine
     if not hasattr(engine, "session"):
         raise SystemExit(f"{runner.name}: per-op profiles need the ONNX Runtime backend")
-    recorder = _RecordingSession(_profiling_session(runner.llm.artifact.engine_file("ort"), engine.threads),
-                                 engine.session)
+    artifact = runner.llm.artifact
+    model_path = artifact.path / next(e["file"] for e in artifact.manifest.engines if e["backend"] == "ort")
+    recorder = _RecordingSession(_profiling_session(model_path, engine.threads), engine.session)
     engine.session = recorder
     return engine, recorder
 
