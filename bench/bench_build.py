@@ -20,7 +20,7 @@ from rich.table import Table
 from kiln.artifact import EngineArtifact
 from kiln.build import build
 from kiln.config import BuildConfig
-from kiln.cli import rich_stage
+from kiln.build_progress import rich_stage
 from kiln.eval import PERPLEXITY_TEXT, text_token_ids
 from kiln.eval.sequence import artifact_perplexity
 from kiln.passes.quantize import QuantMode

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
 from rich.console import Console
 
 from kiln.bench.cli_options import bench_options
+from kiln.build_progress import console, rich_stage
 from kiln.config_options import runtime_config
-
-console = Console(stderr=True, soft_wrap=True)
 
 
 def runtime_options(fn):
@@ -172,14 +170,6 @@ def bench(kv_cache_memory, policy, max_num_seqs, token_budget, max_model_len, no
                    no_prefix_caching=no_prefix_caching, threads=threads)
     wide = Console(width=max(Console().width, 160))   # tables must not wrap their cells when piped
     _guarded(lambda: run_bench_command(console, wide, lambda: runtime_config(**runtime), **options))
-
-
-@contextmanager
-def rich_stage(name: str):
-    t0 = time.perf_counter()
-    with console.status(f"{name} …"):
-        yield
-    console.print(f"  [green]✓[/] {name} [dim]({time.perf_counter() - t0:.1f} s)[/]")
 
 
 def _guarded(fn):
