@@ -7,6 +7,7 @@ from the same plain HF folder onnxruntime-genai's builder reads.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -29,17 +30,11 @@ def export_openvino(hf_dir: Path, out: Path, precision: str) -> Path:
     cli = Path(sys.executable).parent / "optimum-cli"
     cmd = [str(cli), "export", "openvino", "-m", str(hf_dir), "--task", "text-generation-with-past",
            *EXPORT_FLAGS[precision], str(tmp)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", **_env()})
+    done = subprocess.run(cmd, capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", **os.environ})
     if done.returncode != 0:
         raise RuntimeError(f"optimum-cli export failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     tmp.rename(out)
     return out
-
-
-def _env() -> dict:
-    import os
-
-    return dict(os.environ)
 
 
 class OpenVINORunner:
