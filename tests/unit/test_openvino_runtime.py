@@ -96,3 +96,13 @@ def test_recorded_cache_other_than_plugin_refused(ov_tiny_llama, tmp_path):
     _edit_manifest(art, lambda m: m["engines"][0]["kv_cache"].update(element_type="u8"))
     with pytest.raises(ArtifactError, match="allocates the KV cache as"):
         LLM(art)
+
+
+def test_loading_an_openvino_engine_needs_no_build_dependencies():
+    """The runtime install has no onnx: the loader must not import it (nor kiln.passes)."""
+    import subprocess
+    import sys
+
+    code = "import sys, kiln.engines.openvino.loader; print(sorted(m for m in ('onnx', 'nncf') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -51,12 +51,16 @@ def describe_kv_cache(compiled: ov.CompiledModel) -> dict:
     """The cache the plugin allocates per block: element type, key and value block shapes, bytes."""
     caches = {i.get_any_name(): i for i in cache_inputs(compiled)}
     key, value = caches["key_cache.0"], caches["value_cache.0"]
-    key_shape, value_shape = [d.get_length() for d in key.get_partial_shape()[1:]], \
-        [d.get_length() for d in value.get_partial_shape()[1:]]
-    per_block = sum(int(np.prod(ov.Shape([1, *s]))) * i.get_element_type().size
-                    for s, i in ((key_shape, key), (value_shape, value)))
+    key_shape, value_shape = _block_shape(key), _block_shape(value)
+    per_layer = sum(int(np.prod(s)) * port.get_element_type().size
+                    for s, port in ((key_shape, key), (value_shape, value)))
     return {"element_type": key.get_element_type().get_type_name(), "key_block_shape": key_shape,
-            "value_block_shape": value_shape, "bytes_per_block": per_block * (len(caches) // 2)}
+            "value_block_shape": value_shape, "bytes_per_block": per_layer * (len(caches) // 2)}
+
+
+def _block_shape(port: ov.ConstOutput) -> list[int]:
+    """[kv_heads, rows, cols] of one block: the compiled cache shape less its dynamic block count."""
+    return [d.get_length() for d in port.get_partial_shape()[1:]]
 
 
 class OpenVinoEngine:
@@ -83,7 +87,7 @@ class OpenVinoEngine:
         if self._caches:
             raise RuntimeError("allocate_kv() is called once; the KV cache is already allocated")
         for port in cache_inputs(self.compiled):
-            shape = [num_blocks, *[d.get_length() for d in port.get_partial_shape()[1:]]]
+            shape = [num_blocks, *_block_shape(port)]
             # NOTE: numpy's zeros come from calloc: zero pages the OS maps only when first written,
             # so a large budget costs memory as it fills, and no slot ever holds garbage (a NaN in
             # the unused tail of a block would survive masking).

@@ -8,10 +8,12 @@ with exactly these properties and refuses when the plugin allocates a different 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kiln.passes.quantize import QuantMode
+if TYPE_CHECKING:  # kiln.passes imports onnx, a build-time dependency; loading does not need it
+    from kiln.passes.quantize import QuantMode
 
 # OpenVINO element type name -> numpy dtype of the cache tensors the plugin allocates.
 KV_DTYPES = {"f32": np.float32, "f16": np.float16, "u8": np.uint8}
@@ -27,9 +29,9 @@ class OpenVinoOptions:
     def for_quant(cls, quant: QuantMode) -> "OpenVinoOptions":
         # fp32 keeps f32 compute and an f32 cache, so HF parity tolerances hold; quantized weights
         # have already given up exactness, and u8 KV + bf16 compute is what the plugin is fastest at.
-        if quant is QuantMode.NONE:
+        if quant.value == "none":
             return cls()
-        weights = {QuantMode.INT8: "int8_asym", QuantMode.INT4: "int4_sym_g32"}[quant]
+        weights = {"int8": "int8_asym", "int4": "int4_sym_g32"}[quant.value]
         return cls(inference_precision="bf16", kv_cache_precision="u8", weights=weights)
 
     @property

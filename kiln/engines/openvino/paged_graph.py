@@ -28,7 +28,6 @@ import openvino as ov
 from openvino import opset13 as ops
 from openvino._pyopenvino.op import _PagedAttentionExtension
 
-from kiln.export.decoder_graph import FINAL_HIDDEN
 from kiln.export.spec import ModelSpec
 
 if TYPE_CHECKING:  # onnx is a build-time dependency; loading an engine does not need it
@@ -58,28 +57,26 @@ def cut_name(layer: int, cut: str) -> str:
 
 def mark_cuts(ov_model: ov.Model, onnx_model: onnx.ModelProto, spec: ModelSpec) -> None:
     """Add canonical names to the tensors paged_model() cuts at (the ONNX names stay too)."""
-    outputs = _outputs_by_tensor_name(ov_model)
-    marks = {final_hidden_tensor(onnx_model): FINAL}
+    from kiln.export.decoder_graph import FINAL_HIDDEN      # build time only: it imports onnx
+
+    nodes = {n.name: n for n in onnx_model.graph.node}
+    marks = {_node(nodes, FINAL_HIDDEN).output[0]: FINAL}
     for i in range(spec.num_layers):
-        marks.update({t: cut_name(i, c) for c, t in attention_tensors(onnx_model, i).items()})
+        base = f"/model/layers.{i}/attn/"
+        marks.update({_node(nodes, base + "q_groups").input[0]: cut_name(i, "q"),
+                      _node(nodes, base + "new_key_kv_major").input[0]: cut_name(i, "k"),
+                      _node(nodes, base + "new_value_kv_major").input[0]: cut_name(i, "v"),
+                      _node(nodes, base + "out_merge").output[0]: cut_name(i, "out")})
+    outputs = _outputs_by_tensor_name(ov_model)
     for onnx_name, canonical in marks.items():
         outputs[onnx_name].get_tensor().add_names({canonical})
 
 
-def attention_tensors(model: onnx.ModelProto, layer: int) -> dict[str, str]:
-    """The ONNX tensor names the rewrite cuts at, for one layer."""
-    by_name = {n.name: n for n in model.graph.node}
-    base = f"/model/layers.{layer}/attn/"
-    try:
-        return {"q": by_name[base + "q_groups"].input[0], "k": by_name[base + "new_key_kv_major"].input[0],
-                "v": by_name[base + "new_value_kv_major"].input[0], "out": by_name[base + "out_merge"].output[0]}
-    except KeyError as e:
-        raise ValueError(f"layer {layer}: the decoder graph has no node {e}; is it kiln's standard graph "
-                         "(before the kv_io pass)?") from None
-
-
-def final_hidden_tensor(model: onnx.ModelProto) -> str:
-    return next(n.output[0] for n in model.graph.node if n.name == FINAL_HIDDEN)
+def _node(nodes: dict, name: str):
+    if name not in nodes:
+        raise ValueError(f"the decoder graph has no node {name!r}; the openvino backend takes kiln's "
+                         "standard graph (before the kv_io pass)")
+    return nodes[name]
 
 
 def paged_model(ov_model: ov.Model, spec: ModelSpec) -> ov.Model:
