@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from kiln.engines.ort_session import cpu_session
 from kiln.export.external import session_config
 
 PERPLEXITY_TEXT = Path(__file__).resolve().parents[2] / "tests" / "data" / "perplexity.txt"
@@ -38,7 +39,7 @@ def make_session(model: onnx.ModelProto | str, threads: int = 2) -> ort.Inferenc
         for key, value in session_config(model).items():     # where external weights live
             opts.add_session_config_entry(key, value)
     source = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+    return cpu_session(source, opts)
 
 
 def text_logits(model: onnx.ModelProto | str, token_ids: list[int]) -> np.ndarray:

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from kiln.engines.ort_session import cpu_session
 from kiln.export.external import session_config
 
 
@@ -18,7 +19,7 @@ def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     opts.log_severity_level = 3
     for key, value in session_config(model).items():     # where external weights live
         opts.add_session_config_entry(key, value)
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return cpu_session(model.SerializeToString(), opts)
 
 
 def _dim(model: onnx.ModelProto, input_name: str, axis: int) -> int | None:

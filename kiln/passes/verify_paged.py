@@ -60,6 +60,7 @@ def compare_paged(before: onnx.ModelProto, after: onnx.ModelProto, num_layers: i
     feeds = seeded_feeds(before, seed=seed)
     dense = _session(before)
     ref = dict(zip([o.name for o in dense.get_outputs()], dense.run(None, feeds)))
+    del dense      # NOTE: before the paged session loads, so the weights are not held twice
     mask = feeds["attention_mask"]
     batch, seq = feeds["input_ids"].shape
     past = mask.shape[1] - seq
