@@ -1,11 +1,6 @@
-"""Shared by the openvino tests: kiln's standard graph for a source, and an artifact whose engine is
-the openvino backend (made from a built ORT artifact's manifest and tokenizer)."""
+"""Shared by the openvino tests: kiln's standard graph for a source, as the build hands it to a backend."""
 
 from __future__ import annotations
-
-import json
-import shutil
-from pathlib import Path
 
 from kiln.passes.quantize import QuantMode
 
@@ -27,18 +22,3 @@ def standard_graph(source: str, quant: QuantMode = QuantMode.NONE):
     for p in passes:
         model, _ = run_pass(p, model, None)
     return src.spec, model
-
-
-def openvino_artifact(ort_artifact: Path, source: str, out: Path, quant: QuantMode = QuantMode.NONE) -> Path:
-    """A copy of `ort_artifact` whose only engine is the openvino one built from the same source."""
-    from kiln.engines.openvino.compile import compile_openvino
-    from kiln.engines.openvino.options import OpenVinoOptions
-
-    shutil.copytree(ort_artifact, out)
-    shutil.rmtree(out / "engines")
-    spec, model = standard_graph(source)        # the backend compresses the fp32 graph itself
-    records = compile_openvino(model, spec, out / "engines" / "openvino", OpenVinoOptions.for_quant(quant))
-    manifest = json.loads((out / "manifest.json").read_text())
-    manifest["engines"], manifest["kv_layout"] = records, records[0]["kv_layout"]
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    return out

@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("openvino")
 
-from openvino_testing import openvino_artifact  # noqa: E402
-
 from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig  # noqa: E402
 from kiln.artifact import ArtifactError  # noqa: E402
+from kiln.build import build  # noqa: E402
+from kiln.config import BuildConfig  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
@@ -27,8 +27,9 @@ def _llm(artifact, **sched):
 
 
 @pytest.fixture(scope="module")
-def ov_tiny_llama(tiny_llama_artifact, tmp_path_factory):
-    return openvino_artifact(tiny_llama_artifact, "tiny-llama", tmp_path_factory.mktemp("ov") / "tiny-llama")
+def ov_tiny_llama(tmp_path_factory):
+    """`kiln build tiny-llama --backend openvino` (fp32: f32 compute, f32 KV cache)."""
+    return build(BuildConfig(source="tiny-llama", out=tmp_path_factory.mktemp("ov") / "tiny-llama", backend="openvino"))
 
 
 @pytest.fixture(scope="module")
