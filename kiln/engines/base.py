@@ -57,14 +57,19 @@ class KvLayout:
     head_dim: int
     block_size: int
     dtype: str = "float32"
+    # Bytes a block really takes in the backend's cache, all layers, when that is more than the
+    # values (a u8 cache keeps each token's scale and zero point beside them); 0: just the values.
+    block_bytes: int = 0
 
     @property
     def bytes_per_token(self) -> int:
+        if self.block_bytes:
+            return -(-self.block_bytes // self.block_size)
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * np.dtype(self.dtype).itemsize
 
     @property
     def bytes_per_block(self) -> int:
-        return self.bytes_per_token * self.block_size
+        return self.block_bytes or self.bytes_per_token * self.block_size
 
     def pool_shape(self, num_blocks: int) -> tuple[int, ...]:
         return (self.num_layers, 2, self.num_kv_heads, num_blocks, self.block_size, self.head_dim)

@@ -51,3 +51,11 @@ def test_pool_write_lands_each_token_in_its_slot():
                 np.testing.assert_array_equal(got, new_kv[2 * layer + kv, :, b, s])
     assert np.count_nonzero(pool.data) == 3 * 2 * 2 * 2 * 3          # nothing else written
     assert all(v.base is pool.data or v.base is pool.data.base for v in pool.feeds.values())
+
+
+def test_a_cache_with_per_token_scales_plans_with_its_real_block_bytes():
+    values = KvLayout(num_layers=30, num_kv_heads=3, head_dim=64, block_size=32, dtype="uint8")
+    with_scales = KvLayout(30, 3, 64, 32, "uint8", block_bytes=30 * 14_592)
+    assert values.bytes_per_block == 30 * 12_288 and with_scales.bytes_per_block == 30 * 14_592
+    budget = RuntimeConfig(kv_cache_memory=100 * 30 * 14_592)
+    assert plan_kv_blocks(with_scales, budget, context_len=256).num_blocks == 100

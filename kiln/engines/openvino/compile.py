@@ -73,7 +73,7 @@ def kv_layout_for(spec: ModelSpec, kv: dict) -> KvLayout:
     """The runtime's view of the cache: block size from the plugin's key block shape [kvh, bs(+scales), hd]."""
     block_size = kv["value_block_shape"][1]
     dtype = {"f32": "float32", "f16": "float16", "u8": "uint8"}[kv["element_type"]]
-    return KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, dtype)
+    return KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, dtype, kv["bytes_per_block"])
 
 
 def _read_onnx(model: onnx.ModelProto, tmp: Path) -> ov.Model:

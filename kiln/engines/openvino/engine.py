@@ -8,7 +8,6 @@ into their blocks itself, and only the rows in logits_indices reach the LM head.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,18 +24,6 @@ def compile_paged(xml: Path, spec: ModelSpec, options: OpenVinoOptions, threads:
     """Read the standard IR, rewrite it to the paged model, compile it for this CPU."""
     core = ov.Core()
     return core.compile_model(paged_model(core.read_model(xml), spec), "CPU", options.compile_properties(threads))
-
-
-@dataclass(frozen=True)
-class AllocatedKvLayout(KvLayout):
-    """The manifest's layout, with the bytes the plugin really allocates per block: a u8 cache
-    keeps each token's scale and zero point beside its values (SmolLM2: 14,592 B per layer-block,
-    not 12,288), and the runtime's memory plan must count them."""
-    allocated_bytes_per_block: int = 0
-
-    @property
-    def bytes_per_block(self) -> int:
-        return self.allocated_bytes_per_block
 
 
 class KvCacheMismatch(RuntimeError):
@@ -71,8 +58,10 @@ class OpenVinoEngine:
         if expected_kv is not None and self.kv_cache != expected_kv:
             raise KvCacheMismatch(f"the OpenVINO CPU plugin here allocates the KV cache as {self.kv_cache}, "
                                   f"but the artifact was built for {expected_kv}")
-        self.kv_layout = AllocatedKvLayout(**kv_layout.to_dict(),
-                                           allocated_bytes_per_block=self.kv_cache["bytes_per_block"])
+        if kv_layout.bytes_per_block != self.kv_cache["bytes_per_block"]:
+            raise KvCacheMismatch(f"the manifest's KV layout counts {kv_layout.bytes_per_block} bytes per block, "
+                                  f"the plugin allocates {self.kv_cache['bytes_per_block']}")
+        self.kv_layout = kv_layout
         self.block_size = kv_layout.block_size
         self.request = compiled.create_infer_request()
         self.num_blocks = 0
