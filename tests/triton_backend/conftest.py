@@ -42,9 +42,9 @@ def tiny_server(triton_install, tiny_llama_artifact, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def smollm2_server(triton_install, smollm2_int8_artifact, tmp_path_factory):
+def smollm2_server(triton_install, smollm2_int4_artifact, tmp_path_factory):
     options = RepoOptions(name=MODEL, runtime=dict(kv_cache_memory="256MiB"))
-    with serve(smollm2_int8_artifact, tmp_path_factory, options) as server:
+    with serve(smollm2_int4_artifact, tmp_path_factory, options) as server:
         yield server
 
 

@@ -1,4 +1,4 @@
-"""tritonserver serving the SmolLM2 int8 artifact: streamed greedy text equals LLM.generate, alone
+"""tritonserver serving the SmolLM2 int4 artifact: streamed greedy text equals LLM.generate, alone
 and with concurrent streams batched together."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ GREEDY = dict(max_tokens=32, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def expected(smollm2_int8_artifact):
-    llm = LLM(smollm2_int8_artifact, RuntimeConfig(kv_cache_memory=256 << 20))
+def expected(smollm2_int4_artifact):
+    llm = LLM(smollm2_int4_artifact, RuntimeConfig(kv_cache_memory=256 << 20))
     return llm.generate(PROMPTS, SamplingParams(**GREEDY))
 
 
