@@ -15,7 +15,7 @@ import onnx
 from kiln.artifact import TOKENIZER_DIR, ArtifactWriter, Manifest, current_versions, file_record
 from kiln.config import BuildConfig
 from kiln.engines.base import KvLayout
-from kiln.engines.ort_engine import compile_ort
+from kiln.engines.ort_compile import compile_ort
 from kiln.export.decoder_graph import build_decoder
 from kiln.export.sources import ModelSource, load_source
 from kiln.export.spec import ModelSpec

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import bisect
+import os
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import numpy as np
+
+
+def default_threads() -> int:
+    """Engine threads when the user sets none: the CPUs this process may use."""
+    # NOTE: physical cores would be better; os.sched_getaffinity respects container limits.
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

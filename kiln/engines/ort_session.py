@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import onnxruntime as ort
 
+
 CPU_PROVIDERS = ["CPUExecutionProvider"]
-
-
-def default_threads() -> int:
-    # NOTE: physical cores would be better; os.sched_getaffinity respects container limits.
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def session_options(threads: int = 1,

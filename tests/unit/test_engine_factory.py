@@ -23,3 +23,15 @@ def test_unknown_backend_is_refused(tmp_path):
     artifact = EngineArtifact(tmp_path, manifest)
     with pytest.raises(ArtifactError, match=r"needs the 'tpu-v9' engine backend.*kiln build --backend"):
         load_engine(artifact)
+
+
+def test_loading_an_ort_engine_needs_no_build_dependencies(tiny_llama_artifact):
+    """The runtime install has no onnx: loading and running an artifact must not import it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from kiln.runtime.llm import LLM; from kiln.config import RuntimeConfig; "
+            f"LLM({str(tiny_llama_artifact)!r}, RuntimeConfig(kv_cache_memory=1 << 22)); "
+            "print(sorted(m for m in ('onnx', 'onnx_graphsurgeon', 'kiln.passes.quantize') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

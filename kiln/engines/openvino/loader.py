@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import openvino as ov
 
 from kiln.artifact import ArtifactError, EngineArtifact, sha256_file
-from kiln.engines.base import BucketGrid, KvLayout
+from kiln.engines.base import BucketGrid, KvLayout, default_threads
 from kiln.engines.openvino.engine import KvCacheMismatch, OpenVinoEngine, compile_paged
 from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.export.spec import ModelSpec
@@ -53,14 +52,6 @@ def _check_record(root: Path, record: dict, kv_layout: KvLayout) -> None:
     if not path.is_file() or path.stat().st_size != weights["bytes"] or sha256_file(path) != weights["sha256"]:
         raise ArtifactError(f"{root}: {weights['file']} is missing, truncated or corrupt "
                             f"(size or sha256 differs from the manifest); {REBUILD}")
-
-
-def default_threads() -> int:
-    # NOTE: sched_getaffinity respects container CPU limits, cpu_count does not.
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def _release(version: str) -> str:
