@@ -1,7 +1,7 @@
 """Token sampling over a batch of logits, one independent random stream per request.
 
 Order of operations for a row, as in HF transformers' generate():
-penalties (repetition, then frequency and presence) → temperature → top-k → top-p → min-p → draw.
+penalties (repetition, then frequency and presence) → logit bias → temperature → top-k → top-p → min-p → draw.
 
 NOTE: seeded sampling is batch-invariant. A sampled row reads only its own logits and its own
 generator, goes through the same per-row code whatever else is in the batch, and consumes exactly
@@ -63,8 +63,10 @@ class SamplingState:
 
     @property
     def penalized(self) -> bool:
+        """Whether this row's logits are changed before temperature (penalties or a logit bias)."""
         p = self.params
-        return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+        return (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+                or bool(p.logit_bias))
 
     def seen_tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(prompt ∪ output ids, output ids, their counts), cached until the next append."""
@@ -126,6 +128,17 @@ def _penalize(row: np.ndarray, state: SamplingState) -> None:
     if len(output) and (p.frequency_penalty or p.presence_penalty):
         # OpenAI semantics: output tokens only; frequency scales with the count, presence does not.
         row[output] -= counts * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
+    if p.logit_bias:
+        _add_bias(row, p.logit_bias)
+
+
+def _add_bias(row: np.ndarray, bias: tuple[tuple[int, float], ...]) -> None:
+    ids = np.fromiter((t for t, _ in bias), np.int64, len(bias))
+    values = np.fromiter((b for _, b in bias), np.float32, len(bias))
+    # NOTE: the server checks ids against the vocabulary; an id past this row (Python API) is
+    # skipped rather than failing the whole batch's step.
+    inside = ids < len(row)
+    row[ids[inside]] += values[inside]
 
 
 # ---- one sampled row: filter, then draw once ----

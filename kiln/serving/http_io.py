@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 from typing import Awaitable, Callable, TypeVar
 
 from starlette.requests import Request as HttpRequest
@@ -14,6 +15,8 @@ from starlette.responses import StreamingResponse
 from kiln.serving.errors import ApiError, bad_request
 
 T = TypeVar("T")
+
+MAX_JSON_DEPTH = 64      # a JSON Schema or a tool's parameters nest a few levels; nothing needs more
 
 
 async def read_json(request: HttpRequest, max_bytes: int):
@@ -26,9 +29,51 @@ async def read_json(request: HttpRequest, max_bytes: int):
         if len(body) > max_bytes:
             raise _too_large(max_bytes)
     try:
-        return json.loads(body)
-    except ValueError as e:          # JSONDecodeError and UnicodeDecodeError
+        data = json.loads(body, parse_constant=_refuse_constant)
+    except ValueError as e:          # JSONDecodeError, UnicodeDecodeError and NaN / Infinity
         raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise _too_deep() from None
+    check_json_values(data)
+    return data
+
+
+def _refuse_constant(name: str):
+    # Python's json accepts NaN and Infinity by default; JSON (RFC 8259) has no such numbers.
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def check_json_values(data) -> None:
+    """Refuse what json.loads lets through: nesting deeper than MAX_JSON_DEPTH, numbers that
+    overflow to infinity (1e999) and strings with unpaired surrogates ("\\ud800"), which no
+    tokenizer can encode. Iterative, so a hostile body cannot exhaust the stack here."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise _too_deep()
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str):
+                    _check_text(key)
+                stack.append((item, depth + 1))
+        elif isinstance(value, str):
+            _check_text(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise bad_request("the request body has a number too large for a double", code="invalid_json")
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request("the request body has a string that is not valid Unicode "
+                          "(an unpaired surrogate escape such as \\ud800)", code="invalid_json") from None
+
+
+def _too_deep() -> ApiError:
+    return bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
 
 
 def _too_large(max_bytes: int) -> ApiError:

@@ -11,8 +11,9 @@ from kiln.serving.errors import ApiError, bad_request
 
 
 class _Body(BaseModel):
-    # Unknown fields are ignored, as OpenAI-compatible servers do, so newer clients still work.
-    model_config = ConfigDict(extra="ignore")
+    # Strict: a boolean is not an integer, 4.0 is not an integer, "4" is not a number. Unknown
+    # fields (an OpenAI field kiln does not implement, a typo) are refused by name, never ignored.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Body):
@@ -36,6 +37,7 @@ class _SamplingFields(_Body):
     ignore_eos: bool = False
     max_tokens: int | None = None
     user: str | None = None
+    logit_bias: dict[str, float] | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -45,12 +47,13 @@ class CompletionRequest(_SamplingFields):
 
 
 class ContentPart(_Body):
+    model_config = ConfigDict(extra="allow", strict=True)   # an image part's fields: refused by its type
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")     # tool calls, names ... reach the template as they are
+    model_config = ConfigDict(extra="allow", strict=True)   # tool calls, names ... reach the template as they are
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Union[str, list[ContentPart], None] = None
 
@@ -66,6 +69,8 @@ def parse_body(model: type[_Body], data) -> _Body:
     """The body as `model`, or a 400 naming the first offending field."""
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
+    # A null is "not given", for fields kiln does not know as well as for those it does.
+    data = {k: v for k, v in data.items() if v is not None or k in model.model_fields}
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -82,4 +87,6 @@ def _as_api_error(e: ValidationError) -> ApiError:
     param = ".".join(parts) or None
     if first["type"] == "missing":
         return bad_request(f"'{param}' is a required property", param, "missing_required_parameter")
+    if first["type"] == "extra_forbidden":
+        return bad_request(f"'{param}' is not supported by this server", param, "unsupported_parameter")
     return bad_request(f"invalid value for '{param}': {first['msg']}", param, "invalid_value")

@@ -60,9 +60,11 @@ def prepare_completion(body: CompletionRequest, tok: Tokenizer, limits: EngineLi
 
 def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimits) -> PreparedRequest:
     try:
-        ids = tok.encode_chat([_message_dict(m) for m in body.messages])
+        ids = tok.encode_chat([_message_dict(i, m) for i, m in enumerate(body.messages)])
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
+    if body.top_logprobs is not None and not body.logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     return _prepare("chat", body, ids, max_tokens, logprobs, limits, "messages")
@@ -72,7 +74,7 @@ def _prepare(kind, body, ids, max_tokens, logprobs, limits, prompt_param) -> Pre
     _check_n(body.n)
     _check_prompt_fits(len(ids), limits, prompt_param)
     max_tokens = _max_tokens(kind, max_tokens, len(ids), limits)
-    params = _sampling_params(body, max_tokens, logprobs)
+    params = _sampling_params(body, max_tokens, logprobs, _logit_bias(body.logit_bias, limits))
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage)
 
@@ -90,11 +92,13 @@ def _prompt_ids(prompt, tok: Tokenizer, limits: EngineLimits) -> list[int]:
     return ids
 
 
-def _message_dict(message) -> dict:
+def _message_dict(index: int, message) -> dict:
     d = message.model_dump(exclude_none=True)
     if isinstance(message.content, list):
-        if any(p.type != "text" for p in message.content):
-            raise bad_request("only text content parts are supported", "messages")
+        for j, part in enumerate(message.content):
+            if part.type != "text":
+                raise bad_request(f"content parts of type '{part.type}' are not supported; only 'text'",
+                                  f"messages.{index}.content.{j}.type", "unsupported_content_type")
         d["content"] = "".join(p.text or "" for p in message.content)
     return d
 
@@ -124,17 +128,30 @@ def _max_tokens(kind: str, requested: int | None, num_prompt: int, limits: Engin
     return requested
 
 
-def _sampling_params(body, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def _logit_bias(bias: dict[str, float] | None, limits: EngineLimits) -> dict[int, float]:
+    """OpenAI's {"token id": bias} with every id checked against this model's vocabulary."""
+    out = {}
+    for key, value in (bias or {}).items():
+        # NOTE: the length check first: int() of a huge digit string is slow, then refused.
+        valid = len(key) <= 12 and key.isascii() and key.isdigit() and int(key) < limits.vocab_size
+        if not valid or int(key) in out:
+            raise bad_request(f"logit_bias keys must be distinct token ids in [0, {limits.vocab_size}), "
+                              f"got '{key[:32]}'", "logit_bias", "invalid_value")
+        out[int(key)] = value
+    return out
+
+
+def _sampling_params(body, max_tokens: int, logprobs: int | None, logit_bias: dict[int, float]) -> SamplingParams:
     given = dict(temperature=body.temperature, top_p=body.top_p, min_p=body.min_p,
                  presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                  repetition_penalty=body.repetition_penalty, seed=body.seed)
     knobs = {k: v for k, v in given.items() if v is not None}
     if body.top_k is not None:
-        knobs["top_k"] = max(body.top_k, 0)          # vLLM's -1 also means "off"
+        knobs["top_k"] = 0 if body.top_k == -1 else body.top_k       # vLLM's -1 also means "off"
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     try:
         return SamplingParams(max_tokens=max_tokens, stop=stop, ignore_eos=body.ignore_eos,
-                              logprobs=logprobs, **knobs)
+                              logprobs=logprobs, logit_bias=logit_bias, **knobs)
     except ValueError as e:
         raise _sampling_error(str(e)) from None
 

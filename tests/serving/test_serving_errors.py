@@ -96,3 +96,111 @@ def test_rejections_are_counted(tiny_server):
     before = tiny_server.metrics().get('kiln_requests_rejected_total{reason="invalid"}', 0)
     _post(tiny_server, "/v1/completions", b"{")
     assert tiny_server.metrics()['kiln_requests_rejected_total{reason="invalid"}'] == before + 1
+
+
+# ---- issue 12 item 4: every malformed input a 4xx, and the next good request still answers ----
+
+def _nested(depth: int) -> str:
+    return '{"model": "%s", "prompt": "hi", "user": %s}' % (MODEL, "[" * depth + "]" * depth)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    # wrong JSON types: no coercion
+    ("/v1/completions", {**OK_PROMPT, "max_tokens": True}, "max_tokens"),
+    ("/v1/completions", {**OK_PROMPT, "max_tokens": 4.0}, "max_tokens"),
+    ("/v1/completions", {**OK_PROMPT, "max_tokens": "4"}, "max_tokens"),
+    ("/v1/completions", {**OK_PROMPT, "temperature": False}, "temperature"),
+    ("/v1/completions", {**OK_PROMPT, "seed": 1.5}, "seed"),
+    ("/v1/completions", {**OK_PROMPT, "stream": "yes"}, "stream"),
+    ("/v1/chat/completions", {**OK_CHAT, "logprobs": 1}, "logprobs"),
+    ("/v1/completions", {**OK_PROMPT, "prompt": [1, True]}, "prompt"),
+    # integers outside what the sampler accepts
+    ("/v1/completions", {**OK_PROMPT, "seed": -1}, "seed"),
+    ("/v1/completions", {**OK_PROMPT, "seed": 2 ** 64}, "seed"),
+    ("/v1/completions", {**OK_PROMPT, "top_k": -2}, "top_k"),
+    ("/v1/completions", {**OK_PROMPT, "top_k": 2 ** 40}, "top_k"),
+    ("/v1/completions", {**OK_PROMPT, "max_tokens": 10 ** 30}, "max_tokens"),
+    ("/v1/completions", {**OK_PROMPT, "n": 10 ** 30}, "n"),
+    ("/v1/chat/completions", {**OK_CHAT, "logprobs": True, "top_logprobs": -1}, "logprobs"),
+    ("/v1/chat/completions", {**OK_CHAT, "top_logprobs": 2}, "top_logprobs"),
+    # out-of-range floats
+    ("/v1/completions", {**OK_PROMPT, "temperature": 1e6}, "temperature"),
+    ("/v1/completions", {**OK_PROMPT, "repetition_penalty": 1e39}, "repetition_penalty"),
+    ("/v1/completions", {**OK_PROMPT, "min_p": 1.0}, "min_p"),
+    # logit_bias: OpenAI's shape, ids within the vocabulary, biases in [-100, 100]
+    ("/v1/completions", {**OK_PROMPT, "logit_bias": {"5": 101}}, "logit_bias"),
+    ("/v1/completions", {**OK_PROMPT, "logit_bias": {"999999": 1}}, "logit_bias"),
+    ("/v1/completions", {**OK_PROMPT, "logit_bias": {"-3": 1}}, "logit_bias"),
+    ("/v1/completions", {**OK_PROMPT, "logit_bias": {"abc": 1}}, "logit_bias"),
+    ("/v1/completions", {**OK_PROMPT, "logit_bias": {"5": 1, "05": 2}}, "logit_bias"),
+    ("/v1/completions", {**OK_PROMPT, "logit_bias": {"9" * 5000: 1}}, "logit_bias"),
+    ("/v1/completions", {**OK_PROMPT, "logit_bias": [5]}, "logit_bias"),
+    # unknown content parts
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "http://x"}}]}]},
+     "messages.0.content.1.type"),
+    # OpenAI fields kiln does not implement: refused by name, never ignored
+    ("/v1/chat/completions", {**OK_CHAT, "functions": [{"name": "f"}]}, "functions"),
+    ("/v1/chat/completions", {**OK_CHAT, "audio": {"voice": "alloy"}}, "audio"),
+    ("/v1/completions", {**OK_PROMPT, "best_of": 2}, "best_of"),
+    ("/v1/completions", {**OK_PROMPT, "suffix": "x"}, "suffix"),
+    ("/v1/completions", {**OK_PROMPT, "max_token": 3}, "max_token"),        # a typo is not ignored
+])
+def test_malformed_field_is_400_and_the_server_still_answers(tiny_server, path, body, param):
+    err = _error(_post(tiny_server, path, body), 400)
+    assert err["param"] == param, err
+    _still_answers(tiny_server)
+
+
+@pytest.mark.parametrize("raw, words", [
+    ('{"model": "%s", "prompt": "hi", "temperature": NaN}' % MODEL, "NaN"),
+    ('{"model": "%s", "prompt": "hi", "top_p": Infinity}' % MODEL, "Infinity"),
+    ('{"model": "%s", "prompt": "hi", "temperature": -Infinity}' % MODEL, "Infinity"),
+    ('{"model": "%s", "prompt": "hi", "temperature": 1e999}' % MODEL, "too large"),
+    ('{"model": "%s", "prompt": "a\\ud800b"}' % MODEL, "Unicode"),
+    ('{"model": "%s", "messages": [{"role": "user", "content": "\\udfff"}]}' % MODEL, "Unicode"),
+    ('{"model": "%s", "prompt": "hi", "stop": ["\\ud83d"]}' % MODEL, "Unicode"),
+    (_nested(65), "nests deeper"),
+    (_nested(100_000), "nests deeper"),          # past Python's recursion limit
+])
+def test_malformed_json_is_400_and_the_server_still_answers(tiny_server, raw, words):
+    path = "/v1/chat/completions" if "messages" in raw else "/v1/completions"
+    err = _error(_post(tiny_server, path, raw.encode()), 400)
+    assert words in err["message"] and err["code"] == "invalid_json", err
+    _still_answers(tiny_server)
+
+
+def test_null_for_an_unknown_field_means_not_given(tiny_server):
+    r = _post(tiny_server, "/v1/chat/completions", {**OK_CHAT, "functions": None, "logit_bias": None})
+    assert r.status_code == 200, r.text
+
+
+def test_an_oversized_body_is_413_and_the_server_still_answers(tiny_server):
+    _error(_post(tiny_server, "/v1/completions", b'{"prompt": "' + b"x" * (5 << 20) + b'"}'), 413)
+    _still_answers(tiny_server)
+
+
+def _still_answers(server) -> None:
+    r = _post(server, "/v1/completions", {**OK_PROMPT, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+# ---- logit_bias, implemented: OpenAI semantics through the real server ----
+
+def _greedy_text(server, **extra) -> str:
+    body = {**OK_PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True, **extra}
+    r = _post(server, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def test_logit_bias_of_100_forces_a_token_and_minus_100_bans_one(tiny_server, tiny_llama_artifact):
+    from kiln.artifact import EngineArtifact
+    from kiln.tokenizer import Tokenizer
+    tok = Tokenizer(EngineArtifact.load(tiny_llama_artifact).tokenizer_dir)
+    a, b = tok.encode("a")[-1], tok.encode("b")[-1]
+    assert _greedy_text(tiny_server, logit_bias={str(a): 100}) == tok.decode([a] * 6)
+    # Both pushed far above the rest; banning one leaves the other every time.
+    assert _greedy_text(tiny_server, logit_bias={str(a): -100, str(b): 100}) == tok.decode([b] * 6)
+    assert _greedy_text(tiny_server, logit_bias={str(a): 100, str(b): -100}) == tok.decode([a] * 6)
