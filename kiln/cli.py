@@ -22,6 +22,8 @@ def runtime_options(fn):
                      help="Scheduler preset; the knobs below override it one by one."),
         click.option("--max-num-seqs", type=int, default=None, help="Cap on running sequences."),
         click.option("--token-budget", type=int, default=None, help="Tokens per step (decodes + prefill chunks)."),
+        click.option("--target-itl", type=float, default=None,
+                     help="Seconds a step may take while streams decode; prefill chunks fit the rest (0 = off)."),
         click.option("--max-model-len", type=int, default=None, help="Context cap (default: the model's)."),
         click.option("--no-prefix-caching", is_flag=True, help="Disable prefix caching."),
         click.option("--threads", type=int, default=None, help="Engine threads (default: usable CPUs)."),
@@ -160,14 +162,14 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
 @bench_options
 @runtime_options
 def bench(kv_cache_memory, policy, max_num_seqs, token_budget, max_model_len, no_prefix_caching, threads,
-          **options):
+          target_itl, **options):
     """Load-test a server (--url) or an artifact in-process (--engine): TTFT, ITL, e2e percentiles,
     throughput and goodput per concurrency or rate level; tables, JSON and plots."""
     from kiln.bench.cli_options import run_bench_command
 
     runtime = dict(kv_cache_memory=kv_cache_memory, policy=policy, max_num_seqs=max_num_seqs,
                    token_budget=token_budget, max_model_len=max_model_len,
-                   no_prefix_caching=no_prefix_caching, threads=threads)
+                   no_prefix_caching=no_prefix_caching, threads=threads, target_itl=target_itl)
     wide = Console(width=max(Console().width, 160))   # tables must not wrap their cells when piped
     _guarded(lambda: run_bench_command(console, wide, lambda: runtime_config(**runtime), **options))
 

@@ -57,13 +57,20 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     policy: SchedulingPolicy = SchedulingPolicy.FCFS
     long_prefill_token_threshold: int = 0   # cap on one request's chunk; 0 = no cap
+    # Decode-aware chunked prefill: while streams decode, prefill chunks get only the tokens that
+    # keep a step within target_itl seconds (by the measured step costs), never fewer than
+    # min_prefill_chunk. 0 = prefill bounded only by the token budget.
+    target_itl: float = 0.1
+    min_prefill_chunk: int = 16
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "min_prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0 = no cap)")
+        if not 0 <= self.target_itl < float("inf"):
+            raise ValueError(f"target_itl must be a finite number of seconds >= 0 (0 = off), got {self.target_itl}")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> SchedulerConfig:
@@ -72,10 +79,11 @@ class SchedulerConfig:
         return cls(**{**SCHEDULER_PRESETS[name], **overrides})
 
 
-# Latency: small steps so decodes are never stuck behind a long prefill. Throughput: big batches.
+# Latency: small steps so decodes are never stuck behind a long prefill. Throughput: big batches,
+# prefill allowed to stretch a step further (newcomers start sooner, running streams pay for it).
 SCHEDULER_PRESETS = {
-    "latency": dict(max_num_batched_tokens=256, max_num_seqs=16),
-    "throughput": dict(max_num_batched_tokens=2048, max_num_seqs=64),
+    "latency": dict(max_num_batched_tokens=256, max_num_seqs=16, target_itl=0.05),
+    "throughput": dict(max_num_batched_tokens=2048, max_num_seqs=64, target_itl=0.25),
 }
 
 

@@ -96,6 +96,7 @@ class EngineCore:
         for r in finished:
             self._retire(r, now)
         self._record_step(out, now - t0)
+        self.scheduler.observe_step(now - t0)
         return deltas
 
     def _deltas(self, out, before: dict[str, int], runner_out, now: float) -> list[RequestDelta]:

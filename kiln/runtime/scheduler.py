@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from kiln.config import SchedulerConfig, SchedulingPolicy
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request, RequestStatus
+from kiln.runtime.step_costs import StepCostModel
 
 
 @dataclass
@@ -49,6 +50,25 @@ class StepStats:
     batch_size: int = 0
     num_prefill_chunks: int = 0
     num_preempted: int = 0
+    num_decodes: int = 0            # sequences that got their next token's one new token
+    num_prefill_tokens: int = 0
+    prefill_budget: int = 0         # the prefill tokens this step was allowed
+
+
+@dataclass
+class _Budget:
+    """What is left of this step's token budget, and of the prefill share within it."""
+    tokens: int
+    prefill_tokens: int
+
+    @property
+    def prefill(self) -> int:
+        return min(self.tokens, self.prefill_tokens)
+
+    def spend(self, n: int, decode: bool) -> None:
+        self.tokens -= n
+        if not decode:
+            self.prefill_tokens -= n
 
 
 class Scheduler:
@@ -61,6 +81,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.last_step_stats = StepStats()
         self._finished_ids: list[str] = []
+        self.step_costs = StepCostModel(config.target_itl, config.min_prefill_chunk,
+                                        config.max_num_batched_tokens)
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -94,25 +116,38 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(finished_request_ids=self._finished_ids)
         self._finished_ids = []
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        prefill_budget = self.step_costs.costs().prefill_budget(self._num_decodes())
+        budget = _Budget(self.config.max_num_batched_tokens, prefill_budget)
+        self._schedule_running(out, budget)
         if not out.preempted_request_ids:
             self._schedule_waiting(out, budget)
         out.num_running, out.num_waiting = len(self.running), len(self.waiting)
-        self._record_stats(out)
+        self._record_stats(out, prefill_budget)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def observe_step(self, seconds: float) -> None:
+        """The last scheduled step took `seconds`: refine the step-cost model."""
+        s = self.last_step_stats
+        self.step_costs.observe(s.num_decodes, s.num_prefill_tokens, seconds)
+
+    def _num_decodes(self) -> int:
+        return sum(1 for r in self.running if _is_decode(r))
+
+    def _schedule_running(self, out: SchedulerOutput, budget: _Budget) -> None:
+        """Running requests in admission order: each decode, and prefill chunks within the
+        prefill budget. NOTE: the prefill budget leaves room in the token budget for every decode
+        (StepCosts.prefill_budget), so a prefill earlier in the order never starves one."""
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget.tokens > 0:
             request = self.running[i]
-            n = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
+            decode = _is_decode(request)
+            n = 1 if decode else self._chunk(request.num_tokens - request.num_computed_tokens, budget.prefill)
             if n > 0:
                 if not self._allocate_or_preempt(request, n, out):
                     break
                 self._add(out, request, n)
-                budget -= n
+                budget.spend(n, decode)
             i += 1
-        return budget
 
     def _allocate_or_preempt(self, request: Request, n: int, out: SchedulerOutput) -> bool:
         """Free-and-requeue the newest running requests until `request` fits; False if it was
@@ -134,17 +169,17 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: _Budget) -> None:
+        while self.waiting and len(self.running) < self.config.max_num_seqs and budget.prefill > 0:
             request = self._next_waiting()
             hits, num_hit = self._computed_blocks(request)
-            n = self._chunk(request.num_tokens - num_hit, budget)
+            n = self._chunk(request.num_tokens - num_hit, budget.prefill)
             if not self.kv.allocate_slots(request, n, hits):
                 break       # the KV-capacity check: wait for blocks to free up
             self.waiting.remove(request)
             self._admit(request, num_hit)
             self._add(out, request, n)
-            budget -= n
+            budget.spend(n, decode=False)
 
     def _computed_blocks(self, request: Request):
         if not self.config.enable_prefix_caching:
@@ -172,13 +207,16 @@ class Scheduler:
         out.scheduled.append(ScheduledRequest(request, n))
         out.num_scheduled_tokens += n
 
-    def _record_stats(self, out: SchedulerOutput) -> None:
+    def _record_stats(self, out: SchedulerOutput, prefill_budget: int) -> None:
         prefills = sum(1 for s in out.scheduled
                        if s.request.num_computed_tokens < s.request.num_prompt_tokens)
+        decodes = sum(1 for s in out.scheduled if s.num_new_tokens == 1 and _is_decode(s.request))
         self.last_step_stats = StepStats(
             num_running=out.num_running, num_waiting=out.num_waiting,
             num_scheduled_tokens=out.num_scheduled_tokens, batch_size=len(out.scheduled),
-            num_prefill_chunks=prefills, num_preempted=len(out.preempted_request_ids))
+            num_prefill_chunks=prefills, num_preempted=len(out.preempted_request_ids),
+            num_decodes=decodes, num_prefill_tokens=out.num_scheduled_tokens - decodes,
+            prefill_budget=prefill_budget)
 
     # -- results ------------------------------------------------------------------------------
 
@@ -251,3 +289,8 @@ class Scheduler:
 
     def get_request(self, request_id: str) -> Request | None:
         return self.requests.get(request_id)
+
+
+def _is_decode(request: Request) -> bool:
+    """Read before update(): one new token left, the last sampled one (or a prompt's last)."""
+    return request.num_tokens - request.num_computed_tokens == 1

@@ -67,7 +67,8 @@ def test_decodes_keep_running_while_a_prompt_is_chunked():
     assert b.is_finished and a.num_output_tokens == 8
     assert sched.last_step_stats == StepStats(num_running=2, num_waiting=0,
                                               num_scheduled_tokens=11, batch_size=2,
-                                              num_prefill_chunks=1)
+                                              num_prefill_chunks=1, num_decodes=1,
+                                              num_prefill_tokens=10, prefill_budget=15)
 
 
 def test_mid_prefill_chunk_samples_nothing():
@@ -291,11 +292,44 @@ def test_prefix_caching_off_never_hits():
     assert b.num_cached_tokens == 0 and b.num_computed_tokens == 12
 
 
+def test_prefill_chunks_shrink_while_streams_decode_and_grow_back_when_they_end():
+    """A made-up engine: a step costs 10 ms per batch-size bucket of decodes plus 2 ms per
+    prefill token. Target 50 ms: beside one decode, prefill may take (50 - 10) / 2 = 20 tokens."""
+    sched = make_scheduler(num_blocks=128, block_size=16, max_num_batched_tokens=256, target_itl=0.05,
+                           min_prefill_chunk=4)
+
+    def timed_step():
+        out, _ = step(sched)
+        s = sched.last_step_stats
+        decode_seconds = 0.01 if s.num_decodes else 0.0
+        sched.observe_step(decode_seconds + 0.002 * s.num_prefill_tokens)
+        return out
+
+    a = make_request("a", n_prompt=8, max_tokens=60)
+    sched.add_request(a)
+    for _ in range(30):                        # a decodes alone: the model learns a decode step
+        timed_step()
+    warm = make_request("warm", n_prompt=400, max_tokens=1, start=500)
+    sched.add_request(warm)
+    while not warm.is_finished:                # prefills beside a decode: it learns the token cost
+        timed_step()
+    assert sched.step_costs.costs().prefill_budget(1) == pytest.approx(20, abs=1)
+    b = make_request("b", n_prompt=200, max_tokens=2, start=900)
+    sched.add_request(b)
+    first = chunks(timed_step())
+    assert first["a"] == 1 and 19 <= first["b"] <= 21           # decodes first, prefill bounded
+    sched.abort("a")
+    assert chunks(timed_step())["b"] == 200 - first["b"]         # nothing decodes: the whole rest
+
+
 def test_presets_and_overrides():
     latency = SchedulerConfig.preset("latency")
     throughput = SchedulerConfig.preset("throughput", max_num_seqs=8)
     assert latency.max_num_batched_tokens < throughput.max_num_batched_tokens
     assert (latency.max_num_seqs, throughput.max_num_seqs) == (16, 8)
+    assert 0 < latency.target_itl < SchedulerConfig().target_itl < throughput.target_itl
+    with pytest.raises(ValueError, match="target_itl"):
+        SchedulerConfig(target_itl=float("nan"))
     with pytest.raises(ValueError, match="unknown scheduler preset"):
         SchedulerConfig.preset("fast")
     with pytest.raises(ValueError):
@@ -314,11 +348,15 @@ workload = st.lists(
 @given(workload=workload, aborts=st.lists(st.integers(0, 200), max_size=6),
        num_blocks=st.integers(9, 24), budget=st.integers(1, 40),
        max_num_seqs=st.integers(1, 6), policy=st.sampled_from(SchedulingPolicy),
-       tokens=st.lists(st.integers(0, 9), min_size=1, max_size=30))
+       tokens=st.lists(st.integers(0, 9), min_size=1, max_size=30),
+       target_itl=st.sampled_from([0.0, 0.001, 0.05]),
+       step_seconds=st.lists(st.floats(1e-4, 0.2), min_size=1, max_size=8))
 def test_random_workloads_run_to_completion(workload, aborts, num_blocks, budget, max_num_seqs,
-                                            policy, tokens):
+                                            policy, tokens, target_itl, step_seconds):
     sched = make_scheduler(num_blocks=num_blocks, block_size=4, max_num_batched_tokens=budget,
-                           max_num_seqs=max_num_seqs, max_model_len=40, policy=policy)
+                           max_num_seqs=max_num_seqs, max_model_len=40, policy=policy,
+                           target_itl=target_itl, min_prefill_chunk=1)
+    seconds = iter(step_seconds * 1000)       # made-up step times move the prefill budget around
     requests = []
     for i, (n, max_tokens, family, priority) in enumerate(workload):
         r = make_request(f"r{i}", n_prompt=n, max_tokens=max_tokens, start=100 * family,
@@ -332,8 +370,14 @@ def test_random_workloads_run_to_completion(workload, aborts, num_blocks, budget
         for victim in aborts:
             if victim % 50 == step_no and victim // 50 < len(requests):
                 sched.abort(requests[victim // 50].request_id)
+        decoding = {r.request_id for r in sched.running if r.num_tokens - r.num_computed_tokens == 1}
         out, _ = step(sched, lambda r: next(samples))
+        sched.observe_step(next(seconds))
+        if len(decoding) <= budget and not out.preempted_request_ids:
+            assert decoding <= set(chunks(out)), "every stream decodes before any prefill"
         assert out.num_scheduled_tokens <= budget and sched.num_running <= max_num_seqs
+        stats = sched.last_step_stats
+        assert stats.num_prefill_tokens <= max(stats.prefill_budget, 0)
         sched.kv.pool.check_invariants()
     assert all(r.is_finished for r in requests) and not sched.has_unfinished()
     assert not sched.running and not sched.waiting
