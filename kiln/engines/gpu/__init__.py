@@ -1,0 +1,9 @@
+"""What both GPU backends (tensorrt, ort_cuda) share, all of it importable without a GPU.
+
+device.py     DeviceInfo, the CUDA probe that guards every GPU library, and the thin device-memory
+              layer (cudart through cuda-python) the TensorRT engine binds its buffers with
+profiles.py   optimization profiles per bucket range, planned from the artifact's bucket grid
+kv_copy.py    the new tokens' K/V into their pool slots as strided device-to-device copies
+compat.py     the engine record's toolchain and device fields, and the refusal when they differ
+compare.py    Polygraphy comparison of two runners on the same feeds, with per-output tolerances
+"""
