@@ -17,7 +17,8 @@ from starlette.routing import Route
 from kiln.config import ServeConfig
 from kiln.runtime.engine_client import EngineClient, EngineError
 from kiln.runtime.sampling_params import SamplingParams
-from kiln.serving.admission import Admission, PrefillRate
+from kiln.serving.admission import Admission
+from kiln.serving.console import console_routes
 from kiln.serving.errors import ApiError, bad_request
 from kiln.serving.generations import Generations
 from kiln.serving.http_io import EventStream, check_api_key, read_json, until_disconnected
@@ -46,9 +47,8 @@ class Server:
 
     def start(self) -> None:
         c = self.config
-        rate = PrefillRate()
-        self.client.step_listeners += [rate.observe, self.metrics.observe_step]
-        admission = Admission(c, rate)
+        self.client.step_listeners.append(self.metrics.observe_step)
+        admission = Admission(c, self.client)
         cache = ResponseCache(c.cache_max_entries, c.cache_max_bytes, c.cache_ttl) if c.response_cache else None
         self.generations = Generations(self.client, admission, self.metrics, cache, c.request_timeout)
         self.metrics.watch(self.client, admission, self.generations)
@@ -100,6 +100,7 @@ def create_app(llm, config: ServeConfig, model_name: str) -> Starlette:
         Route("/v1/models", partial(_models, server)),
         Route("/v1/completions", partial(_generate, server, kind="completion"), methods=["POST"]),
         Route("/v1/chat/completions", partial(_generate, server, kind="chat"), methods=["POST"]),
+        *console_routes(server),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: _internal_error})
     app.state.server = server
