@@ -77,6 +77,8 @@ class DeviceMemory(Protocol):
 
     def download(self, address: int, out: np.ndarray) -> None: ...
 
+    def memset(self, address: int, value: int, nbytes: int) -> None: ...
+
     def copy_2d(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int) -> None: ...
 
     def synchronize(self) -> None: ...
@@ -109,6 +111,9 @@ class CudaMemory:
         _check(self._rt.cudaMemcpyAsync(out.ctypes.data, address, out.nbytes,
                                         self._rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream))
         self.synchronize()
+
+    def memset(self, address: int, value: int, nbytes: int) -> None:
+        _check(self._rt.cudaMemsetAsync(address, value, nbytes, self.stream))
 
     def copy_2d(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int) -> None:
         _check(self._rt.cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height,

@@ -1,0 +1,160 @@
+"""`kiln build --backend tensorrt`: the kv_io graph -> TensorRT engine with a profile per bucket range.
+
+    fused? quantized? ─ refused (TensorRT parses standard ONNX ops and fuses on its own)
+    kv_io pass (checked against the dense graph) ─ precision into the graph ─ model.onnx(.data)
+    [CPU: fp16 graph vs fp32 on ONNX Runtime, with Polygraphy]
+    plan profiles from the bucket grid ─ compile on this GPU ─ model.plan + timing.cache
+    [GPU: the engine vs ONNX Runtime CPU on model.onnx, with Polygraphy]
+    engine record: files, io, profiles, precision, TensorRT version, device, the comparisons
+
+The GPU is checked first, so a machine without one refuses before any work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from kiln.artifact import file_record
+from kiln.engines.base import KvLayout
+from kiln.engines.gpu.profiles import Profile, plan_profiles
+from kiln.engines.tensorrt.graph import in_precision, save_for_parser, with_weights_inline
+from kiln.export.spec import ModelSpec
+from kiln.passes.base import PassCheckError
+
+BACKEND = "tensorrt"
+PLAN_FILE = "model.plan"
+TIMING_CACHE_FILE = "timing.cache"
+DEFAULT_PRECISION = "fp16"
+# (atol, rtol) on logits against fp32 ONNX Runtime CPU, per precision.
+TOLERANCES = {"fp32": {"logits": (1e-3, 1e-3)}, "fp16": {"logits": (5e-2, 5e-2)},
+              "bf16": {"logits": (2e-1, 1e-1)}}
+
+
+@dataclass
+class PreparedGraph:
+    """The CPU half of a tensorrt build: what the GPU half compiles and the record so far."""
+    onnx_path: Path
+    inputs: dict[str, list]           # graph input -> dims (ints or dim names)
+    io: dict[str, list]
+    profiles: list[Profile]
+    record: dict
+    reports: list[dict]
+
+
+def build_tensorrt(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, stage):
+    """The ENGINE_BUILDERS entry (kiln.build): refuses early without a GPU and TensorRT."""
+    from kiln.build import BuiltEngines
+    from kiln.engines.gpu.device import require_cuda
+    from kiln.engines.tensorrt.compile import import_tensorrt
+
+    check_graph_for_tensorrt(model, config)
+    require_cuda("building a TensorRT engine")
+    import_tensorrt()
+    prepared = prepare_graph(model, spec, config, root, stage)
+    record = compile_and_check(prepared, spec, config, root, stage)
+    return BuiltEngines([record], _kv_layout(spec, config), prepared.reports)
+
+
+def check_graph_for_tensorrt(model: onnx.ModelProto, config) -> None:
+    if config.quant.value != "none":
+        raise ValueError("the tensorrt backend builds from kiln's fp32 graph (TensorRT parses no "
+                         "MatMulNBits); build with --quant none, and TensorRT runs it in fp16 by default")
+    custom = sorted({n.op_type for n in model.graph.node if n.domain not in ("", "ai.onnx")
+                     or not onnx.defs.has(n.op_type)})
+    if custom:
+        raise ValueError(f"the tensorrt backend takes standard ONNX ops, and this graph has {', '.join(custom)} "
+                         "(ONNX Runtime fusions); build with --no-fuse (TensorRT fuses on its own)")
+
+
+def precision_of(config) -> str:
+    # NOTE: BuildConfig has no GPU precision field yet; fp16 unless one is set.
+    return getattr(config, "precision", None) or DEFAULT_PRECISION
+
+
+def prepare_graph(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, stage) -> PreparedGraph:
+    """Everything up to the TensorRT compile; runs on a CPU."""
+    from kiln.passes.base import run_pass
+    from kiln.passes.kv_io import KvIoPass
+    from kiln.passes.verify_paged import compare_paged
+
+    kv_io = KvIoPass(spec, config.block_size)
+    with stage(f"pass {kv_io.name}"):
+        check = (lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size)) if config.verify else None
+        paged, report = run_pass(kv_io, model, check)
+    precision = precision_of(config)
+    out = root / "engines" / BACKEND
+    reports = [report.to_dict()]
+    with stage(f"TensorRT graph ({precision})"):
+        graph = in_precision(with_weights_inline(paged), precision)
+        inputs, io = _dims(graph.graph.input), _dims([*graph.graph.input, *graph.graph.output])
+        onnx_path, weights = save_for_parser(graph, out)
+        del graph
+    if config.verify and precision == "fp16":
+        with stage("compare the fp16 graph with fp32 on ONNX Runtime CPU (Polygraphy)"):
+            reports.append(compare_graph_precision(paged, onnx_path, spec, config, precision))
+    profiles = plan_profiles(config.buckets, config.block_size, spec.max_position_embeddings)
+    record = {"backend": BACKEND, "onnx": file_record(root, onnx_path), "io": io, "precision": precision,
+              "profiles": [p.to_dict() for p in profiles]}
+    if weights is not None:
+        record["onnx_weights"] = file_record(root, weights)
+    return PreparedGraph(onnx_path, inputs, io, profiles, record, reports)
+
+
+def compare_graph_precision(paged: onnx.ModelProto, onnx_path: Path, spec: ModelSpec, config, precision: str) -> dict:
+    """The graph TensorRT will parse, run by ONNX Runtime CPU, against the fp32 paged graph."""
+    import tempfile
+
+    from kiln.engines.gpu.compare import compare_engines, engine_runner, probe_steps
+    from kiln.engines.ort_engine import OrtEngine
+
+    layout = _kv_layout(spec, config)
+    with tempfile.TemporaryDirectory(prefix="kiln-trt-ref-") as tmp:
+        ref_path, _ = save_for_parser(with_weights_inline(paged), Path(tmp))
+        ref = engine_runner("ort-cpu fp32", lambda: OrtEngine(ref_path, config.buckets, layout, 1))
+        cand = engine_runner(f"ort-cpu {precision} graph", lambda: OrtEngine(onnx_path, config.buckets, layout, 1))
+        report = compare_engines(ref, cand, probe_steps(spec.vocab_size, config.block_size), TOLERANCES[precision])
+    if not report["passed"]:
+        raise PassCheckError(f"the {precision} graph for TensorRT disagrees with fp32 beyond its tolerance: "
+                         f"{report['outputs']}; build with --precision fp32")
+    return report
+
+
+def compile_and_check(prepared: PreparedGraph, spec: ModelSpec, config, root: Path, stage) -> dict:
+    """The GPU half: compile, save plan and timing cache, compare with ONNX Runtime CPU, record."""
+    from kiln.engines.gpu.compare import compare_engines, engine_runner, probe_steps
+    from kiln.engines.gpu.device import CudaMemory
+    from kiln.engines.ort_engine import OrtEngine
+    from kiln.engines.tensorrt.compile import compile_engine
+    from kiln.engines.tensorrt.engine import TrtEngine
+
+    out = prepared.onnx_path.parent
+    precision = prepared.record["precision"]
+    with stage(f"compile TensorRT engine ({len(prepared.profiles)} optimization profiles)"):
+        result = compile_engine(prepared.onnx_path, prepared.inputs, prepared.profiles, precision)
+    (out / PLAN_FILE).write_bytes(result.plan)
+    (out / TIMING_CACHE_FILE).write_bytes(result.timing_cache)
+    device = CudaMemory()
+    record = {**prepared.record, **file_record(root, out / PLAN_FILE),
+              "timing_cache": file_record(root, out / TIMING_CACHE_FILE),
+              "tensorrt": result.tensorrt_version, "device": device.info.to_dict()}
+    layout = _kv_layout(spec, config)
+    with stage("compare the engine with ONNX Runtime CPU (Polygraphy)"):
+        ref = engine_runner("ort-cpu", lambda: OrtEngine(prepared.onnx_path, config.buckets, layout))
+        cand = engine_runner("tensorrt", lambda: TrtEngine.from_plan(result.plan, record, config.buckets, layout,
+                                                           device, spec.vocab_size))
+        report = compare_engines(ref, cand, probe_steps(spec.vocab_size, config.block_size), TOLERANCES[precision])
+    if not report["passed"]:
+        raise PassCheckError(f"the TensorRT engine disagrees with ONNX Runtime CPU: {report['outputs']}")
+    record["compare"] = report
+    return record
+
+
+def _kv_layout(spec: ModelSpec, config) -> KvLayout:
+    return KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size)
+
+
+def _dims(values) -> dict[str, list]:
+    return {v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim] for v in values}
