@@ -45,15 +45,17 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.fast.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
         if self._template is None:
             raise ChatTemplateError("this model has no chat template; send a plain prompt")
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+                                     tools=tools)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         # The template already writes any special tokens it wants.
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        return self.encode(self.apply_chat_template(messages, tools=tools), add_special_tokens=False)
 
 
 def _read_json(path: Path) -> dict:

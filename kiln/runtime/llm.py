@@ -14,6 +14,7 @@ from kiln.runtime.engine_core import EngineCore
 from kiln.runtime.outputs import CompletionOutput, OutputProcessor, StreamDelta
 from kiln.runtime.request import Request
 from kiln.runtime.sampling_params import SamplingParams
+from kiln.runtime.structured import bind_params
 from kiln.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]
@@ -32,6 +33,8 @@ class LLM:
     # -- requests -----------------------------------------------------------------------------
     def make_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> Request:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        eos = self.artifact.manifest.generation.get("eos_token_ids") or []
+        params = bind_params(params, self.tokenizer, self.artifact.manifest.spec.vocab_size, eos)
         return Request(request_id or f"req-{next(self._ids)}", ids, params, eos_token_id=self.core.eos_token_id)
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:

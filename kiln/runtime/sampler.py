@@ -1,7 +1,7 @@
 """Token sampling over a batch of logits, one independent random stream per request.
 
 Order of operations for a row, as in HF transformers' generate():
-penalties (repetition, then frequency and presence) → logit bias → temperature → top-k → top-p → min-p → draw.
+penalties (repetition, then frequency and presence) → logit bias → grammar mask → temperature → top-k → top-p → min-p → draw.
 
 NOTE: seeded sampling is batch-invariant. A sampled row reads only its own logits and its own
 generator, goes through the same per-row code whatever else is in the batch, and consumes exactly
@@ -17,6 +17,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from kiln.runtime.sampling_params import SamplingParams
+from kiln.runtime.structured.grammar import Guide
 
 # Large candidate sets are narrowed to a head of the distribution before any partition or sort;
 # the head is found from a strided sample of the row, so a 49k vocabulary is scanned only by
@@ -49,24 +50,27 @@ class SamplingState:
     rng: np.random.Generator
     prompt_token_ids: np.ndarray                       # unique ids, for the repetition penalty
     output_counts: dict[int, int] = field(default_factory=dict)
+    guide: Guide | None = None                          # the grammar a constrained request follows
     _arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_params(cls, params: SamplingParams, prompt_token_ids: Sequence[int] = ()) -> SamplingState:
         # default_rng(None) draws fresh OS entropy: unseeded requests are not reproducible.
         prompt = np.unique(np.asarray(prompt_token_ids, dtype=np.int64))
-        return cls(params, np.random.default_rng(params.seed), prompt)
+        return cls(params, np.random.default_rng(params.seed), prompt, guide=_guide(params))
 
     def append(self, token_id: int) -> None:
         self.output_counts[token_id] = self.output_counts.get(token_id, 0) + 1
         self._arrays = None
+        if self.guide is not None:
+            self.guide.accept(token_id)
 
     @property
     def penalized(self) -> bool:
-        """Whether this row's logits are changed before temperature (penalties or a logit bias)."""
+        """Whether this row's logits change before temperature (penalties, a logit bias, a grammar)."""
         p = self.params
         return (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-                or bool(p.logit_bias))
+                or bool(p.logit_bias) or self.guide is not None)
 
     def seen_tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(prompt ∪ output ids, output ids, their counts), cached until the next append."""
@@ -75,6 +79,15 @@ class SamplingState:
             counts = np.fromiter(self.output_counts.values(), dtype=np.float32, count=len(output))
             self._arrays = (np.union1d(self.prompt_token_ids, output), output, counts)
         return self._arrays
+
+
+def _guide(params: SamplingParams) -> Guide | None:
+    if params.structured is None:
+        return None
+    if params.structured.compiled is None:
+        raise ValueError("structured output must be bound to the tokenizer first (GrammarCompiler.bind; "
+                         "LLM.make_request does it)")
+    return Guide(params.structured.compiled)
 
 
 class Sampler:
@@ -119,17 +132,21 @@ def apply_penalties(logits: np.ndarray, requests: Sequence[SamplingState]) -> np
 
 def _penalize(row: np.ndarray, state: SamplingState) -> None:
     p = state.params
-    seen, output, counts = state.seen_tokens()
     if p.repetition_penalty != 1.0:
         # HF semantics: over prompt and output; shrinks positive logits, pushes negative ones down.
+        seen = state.seen_tokens()[0]
         values = row[seen]
         penalty = np.float32(p.repetition_penalty)
         row[seen] = np.where(values > 0, values / penalty, values * penalty)
-    if len(output) and (p.frequency_penalty or p.presence_penalty):
+    if p.frequency_penalty or p.presence_penalty:
+        _, output, counts = state.seen_tokens()
         # OpenAI semantics: output tokens only; frequency scales with the count, presence does not.
         row[output] -= counts * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
     if p.logit_bias:
         _add_bias(row, p.logit_bias)
+    if state.guide is not None:
+        # NOTE: the mask comes last, so no penalty or bias can bring back a token it forbids.
+        row[~state.guide.allowed(len(row))] = -np.inf
 
 
 def _add_bias(row: np.ndarray, bias: tuple[tuple[int, float], ...]) -> None:

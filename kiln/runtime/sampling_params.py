@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
+from kiln.runtime.structured.spec import StructuredOutput
+
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_LOGPROBS = 20
@@ -38,6 +40,8 @@ class SamplingParams:
     # OpenAI semantics: token id -> bias added to its logit before sampling. A mapping from
     # callers; stored as sorted (id, bias) pairs so the params stay hashable.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # The output must match this (a JSON Schema, a regex, a grammar ...); None: free text.
+    structured: StructuredOutput | None = None
 
     def __post_init__(self):
         # Accept lists from callers; store tuples so the params stay hashable.

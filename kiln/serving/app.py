@@ -143,7 +143,7 @@ async def _generate(server: Server, request: HttpRequest, kind: str) -> Response
         sub = server.generations.open(prepared)
     except ApiError as e:
         return server.rejected(e)
-    renderer = Renderer(kind, server.model_name, server.llm.tokenizer)
+    renderer = Renderer(kind, server.model_name, server.llm.tokenizer, prepared.parse_tool_calls)
     if prepared.stream:
         return EventStream(renderer.stream(sub, prepared.include_usage), on_close=sub.close)
     try:

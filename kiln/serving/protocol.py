@@ -3,7 +3,7 @@ satisfy (ranges, context limits) is checked in requests.py against the engine.""
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -38,6 +38,11 @@ class _SamplingFields(_Body):
     max_tokens: int | None = None
     user: str | None = None
     logit_bias: dict[str, float] | None = None
+    # vLLM's structured-output extension fields (send them with the openai client's extra_body).
+    guided_json: Union[dict[str, Any], str, None] = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None          # a Lark grammar (llguidance's dialect)
+    guided_choice: list[str] | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -58,11 +63,42 @@ class ChatMessage(BaseModel):
     content: Union[str, list[ContentPart], None] = None
 
 
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    # {"name", "schema", "strict", "description"}: a dict, because `schema` is a pydantic name.
+    json_schema: dict[str, Any] | None = None
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool | None = None
 
 
 def parse_body(model: type[_Body], data) -> _Body:

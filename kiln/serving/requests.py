@@ -3,11 +3,13 @@ before anything is queued, so a bad request is a 400 and never disturbs the ones
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.errors import ApiError, bad_request
 from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest
+from kiln.serving.structured_requests import ToolPlan, bind, plan_tools, structured_output
 from kiln.tokenizer import ChatTemplateError, Tokenizer
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
@@ -20,11 +22,13 @@ class EngineLimits:
     num_kv_blocks: int
     block_size: int
     vocab_size: int
+    eos_token_ids: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, core) -> EngineLimits:
+        eos = tuple(core.artifact.manifest.generation.get("eos_token_ids") or ())
         return cls(core.scheduler.config.max_model_len, core.kv.num_blocks, core.kv.block_size,
-                   core.artifact.manifest.spec.vocab_size)
+                   core.artifact.manifest.spec.vocab_size, eos)
 
     @property
     def kv_tokens(self) -> int:
@@ -39,6 +43,7 @@ class PreparedRequest:
     params: SamplingParams
     stream: bool = False
     include_usage: bool = False
+    parse_tool_calls: bool = False  # chat with tools: the reply's tool-call syntax becomes tool_calls
 
     @property
     def deterministic(self) -> bool:
@@ -55,28 +60,32 @@ def prepare_completion(body: CompletionRequest, tok: Tokenizer, limits: EngineLi
     if body.echo:
         raise bad_request("echo is not supported", "echo")
     ids = _prompt_ids(body.prompt, tok, limits)
-    return _prepare("completion", body, ids, body.max_tokens, body.logprobs, limits, "prompt")
+    return _prepare("completion", body, ids, body.max_tokens, body.logprobs, limits, "prompt", tok)
 
 
 def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimits) -> PreparedRequest:
+    tools = plan_tools(body, tok)
     try:
-        ids = tok.encode_chat([_message_dict(i, m) for i, m in enumerate(body.messages)])
+        ids = tok.encode_chat([_message_dict(i, m) for i, m in enumerate(body.messages)], tools=tools.tools)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return _prepare("chat", body, ids, max_tokens, logprobs, limits, "messages")
+    return _prepare("chat", body, ids, max_tokens, logprobs, limits, "messages", tok, tools)
 
 
-def _prepare(kind, body, ids, max_tokens, logprobs, limits, prompt_param) -> PreparedRequest:
+def _prepare(kind, body, ids, max_tokens, logprobs, limits, prompt_param, tok,
+             tools: ToolPlan = ToolPlan()) -> PreparedRequest:
     _check_n(body.n)
     _check_prompt_fits(len(ids), limits, prompt_param)
     max_tokens = _max_tokens(kind, max_tokens, len(ids), limits)
-    params = _sampling_params(body, max_tokens, logprobs, _logit_bias(body.logit_bias, limits))
+    spec, field = structured_output(body, tools)
+    params = _sampling_params(body, max_tokens, logprobs, _logit_bias(body.logit_bias, limits),
+                              None if spec is None else bind(spec, field, tok, limits))
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
-    return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage)
+    return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage, tools.parse_calls)
 
 
 def _prompt_ids(prompt, tok: Tokenizer, limits: EngineLimits) -> list[int]:
@@ -100,7 +109,20 @@ def _message_dict(index: int, message) -> dict:
                 raise bad_request(f"content parts of type '{part.type}' are not supported; only 'text'",
                                   f"messages.{index}.content.{j}.type", "unsupported_content_type")
         d["content"] = "".join(p.text or "" for p in message.content)
+    if isinstance(d.get("tool_calls"), list):
+        d["tool_calls"] = [_call_for_template(c) for c in d["tool_calls"]]
     return d
+
+
+def _call_for_template(call):
+    # OpenAI sends arguments as a JSON string; templates (Qwen2's among them) expect a mapping.
+    fn = call.get("function") if isinstance(call, dict) else None
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            return {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+        except ValueError:
+            pass
+    return call
 
 
 def _check_n(n: int | None) -> None:
@@ -141,7 +163,8 @@ def _logit_bias(bias: dict[str, float] | None, limits: EngineLimits) -> dict[int
     return out
 
 
-def _sampling_params(body, max_tokens: int, logprobs: int | None, logit_bias: dict[int, float]) -> SamplingParams:
+def _sampling_params(body, max_tokens: int, logprobs: int | None, logit_bias: dict[int, float],
+                     structured) -> SamplingParams:
     given = dict(temperature=body.temperature, top_p=body.top_p, min_p=body.min_p,
                  presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                  repetition_penalty=body.repetition_penalty, seed=body.seed)
@@ -151,7 +174,7 @@ def _sampling_params(body, max_tokens: int, logprobs: int | None, logit_bias: di
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     try:
         return SamplingParams(max_tokens=max_tokens, stop=stop, ignore_eos=body.ignore_eos,
-                              logprobs=logprobs, logit_bias=logit_bias, **knobs)
+                              logprobs=logprobs, logit_bias=logit_bias, structured=structured, **knobs)
     except ValueError as e:
         raise _sampling_error(str(e)) from None
 

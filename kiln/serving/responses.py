@@ -10,6 +10,7 @@ from typing import AsyncIterator
 
 from kiln.runtime.outputs import StreamDelta
 from kiln.serving.flights import Subscription, Usage
+from kiln.serving.tools import ToolCallStream, parse_tool_calls
 from kiln.tokenizer import Tokenizer
 
 
@@ -27,8 +28,9 @@ def sse(payload) -> bytes:
 class Renderer:
     """Renders one response: a completion or a chat completion, whole or as a stream."""
 
-    def __init__(self, kind: str, model: str, tokenizer: Tokenizer):
+    def __init__(self, kind: str, model: str, tokenizer: Tokenizer, parse_tool_calls: bool = False):
         self.kind, self.model, self.tokenizer = kind, model, tokenizer
+        self.tools = ToolCallStream() if parse_tool_calls else None
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         self.id, self.created = f"{prefix}-{uuid.uuid4().hex}", int(time.time())
         self.object = "chat.completion" if kind == "chat" else "text_completion"
@@ -40,6 +42,11 @@ class Renderer:
         choice = {"index": 0, "finish_reason": finish, "logprobs": self._logprobs(deltas)}
         if self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
+            if self.tools is not None:
+                content, calls = parse_tool_calls(text)
+                if calls:
+                    choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                    choice["finish_reason"] = _tool_finish(finish)
         else:
             choice["text"] = text
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
@@ -53,7 +60,10 @@ class Renderer:
             yield sse(self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
         try:
             async for delta in sub.deltas():
-                if delta.text or delta.finished:
+                if self.tools is not None:
+                    for chunk in self._tool_chunks(delta):
+                        yield sse(chunk)
+                elif delta.text or delta.finished:
                     yield sse(self._chunk(self._delta_choice(delta)))
         except Exception as e:
             yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
@@ -78,6 +88,22 @@ class Renderer:
             choice["text"] = d.text
         return choice
 
+    def _tool_chunks(self, d: StreamDelta) -> list[dict]:
+        """Content as it comes, each tool call whole when it closes (OpenAI clients accumulate
+        `tool_calls` deltas by index, so one delta per call is a valid stream)."""
+        events = self.tools.feed(d.text) + (self.tools.finish() if d.finished else [])
+        chunks = []
+        for kind, value in events:
+            if kind == "content":
+                delta = {"content": value}
+            else:
+                delta = {"tool_calls": [{"index": self.tools.num_calls - 1, **value}]}
+            chunks.append(self._chunk({"delta": delta, "finish_reason": None}))
+        if d.finished:
+            finish = _tool_finish(d.finish_reason) if self.tools.num_calls else d.finish_reason
+            chunks.append(self._chunk({"delta": {}, "finish_reason": finish}))
+        return chunks
+
     # -- logprobs ---------------------------------------------------------------------------------
     def _logprobs(self, deltas: list[StreamDelta]) -> dict | None:
         pairs = [(t, lp) for d in deltas for t, lp in zip(d.token_ids, d.logprobs) if lp is not None]
@@ -101,3 +127,8 @@ class Renderer:
         return {"tokens": tokens, "token_logprobs": [lp.token_logprob for _, lp in pairs],
                 "top_logprobs": [{self._token(i): v for i, v in lp.top} for _, lp in pairs],
                 "text_offset": offsets}
+
+
+def _tool_finish(finish: str | None) -> str | None:
+    # A reply that ended by itself with calls in it is a tool call; one cut short stays `length`.
+    return "tool_calls" if finish == "stop" else finish

@@ -1,0 +1,153 @@
+"""llguidance behind two small classes: GrammarCompiler (one per tokenizer: validates a
+StructuredOutput and binds it to the tokenizer) and Guide (one per request: the token mask for
+the next step, advanced by each accepted token).
+
+Why llguidance, measured on SmolLM2's 49,152-token vocabulary (a schema with a nested object, an
+array of enums and a bounded integer; 200 tokens drawn at random from each step's allowed set):
+llguidance builds the matcher in ~1 ms and fills a step's bitmask in 4 µs median, 26-35 µs mean
+(the first mask ~5 ms); outlines-core 0.2.14 compiled the same bounded schema's index in 120 ms
+and answered 104 µs mean per step with a list of ids still to be turned into a mask; xgrammar
+needs torch at run time, which kiln's runtime install does not have. llguidance also reads Lark
+grammars with JSON Schemas inline (%json), which the tool-call grammar uses.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import llguidance as llg
+import numpy as np
+
+from kiln.runtime.structured.spec import Constraint, StructuredOutput
+
+MAX_CACHED_GRAMMARS = 256
+# One JSON layout, as json.dumps writes it: no free whitespace, which the model could otherwise
+# spend its whole max_tokens on (llguidance allows any amount by default). A schema's own
+# "x-guidance" options still win over these.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(ValueError):
+    """The schema, regex or grammar cannot be used; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    grammar: str                      # llguidance's serialized grammar
+    tokenizer: llg.LLTokenizer
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+
+def llguidance_grammar(spec: StructuredOutput) -> str:
+    if spec.kind is Constraint.JSON_OBJECT:
+        return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_STYLE)
+    if spec.kind is Constraint.JSON_SCHEMA:
+        return llg.LLMatcher.grammar_from_json_schema(spec.source, defaults=JSON_STYLE)
+    if spec.kind is Constraint.REGEX:
+        return llg.LLMatcher.grammar_from_regex(spec.source)
+    if spec.kind is Constraint.CHOICE:
+        return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in json.loads(spec.source)))
+    return llg.LLMatcher.grammar_from_lark(spec.source)
+
+
+class GrammarCompiler:
+    """Validates and binds constraints for one tokenizer. The llguidance tokenizer (~0.5 s for a
+    49k vocabulary) is built on first use, so a server that never sees a constraint never pays."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: Sequence[int]):
+        self._tokenizer_json = tokenizer_json
+        self.vocab_size, self.eos_token_ids = vocab_size, tuple(eos_token_ids)
+        self._tokenizer: llg.LLTokenizer | None = None
+        self._grammars: OrderedDict[StructuredOutput, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def tokenizer(self) -> llg.LLTokenizer:
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = llg.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+                                                  eos_token=list(self.eos_token_ids) or None)
+            return self._tokenizer
+
+    def bind(self, spec: StructuredOutput) -> StructuredOutput:
+        """The spec with its compiled grammar attached; raises GrammarError if it is unusable."""
+        if spec.compiled is not None:
+            return spec
+        grammar = self._grammar(spec)
+        return spec.with_compiled(CompiledGrammar(grammar, self.tokenizer, self.vocab_size, self.eos_token_ids))
+
+    def _grammar(self, spec: StructuredOutput) -> str:
+        with self._lock:
+            if spec in self._grammars:
+                self._grammars.move_to_end(spec)
+                return self._grammars[spec]
+        try:
+            grammar = llguidance_grammar(spec)
+        except ValueError as e:
+            raise GrammarError(str(e)) from None
+        problem = llg.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        if problem:
+            raise GrammarError(problem.strip())
+        with self._lock:
+            self._grammars[spec] = grammar
+            while len(self._grammars) > MAX_CACHED_GRAMMARS:
+                self._grammars.popitem(last=False)
+        return grammar
+
+
+_compilers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_compilers_lock = threading.Lock()
+
+
+def compiler_for(tokenizer, vocab_size: int, eos_token_ids: Sequence[int]) -> GrammarCompiler:
+    """The GrammarCompiler of a kiln Tokenizer (one per tokenizer object, made on first use)."""
+    with _compilers_lock:
+        compiler = _compilers.get(tokenizer)
+        if compiler is None:
+            compiler = _compilers[tokenizer] = GrammarCompiler(tokenizer.fast.to_str(), vocab_size, eos_token_ids)
+        return compiler
+
+
+class Guide:
+    """One request's place in its grammar."""
+
+    def __init__(self, compiled: CompiledGrammar):
+        self.compiled = compiled
+        self.matcher = llg.LLMatcher(compiled.tokenizer, compiled.grammar, log_level=0)
+        self._bitmask = np.full((compiled.vocab_size + 31) // 32, -1, dtype=np.int32)
+
+    def allowed(self, width: int) -> np.ndarray:
+        """A bool mask over a logits row of `width` tokens: what the grammar allows next."""
+        if self.matcher.is_error():
+            # NOTE: cannot happen while every token is drawn under the mask; end the request
+            # rather than draw from nothing.
+            allowed = np.zeros(width, dtype=bool)
+            allowed[[t for t in self.compiled.eos_token_ids if t < width]] = True
+            return allowed
+        self.matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
+        bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
+        allowed = np.zeros(width, dtype=bool)
+        n = min(width, len(bits))
+        allowed[:n] = bits[:n].view(bool)
+        return allowed
+
+    def accept(self, token_id: int) -> None:
+        self.matcher.consume_token(token_id)
+
+    @property
+    def finished(self) -> bool:
+        return self.matcher.is_stopped()
+
+
+def bind_params(params, tokenizer, vocab_size: int, eos_token_ids: Sequence[int]):
+    """SamplingParams whose constraint (if any) is bound to `tokenizer`; raises GrammarError."""
+    spec = params.structured
+    if spec is None or spec.compiled is not None:
+        return params
+    return replace(params, structured=compiler_for(tokenizer, vocab_size, eos_token_ids).bind(spec))
