@@ -138,7 +138,8 @@ def triton_repo(artifact, out, instances, max_queue, name, print_command, **runt
 @click.option("--api-key", default=None, envvar="KILN_API_KEY",
               help="Require 'Authorization: Bearer KEY' on /v1/* (or set KILN_API_KEY, kept out of ps).")
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the folder name).")
-@click.option("--ttft-slo", type=float, default=None, help="Refuse (429) when the predicted TTFT exceeds S seconds.")
+@click.option("--ttft-slo", type=float, default=None,
+              help="Refuse (429) when the predicted TTFT exceeds S seconds (default 2; 0 = never).")
 @click.option("--max-waiting", type=int, default=None, help="Refuse when N requests await their first token.")
 @click.option("--max-waiting-tokens", type=int, default=None, help="Refuse when their prompts exceed N tokens.")
 @click.option("--request-timeout", type=float, default=None, help="End requests after S seconds (finish_reason timeout).")
@@ -148,12 +149,13 @@ def triton_repo(artifact, out, instances, max_queue, name, print_command, **runt
 def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waiting, max_waiting_tokens,
           request_timeout, no_response_cache, no_console, **runtime):
     """Serve an artifact over an OpenAI-compatible HTTP API."""
-    from kiln.config import ServeConfig
+    from kiln.config import DEFAULT_TTFT_SLO, ServeConfig
     from kiln.serving.server import run_server
 
     def go():
         cfg = ServeConfig(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
-                          ttft_slo=ttft_slo, max_waiting=max_waiting, max_waiting_tokens=max_waiting_tokens,
+                          ttft_slo=DEFAULT_TTFT_SLO if ttft_slo is None else ttft_slo,
+                          max_waiting=max_waiting, max_waiting_tokens=max_waiting_tokens,
                           request_timeout=request_timeout, response_cache=not no_response_cache,
                           console=not no_console)
         run_server(artifact, runtime_config(**runtime), cfg, announce=lambda m: console.print(f"[dim]{m}[/]"))

@@ -103,6 +103,9 @@ class RuntimeConfig:
             raise ValueError("kv_cache_memory must be positive")
 
 
+DEFAULT_TTFT_SLO = 2.0      # seconds: the bound the project's goodput figures use
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """The HTTP server's own knobs; the runtime's (KV memory, scheduler) stay in RuntimeConfig."""
@@ -112,7 +115,7 @@ class ServeConfig:
     served_model_name: str | None = None     # default: the artifact folder's name
     console: bool = True                     # the playground and dashboard at / (--no-console)
     # Admission control: a request over any bound is refused at once with 429.
-    ttft_slo: float | None = None            # seconds; refuse when the predicted TTFT exceeds it
+    ttft_slo: float = DEFAULT_TTFT_SLO       # seconds; refuse when the predicted TTFT exceeds it; 0 = off
     max_waiting: int | None = None           # admitted requests still waiting for their first token
     max_waiting_tokens: int | None = None    # their prompt tokens
     request_timeout: float | None = None     # seconds; the request ends with finish_reason "timeout"
@@ -124,10 +127,10 @@ class ServeConfig:
     max_body_bytes: int = 4 << 20            # larger bodies get 413 before they are parsed
 
     def __post_init__(self):
-        for name in ("ttft_slo", "request_timeout"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
+        if not 0 <= self.ttft_slo < float("inf"):
+            raise ValueError(f"ttft_slo must be a finite number of seconds >= 0 (0 = off), got {self.ttft_slo}")
+        if self.request_timeout is not None and self.request_timeout <= 0:
+            raise ValueError(f"request_timeout must be positive, got {self.request_timeout}")
         for name in ("max_waiting", "max_waiting_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kiln.runtime.step_costs import StepCosts
+
 # How a request ended, beyond the engine's own finish reasons (stop, length, abort, timeout).
 ERROR = "error"          # the engine failed mid-step, or refused the request when it was added
 
@@ -37,6 +39,24 @@ class EngineSnapshot:
     prefix_cache_hits: int = 0          # prompt tokens found
     engine_failures: int = 0            # steps that raised; each failed every request in flight
     finished: dict[str, int] = field(default_factory=dict)   # finish reason -> requests
+    # What admission control predicts TTFT from (kiln/runtime/step_costs.py):
+    max_num_seqs: int = 0
+    step_costs: StepCosts = field(default_factory=StepCosts)
+    prefill_budget: int = 0             # prefill tokens the last step was allowed
+    remaining_tokens: tuple[int, ...] = ()   # running requests' tokens left to max_tokens, ascending
+
+    @property
+    def target_itl(self) -> float:
+        return self.step_costs.target_itl
+
+    @property
+    def prefill_seconds_per_token(self) -> float:
+        return self.step_costs.prefill_seconds_per_token
+
+    @property
+    def decode_step_seconds(self) -> float:
+        """The estimated decode-only step at today's running batch."""
+        return self.step_costs.decode_seconds(self.num_running)
 
     @property
     def kv_bytes_used(self) -> int:
@@ -68,4 +88,7 @@ def take_snapshot(core, counters: LoopCounters) -> EngineSnapshot:
         scheduled_sequences=counters.scheduled_sequences, preemptions=sched.num_preemptions,
         kv_evictions=kv.pool.evictions, kv_allocation_failures=kv.allocation_failures,
         prefix_cache_queries=kv.prefix_queries, prefix_cache_hits=kv.prefix_hits,
-        engine_failures=counters.engine_failures, finished=dict(counters.finished))
+        engine_failures=counters.engine_failures, finished=dict(counters.finished),
+        max_num_seqs=sched.config.max_num_seqs, step_costs=sched.step_costs.costs(),
+        prefill_budget=sched.last_step_stats.prefill_budget,
+        remaining_tokens=tuple(sorted(r.max_tokens - r.num_output_tokens for r in sched.running)))

@@ -1,44 +1,26 @@
 """Admission control: refuse at once (429 + Retry-After) rather than let the queue grow until
 every admitted request misses its latency target.
 
-A request counts as waiting from admission until its first token. The predicted TTFT of a new
-request is the prompt tokens waiting ahead of it, plus its own, over the measured prefill rate.
+A request counts as waiting from admission until its first token. Its predicted TTFT is
+
+    seat wait  +  time to prefill every waiting prompt ahead of it and its own
+
+both read from the engine's step-cost model (kiln/runtime/step_costs.py), so the decode load
+counts: while d streams decode, a step prefills only the chunk that keeps it within the target
+inter-token latency, and takes as long as the model says such a step takes. The streams that
+will decode meanwhile are today's running ones plus every admitted request still waiting (each
+becomes a stream once prefilled). When every seat (max_num_seqs) is taken, the request also waits
+for enough running requests to reach their max_tokens (an upper bound: EOS may come sooner).
+The prediction leans pessimistic on purpose: a refused request can retry, a late one is lost.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 
 from kiln.config import ServeConfig
-from kiln.runtime.engine_stats import StepReport
+from kiln.runtime.engine_stats import EngineSnapshot
 from kiln.serving.errors import ApiError
-
-
-class PrefillRate:
-    """Prefill tokens per second over steps that ran a prefill chunk, exponentially weighted.
-    The prior weighs as much as one small step, so the start-up warm-up (a prompt of a few
-    hundred tokens) already replaces most of it before the first user arrives."""
-
-    PRIOR_TOKENS, PRIOR_SECONDS = 128.0, 0.125      # 1,024 tokens/s: a small model on a few cores
-    DECAY = 0.95
-
-    def __init__(self):
-        self._tokens, self._seconds = self.PRIOR_TOKENS, self.PRIOR_SECONDS
-        self._lock = threading.Lock()
-
-    def observe(self, step: StepReport) -> None:
-        """Called on the engine's thread after every step."""
-        if step.num_prefill_chunks == 0:
-            return
-        with self._lock:
-            self._tokens = self._tokens * self.DECAY + step.num_scheduled_tokens
-            self._seconds = self._seconds * self.DECAY + step.seconds
-
-    @property
-    def tokens_per_second(self) -> float:
-        with self._lock:
-            return self._tokens / self._seconds
 
 
 class Ticket:
@@ -55,13 +37,22 @@ class Ticket:
 
 
 class Admission:
-    def __init__(self, config: ServeConfig, rate: PrefillRate):
-        self.config, self.rate = config, rate
+    def __init__(self, config: ServeConfig, client):
+        """`client` is the engine client; its snapshot is read (never written) on each request."""
+        self.config, self.client = config, client
         self.pending = 0              # admitted, no first token yet (event-loop thread only)
         self.pending_tokens = 0
 
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        """Prefill rate with nothing decoding (the step-cost model's token cost)."""
+        return 1.0 / self.client.snapshot.step_costs.prefill_seconds_per_token
+
     def predicted_ttft(self, num_prompt_tokens: int) -> float:
-        return (self.pending_tokens + num_prompt_tokens) / self.rate.tokens_per_second
+        s = self.client.snapshot
+        decodes = min(s.num_running + self.pending, max(s.max_num_seqs, 1))
+        prefill = s.step_costs.prefill_seconds(self.pending_tokens + num_prompt_tokens, decodes)
+        return _seat_wait(s, self.pending) + prefill
 
     def admit(self, num_prompt_tokens: int) -> Ticket:
         """A ticket, or ApiError(429) naming the bound that refused the request."""
@@ -72,17 +63,31 @@ class Admission:
 
     def _check(self, n: int) -> None:
         c = self.config
-        drain = self.pending_tokens / self.rate.tokens_per_second    # until today's queue is prefilled
         if c.max_waiting is not None and self.pending >= c.max_waiting:
             raise _too_many(f"{self.pending} requests are already waiting (max {c.max_waiting})",
-                            "max_waiting", drain)
+                            "max_waiting", self.predicted_ttft(0))
         if c.max_waiting_tokens is not None and self.pending_tokens + n > c.max_waiting_tokens:
             raise _too_many(f"{self.pending_tokens} prompt tokens are already waiting and this request "
-                            f"adds {n} (max {c.max_waiting_tokens})", "max_waiting_tokens", drain)
+                            f"adds {n} (max {c.max_waiting_tokens})", "max_waiting_tokens", self.predicted_ttft(0))
+        if not c.ttft_slo:
+            return
         ttft = self.predicted_ttft(n)
-        if c.ttft_slo is not None and ttft > c.ttft_slo:
+        if ttft > c.ttft_slo:
             raise _too_many(f"predicted time to first token {ttft:.2f} s exceeds the "
                             f"{c.ttft_slo:g} s objective", "ttft_slo", ttft - c.ttft_slo)
+
+
+def _seat_wait(s: EngineSnapshot, pending: int) -> float:
+    """Until a seat frees for a newcomer behind `pending` others: the k-th shortest remaining
+    reply among the running requests, k being how many seats are missing, at a loaded step's
+    pace (a full batch's decode step, stretched to the target ITL by prefill chunks)."""
+    missing = s.num_running + pending + 1 - max(s.max_num_seqs, 1)
+    if missing <= 0 or not s.remaining_tokens:
+        return 0.0
+    rounds, k = divmod(missing - 1, len(s.remaining_tokens))
+    steps = (rounds * s.remaining_tokens[-1]) + s.remaining_tokens[k]
+    costs, seats = s.step_costs, s.max_num_seqs
+    return steps * max(costs.decode_seconds(seats), costs.target_itl)
 
 
 def _too_many(message: str, code: str, retry_after: float) -> ApiError:

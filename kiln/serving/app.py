@@ -17,7 +17,7 @@ from starlette.routing import Route
 from kiln.config import ServeConfig
 from kiln.runtime.engine_client import EngineClient, EngineError
 from kiln.runtime.sampling_params import SamplingParams
-from kiln.serving.admission import Admission, PrefillRate
+from kiln.serving.admission import Admission
 from kiln.serving.console import console_routes
 from kiln.serving.errors import ApiError, bad_request
 from kiln.serving.generations import Generations
@@ -47,9 +47,8 @@ class Server:
 
     def start(self) -> None:
         c = self.config
-        rate = PrefillRate()
-        self.client.step_listeners += [rate.observe, self.metrics.observe_step]
-        admission = Admission(c, rate)
+        self.client.step_listeners.append(self.metrics.observe_step)
+        admission = Admission(c, self.client)
         cache = ResponseCache(c.cache_max_entries, c.cache_max_bytes, c.cache_ttl) if c.response_cache else None
         self.generations = Generations(self.client, admission, self.metrics, cache, c.request_timeout)
         self.metrics.watch(self.client, admission, self.generations)

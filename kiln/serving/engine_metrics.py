@@ -24,6 +24,14 @@ GAUGES = (
     EngineMetric("kiln_kv_blocks_total", "kv_blocks_total", "KV-cache blocks in the pool."),
     EngineMetric("kiln_kv_bytes_used", "kv_bytes_used", "Bytes of the KV blocks in use."),
     EngineMetric("kiln_kv_bytes_total", "kv_bytes_total", "Bytes of the KV pool."),
+    EngineMetric("kiln_target_itl_seconds", "target_itl",
+                 "Step time decode-aware chunked prefill aims for while streams decode (0 = off)."),
+    EngineMetric("kiln_prefill_token_budget", "prefill_budget",
+                 "Prefill tokens the last engine step was allowed beside its decodes."),
+    EngineMetric("kiln_step_decode_seconds", "decode_step_seconds",
+                 "Estimated decode-only step time at the current running batch."),
+    EngineMetric("kiln_step_prefill_seconds_per_token", "prefill_seconds_per_token",
+                 "Estimated prefill cost per token beyond a step's decodes."),
 )
 COUNTERS = (
     EngineMetric("kiln_steps_total", "steps", "Engine steps run."),

@@ -83,8 +83,9 @@ class _EngineCollector:
         yield _gauge("kiln_admission_waiting_requests", "Admitted requests without a first token.",
                      self.admission.pending)
         yield _gauge("kiln_admission_waiting_tokens", "Their prompt tokens.", self.admission.pending_tokens)
-        yield _gauge("kiln_prefill_tokens_per_second", "Measured prefill rate used to predict TTFT.",
-                     self.admission.rate.tokens_per_second)
+        yield _gauge("kiln_prefill_tokens_per_second", "Measured prefill rate with nothing decoding "
+                     "(admission predicts TTFT from the step-cost model it comes from).",
+                     self.admission.prefill_tokens_per_second)
         yield _gauge("kiln_requests_in_progress", "Engine requests the server has open (shared ones once).",
                      self.generations.num_flights)
         cache = self.generations.cache

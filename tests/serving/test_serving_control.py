@@ -62,8 +62,10 @@ async def _concurrent(url: str, bodies: list[dict]) -> list[httpx.Response]:
 
 @pytest.fixture(scope="module")
 def one_seat_server(start_module_server, tiny_llama_artifact):
-    """One running sequence at a time, one request waiting for its first token at most."""
-    return start_module_server(tiny_llama_artifact, *TINY_FLAGS, "--max-waiting", "1", "--max-num-seqs", "1")
+    """One running sequence at a time, one request waiting for its first token at most. No TTFT
+    objective: it would refuse a request behind a 900-token reply at once (the seat wait)."""
+    return start_module_server(tiny_llama_artifact, *TINY_FLAGS, "--max-waiting", "1", "--max-num-seqs", "1",
+                               "--ttft-slo", "0")
 
 
 def test_max_waiting_refuses_with_429(one_seat_server):

@@ -1,0 +1,94 @@
+"""Admission arithmetic on made-up engine snapshots: the bounds, and a TTFT prediction that counts
+the waiting prompts, the decode load and the seats."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from kiln.config import ServeConfig
+from kiln.runtime.engine_stats import EngineSnapshot
+from kiln.runtime.step_costs import StepCosts
+from kiln.serving.admission import Admission
+from kiln.serving.errors import ApiError
+
+# 1 ms per prefill token; a decode step of 16 takes 40 ms; steps aim at 100 ms while streams decode.
+COSTS = StepCosts(target_itl=0.1, min_prefill_chunk=8, max_tokens=512,
+                  decode_seconds_by_bucket=((4, 0.02), (16, 0.04)), prefill_seconds_per_token=0.001)
+
+
+def engine(num_running=0, max_num_seqs=32, remaining=(), costs=COSTS):
+    """What Admission reads of the engine client: its latest snapshot."""
+    snapshot = EngineSnapshot(num_running=num_running, max_num_seqs=max_num_seqs, step_costs=costs,
+                              remaining_tokens=tuple(sorted(remaining)))
+    return SimpleNamespace(snapshot=snapshot)
+
+
+def refusal(adm: Admission, n: int) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        adm.admit(n)
+    assert e.value.status == 429 and int(e.value.headers["Retry-After"]) >= 1
+    return e.value
+
+
+def test_bounds_refuse_and_tickets_give_their_place_back():
+    adm = Admission(ServeConfig(max_waiting=2, max_waiting_tokens=1000, ttft_slo=0), engine())
+    a = adm.admit(400)
+    adm.admit(500)
+    assert refusal(adm, 1).code == "max_waiting"
+    a.release()
+    a.release()                                      # idempotent
+    assert (adm.pending, adm.pending_tokens) == (1, 500)
+    assert refusal(adm, 501).code == "max_waiting_tokens"
+    adm.admit(500)
+
+
+def test_idle_prediction_is_the_queue_over_the_prefill_rate():
+    adm = Admission(ServeConfig(ttft_slo=1.0), engine())
+    assert adm.prefill_tokens_per_second == pytest.approx(1000)
+    assert adm.predicted_ttft(400) == pytest.approx(0.4)
+    adm.admit(400)
+    # The first request decodes while the next prefill runs: each 100 ms step takes 80 tokens
+    # beside its decode (the bucket of 4 at 20 ms, conservatively) -> 12 full steps for 960 of
+    # the 1,000 tokens queued, then one of 20 ms + 40 tokens.
+    assert adm.predicted_ttft(600) == pytest.approx(12 * 0.1 + 0.02 + 0.04)
+    error = refusal(adm, 600)
+    assert error.code == "ttft_slo" and "exceeds the 1 s objective" in error.message
+    assert adm.predicted_ttft(300) < 1.0
+    adm.admit(300)
+
+
+def test_decode_load_raises_the_prediction():
+    idle, busy = (Admission(ServeConfig(ttft_slo=1.0), engine(num_running=n)) for n in (0, 16))
+    assert idle.predicted_ttft(600) == pytest.approx(0.6)
+    # 16 streams: each 100 ms step prefills (0.1 - 0.04) / 0.001 = 60 tokens -> 10 steps.
+    assert busy.predicted_ttft(600) == pytest.approx(1.0)
+    idle.admit(600)
+    assert refusal(busy, 700).code == "ttft_slo"
+
+
+def test_full_seats_add_the_wait_for_the_shortest_replies():
+    full = engine(num_running=4, max_num_seqs=4, remaining=(3, 10, 50, 50))
+    adm = Admission(ServeConfig(ttft_slo=5.0), full)
+    # Every seat is taken: wait until the shortest reply ends, 3 steps of max(20 ms, 100 ms).
+    assert adm.predicted_ttft(100) == pytest.approx(3 * 0.1 + COSTS.prefill_seconds(100, 4))
+    adm.admit(100)
+    # The next one waits for the second shortest (10 steps).
+    assert adm.predicted_ttft(100) > 1.0
+
+
+def test_objective_zero_disables_the_prediction_check():
+    adm = Admission(ServeConfig(ttft_slo=0), engine())
+    adm.admit(100_000)
+    adm.admit(100_000)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_objective_must_be_a_finite_non_negative_number(bad):
+    with pytest.raises(ValueError, match="ttft_slo"):
+        ServeConfig(ttft_slo=bad)
+
+
+def test_the_default_objective_is_two_seconds():
+    assert ServeConfig().ttft_slo == 2.0
