@@ -17,10 +17,6 @@ from serving_flags import TINY_FLAGS
 MODEL = "tiny-llama-none"
 
 
-def _metrics(server) -> dict[str, float]:
-    return server.metrics()
-
-
 def test_chat_streams_a_reply(tiny_server, browser):
     page = ConsolePage(browser, tiny_server.url)
     wait_for(lambda: page.by_id("send").is_enabled(), "the page to connect")
@@ -96,7 +92,7 @@ def test_stop_cancels_the_reply_and_frees_its_blocks(tiny_server, browser):
     wait_for(lambda: page.by_id("send").is_enabled(), "the page to connect")
     page.set_field("max-tokens", 900)
     page.set_checked("ignore-eos", True)
-    before = _metrics(tiny_server)
+    before = tiny_server.metrics()
     aborted = 'kiln_requests_finished_total{finish_reason="abort"}'
     page.stop_at_first_token()
     page.send("Tell me a long story")
@@ -107,8 +103,8 @@ def test_stop_cancels_the_reply_and_frees_its_blocks(tiny_server, browser):
     received = int(re.search(r"~(\d+) tokens received", meta).group(1))
     assert 1 <= received < 900
     # The server aborted the request (it did not run to its length) and freed its blocks ...
-    wait_for(lambda: _metrics(tiny_server).get(aborted, 0) == before.get(aborted, 0) + 1, "the engine's abort")
-    assert _metrics(tiny_server)["kiln_kv_blocks_used"] == 0
+    wait_for(lambda: tiny_server.metrics().get(aborted, 0) == before.get(aborted, 0) + 1, "the engine's abort")
+    assert tiny_server.metrics()["kiln_kv_blocks_used"] == 0
     # ... and the page's own KV counter shows them free.
     wait_for(lambda: page.value("live-kv") == "0", "the page's KV counter at 0")
     assert not page.by_id("send").get_attribute("hidden") and page.by_id("send").is_enabled()
@@ -120,13 +116,17 @@ def keyed_server(start_module_server, tiny_llama_artifact):
 
 
 def test_api_key_gate(keyed_server, browser):
+    # The page itself is open to all and holds no key; what it reads needs one, like /v1/*.
+    assert "sesame" not in httpx.get(f"{keyed_server.url}/").text
+    for path in ("/console/api/card", "/console/api/stats", "/console/api/stats/stream"):
+        assert httpx.get(f"{keyed_server.url}{path}").status_code == 401, path
+    assert httpx.get(f"{keyed_server.url}/console/api/card", headers={"Authorization": "Bearer sesame"}).is_success
     page = ConsolePage(browser, keyed_server.url)
     wait_for(lambda: page.by_id("key-gate").is_displayed(), "the API-key prompt")
-    assert "sesame" not in browser.page_source
     assert not page.by_id("send").is_enabled()
     # Enter in the message box sends nothing while the page is locked.
     page.by_id("prompt").send_keys("hello?", Keys.ENTER)
-    assert page.replies() == [] and _metrics(keyed_server).get("kiln_generation_tokens_total", 0) == 0
+    assert page.replies() == [] and keyed_server.metrics().get("kiln_generation_tokens_total", 0) == 0
     # A wrong key is refused and the page stays locked.
     page.set_field("api-key", "nope")
     page.by_id("key-submit").click()
