@@ -101,7 +101,22 @@ def _build_openvino(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig
     return BuiltEngines(records, KvLayout(**records[0]["kv_layout"]))
 
 
-ENGINE_BUILDERS: dict[str, EngineBuilder] = {"ort": _build_ort, "openvino": _build_openvino}
+def _build_tensorrt(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig, root: Path,
+                    stage: StageFn) -> BuiltEngines:
+    from kiln.engines.tensorrt.build import build_tensorrt      # GPU backends: kiln/engines/tensorrt, ort_cuda
+
+    return build_tensorrt(model, spec, config, root, stage)
+
+
+def _build_ort_cuda(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig, root: Path,
+                    stage: StageFn) -> BuiltEngines:
+    from kiln.engines.ort_cuda.build import build_ort_cuda
+
+    return build_ort_cuda(model, spec, config, root, stage)
+
+
+ENGINE_BUILDERS: dict[str, EngineBuilder] = {"ort": _build_ort, "openvino": _build_openvino,
+                                             "tensorrt": _build_tensorrt, "ort-cuda": _build_ort_cuda}
 
 
 def _engine_builder(backend: str) -> EngineBuilder:

@@ -44,12 +44,16 @@ def main():
 @click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Artifact folder to create.")
 @click.option("--quant", type=click.Choice(["none", "int8", "int4"]), default="none", show_default=True)
 @click.option("--block-size", default=16, show_default=True, help="KV cache block size in tokens.")
-@click.option("--backend", type=click.Choice(["ort", "openvino"]), default="ort", show_default=True,
-              help="Engine backend: ONNX Runtime (paged gather in the graph) or OpenVINO (native paged attention).")
+@click.option("--backend", type=click.Choice(["ort", "openvino", "tensorrt", "ort-cuda"]), default="ort",
+              show_default=True,
+              help="Engine backend: ONNX Runtime CPU (paged gather in the graph), OpenVINO (native paged attention), "
+                   "TensorRT (GPU, a profile per bucket range) or ONNX Runtime CUDA (PagedAttention).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
+              help="GPU backends' compute precision (default: fp16).")
 @click.option("--no-fuse", is_flag=True, help="Skip the fusion passes.")
 @click.option("--no-verify", is_flag=True, help="Skip the numeric check after each pass.")
 @click.option("--force", is_flag=True, help="Overwrite an existing artifact folder.")
-def build(model, out, quant, block_size, backend, no_fuse, no_verify, force):
+def build(model, out, quant, block_size, backend, precision, no_fuse, no_verify, force):
     """Build an engine artifact from MODEL: a preset (smollm2-135m, tiny-llama, tiny-qwen2),
     a .gguf file or a Hugging Face checkpoint folder."""
     from kiln.build import build as run_build
@@ -57,7 +61,8 @@ def build(model, out, quant, block_size, backend, no_fuse, no_verify, force):
     from kiln.passes.quantize import QuantMode
 
     cfg = BuildConfig(source=model, out=out, quant=QuantMode(quant), block_size=block_size,
-                      fuse=not no_fuse, verify=not no_verify, force=force, backend=backend)
+                      fuse=not no_fuse, verify=not no_verify, force=force, backend=backend,
+                      precision=precision or "")
     t0 = time.perf_counter()
     path = _guarded(lambda: run_build(cfg, stage=rich_stage))
     console.print(f"[bold green]built[/] {path} in {time.perf_counter() - t0:.1f} s")

@@ -42,6 +42,7 @@ class BuildConfig:
     verify: bool = True           # numeric check after every pass
     force: bool = False
     backend: str = "ort"          # a key of kiln.build.ENGINE_BUILDERS (and of the engine factory)
+    precision: str = ""           # GPU backends: fp32 | fp16 | bf16 ("": the backend's default)
 
 
 class SchedulingPolicy(enum.Enum):

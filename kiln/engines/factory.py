@@ -37,9 +37,23 @@ def _load_openvino(artifact: EngineArtifact, record: dict, threads: int | None) 
     return load_openvino_engine(artifact, record, threads)
 
 
+def _load_tensorrt(artifact: EngineArtifact, record: dict, threads: int | None) -> Engine:
+    from kiln.engines.tensorrt.loader import load_tensorrt_engine
+
+    return load_tensorrt_engine(artifact, record, threads)
+
+
+def _load_ort_cuda(artifact: EngineArtifact, record: dict, threads: int | None) -> Engine:
+    from kiln.engines.ort_cuda.loader import load_ort_cuda_engine
+
+    return load_ort_cuda_engine(artifact, record, threads)
+
+
 BACKENDS: dict[str, EngineLoader] = {
     "ort": _load_ort,
     "openvino": _load_openvino,
+    "tensorrt": _load_tensorrt,
+    "ort-cuda": _load_ort_cuda,
 }
 
 

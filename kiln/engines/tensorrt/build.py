@@ -20,7 +20,8 @@ import onnx
 from kiln.artifact import file_record
 from kiln.engines.base import KvLayout
 from kiln.engines.gpu.profiles import Profile, plan_profiles
-from kiln.engines.tensorrt.graph import in_precision, save_for_parser, with_weights_inline
+from kiln.engines.gpu.onnx_files import save_onnx, with_weights_inline
+from kiln.engines.tensorrt.graph import in_precision
 from kiln.export.spec import ModelSpec
 from kiln.passes.base import PassCheckError
 
@@ -51,8 +52,11 @@ def build_tensorrt(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, 
     from kiln.engines.tensorrt.compile import import_tensorrt
 
     check_graph_for_tensorrt(model, config)
-    require_cuda("building a TensorRT engine")
-    import_tensorrt()
+    try:
+        require_cuda("building a TensorRT engine")
+        import_tensorrt()
+    except RuntimeError as e:       # NoGpuError, or no TensorRT: a refusal the CLI prints as one line
+        raise ValueError(str(e)) from None
     prepared = prepare_graph(model, spec, config, root, stage)
     record = compile_and_check(prepared, spec, config, root, stage)
     return BuiltEngines([record], _kv_layout(spec, config), prepared.reports)
@@ -70,8 +74,7 @@ def check_graph_for_tensorrt(model: onnx.ModelProto, config) -> None:
 
 
 def precision_of(config) -> str:
-    # NOTE: BuildConfig has no GPU precision field yet; fp16 unless one is set.
-    return getattr(config, "precision", None) or DEFAULT_PRECISION
+    return config.precision or DEFAULT_PRECISION
 
 
 def prepare_graph(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, stage) -> PreparedGraph:
@@ -90,7 +93,7 @@ def prepare_graph(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, s
     with stage(f"TensorRT graph ({precision})"):
         graph = in_precision(with_weights_inline(paged), precision)
         inputs, io = _dims(graph.graph.input), _dims([*graph.graph.input, *graph.graph.output])
-        onnx_path, weights = save_for_parser(graph, out)
+        onnx_path, weights = save_onnx(graph, out)
         del graph
     if config.verify and precision == "fp16":
         with stage("compare the fp16 graph with fp32 on ONNX Runtime CPU (Polygraphy)"):
@@ -112,7 +115,7 @@ def compare_graph_precision(paged: onnx.ModelProto, onnx_path: Path, spec: Model
 
     layout = _kv_layout(spec, config)
     with tempfile.TemporaryDirectory(prefix="kiln-trt-ref-") as tmp:
-        ref_path, _ = save_for_parser(with_weights_inline(paged), Path(tmp))
+        ref_path, _ = save_onnx(with_weights_inline(paged), Path(tmp))
         ref = engine_runner("ort-cpu fp32", lambda: OrtEngine(ref_path, config.buckets, layout, 1))
         cand = engine_runner(f"ort-cpu {precision} graph", lambda: OrtEngine(onnx_path, config.buckets, layout, 1))
         report = compare_engines(ref, cand, probe_steps(spec.vocab_size, config.block_size), TOLERANCES[precision])
