@@ -1,0 +1,85 @@
+"""The GPU backends' build and load on a machine without a GPU: what can be built is built and
+checked (the ort-cuda artifact, the tensorrt graph and its profiles), what needs the GPU is refused
+with what to do, and nothing half-built is left behind."""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+
+import pytest
+from click.testing import CliRunner
+
+from kiln.artifact import ArtifactError, EngineArtifact
+from kiln.cli import main
+from kiln.config import BuildConfig
+from kiln.engines.factory import load_engine
+from kiln.engines.gpu.device import cuda_device_count
+
+pytestmark = pytest.mark.skipif(cuda_device_count() > 0, reason="checks the refusals of a machine without a GPU")
+
+
+def _build(tmp_path, *args):
+    out = tmp_path / "artifact"
+    res = CliRunner().invoke(main, ["build", "tiny-llama", "--out", str(out), *args])
+    return res, out
+
+
+def test_ort_cuda_artifact_builds_on_a_cpu_and_says_what_did_not_run(tmp_path):
+    res, out = _build(tmp_path, "--backend", "ort-cuda", "--quant", "int4")
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    record = manifest["engines"][0]
+    assert record["backend"] == "ort-cuda" and record["file"] == "engines/ort-cuda/model.onnx"
+    assert record["checks"][0]["passed"] and "no CUDA GPU" in record["compare"]["skipped"]
+    assert manifest["kv_layout"]["dtype"] == "float16"
+    assert manifest["kv_layout"]["block_bytes"] == 2 * 2 * 2 * 16 * 2 * 16      # L, k/v, kvh, hd, fp16, block
+    with pytest.raises(ArtifactError, match="needs a CUDA GPU; this machine has none; run it on a machine"):
+        load_engine(EngineArtifact.load(out))
+
+
+def test_ort_cuda_refuses_fp32(tmp_path):
+    res, out = _build(tmp_path, "--backend", "ort-cuda", "--precision", "fp32")
+    assert res.exit_code == 1 and "PagedAttention has no fp32 kernel" in res.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "build with --no-fuse"),
+    (["--no-fuse", "--quant", "int8"], "build with --quant none"),
+    (["--no-fuse"], "needs a CUDA GPU"),
+])
+def test_tensorrt_build_refuses_without_a_gpu_and_leaves_nothing(tmp_path, args, message):
+    res, out = _build(tmp_path, "--backend", "tensorrt", *args)
+    assert res.exit_code == 1 and message in " ".join(res.output.split())
+    assert not out.exists() and not list(tmp_path.glob(".artifact.building-*"))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_tensorrt_graph_and_profiles_are_prepared_on_a_cpu(tmp_path, precision):
+    """The CPU half of a tensorrt build: kv_io graph in the precision, the file TensorRT parses,
+    profiles per bucket range, and (fp16) the Polygraphy check of that file against fp32."""
+    import onnx
+
+    from kiln.engines.tensorrt.build import check_graph_for_tensorrt, prepare_graph
+    from kiln.export.decoder_graph import build_decoder
+    from kiln.export.sources import load_source
+
+    src = load_source("tiny-llama")
+    model = build_decoder(src.spec, src.weights)
+    config = BuildConfig(source="tiny-llama", out=tmp_path / "unused", fuse=False, precision=precision)
+    check_graph_for_tensorrt(model, config)
+    prepared = prepare_graph(model, src.spec, config, tmp_path, lambda name: nullcontext())
+    graph = onnx.load(prepared.onnx_path)
+    onnx.checker.check_model(graph)
+    halves = sum(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.graph.initializer)
+    assert (halves > 0) == (precision == "fp16")
+    assert prepared.record["precision"] == precision
+    assert [p["name"] for p in prepared.record["profiles"]][:3] == ["decode-b1-4", "decode-b6-24", "decode-b28-64"]
+    assert set(prepared.inputs) >= {"input_ids", "block_tables", "key_cache.0"}
+    reports = {r["name"]: r for r in prepared.reports}
+    if precision == "fp16":
+        compare = reports["compare ort-cpu fp16 graph vs ort-cpu fp32"]
+        assert compare["passed"] and 0 < compare["outputs"]["logits"]["max_abs_error"] < 5e-2
+    else:
+        assert list(reports) == ["kv_io"]
