@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import need_gpu
+from gpu_needs import need_gpu
 from device_doubles import FakeDevice
 
 from kiln.cli import main
