@@ -83,3 +83,15 @@ def test_tensorrt_graph_and_profiles_are_prepared_on_a_cpu(tmp_path, precision):
         assert compare["passed"] and 0 < compare["outputs"]["logits"]["max_abs_error"] < 5e-2
     else:
         assert list(reports) == ["kv_io"]
+
+
+def test_a_tensorrt_artifact_is_refused_on_a_machine_without_a_gpu(tiny_llama_artifact, tmp_path):
+    import shutil
+
+    copy = tmp_path / "trt"
+    shutil.copytree(tiny_llama_artifact, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["engines"][0]["backend"] = "tensorrt"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="holds a TensorRT engine, which needs a CUDA GPU; this machine has none"):
+        load_engine(EngineArtifact.load(copy))
