@@ -105,14 +105,14 @@ def _build_tensorrt(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig
                     stage: StageFn) -> BuiltEngines:
     from kiln.engines.tensorrt.build import build_tensorrt      # GPU backends: kiln/engines/tensorrt, ort_cuda
 
-    return build_tensorrt(model, spec, config, root, stage)
+    return BuiltEngines(*build_tensorrt(model, spec, config, root, stage))
 
 
 def _build_ort_cuda(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig, root: Path,
                     stage: StageFn) -> BuiltEngines:
     from kiln.engines.ort_cuda.build import build_ort_cuda
 
-    return build_ort_cuda(model, spec, config, root, stage)
+    return BuiltEngines(*build_ort_cuda(model, spec, config, root, stage))
 
 
 ENGINE_BUILDERS: dict[str, EngineBuilder] = {"ort": _build_ort, "openvino": _build_openvino,

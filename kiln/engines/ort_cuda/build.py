@@ -32,10 +32,9 @@ CACHE_DTYPES = {"": "float16", "fp16": "float16", "bf16": "bfloat16"}
 TOLERANCES = {"logits": (5e-2, 5e-2)}          # fp16 attention against fp32 ONNX Runtime CPU
 
 
-def build_ort_cuda(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, stage):
-    """The ENGINE_BUILDERS entry (kiln.build)."""
-    from kiln.build import BuiltEngines
-
+def build_ort_cuda(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
+                   stage) -> tuple[list[dict], KvLayout, list[dict]]:
+    """kiln.build's ort-cuda step: (engine records, KV layout, pass reports)."""
     if config.precision not in CACHE_DTYPES:
         raise ValueError(f"the ort-cuda backend computes attention in fp16 or bf16 (PagedAttention has no "
                          f"{config.precision} kernel); pass --precision fp16 or bf16")
@@ -59,7 +58,7 @@ def build_ort_cuda(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, 
         record["weights"] = file_record(root, weights)
     with stage("compare with ONNX Runtime CPU (Polygraphy)"):
         record["compare"] = compare_on_gpu(model, spec, config, path, layout) if config.verify else {"skipped": "--no-verify"}
-    return BuiltEngines([record], layout)
+    return [record], layout, []
 
 
 def compare_on_gpu(model: onnx.ModelProto, spec: ModelSpec, config, path: Path, layout: KvLayout) -> dict:

@@ -45,9 +45,10 @@ class PreparedGraph:
     reports: list[dict]
 
 
-def build_tensorrt(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, stage):
-    """The ENGINE_BUILDERS entry (kiln.build): refuses early without a GPU and TensorRT."""
-    from kiln.build import BuiltEngines
+def build_tensorrt(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
+                   stage) -> tuple[list[dict], KvLayout, list[dict]]:
+    """kiln.build's tensorrt step: (engine records, KV layout, pass reports). Refuses early without
+    a GPU and TensorRT."""
     from kiln.engines.gpu.device import require_cuda
     from kiln.engines.tensorrt.compile import import_tensorrt
 
@@ -59,7 +60,7 @@ def build_tensorrt(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, 
         raise ValueError(str(e)) from None
     prepared = prepare_graph(model, spec, config, root, stage)
     record = compile_and_check(prepared, spec, config, root, stage)
-    return BuiltEngines([record], _kv_layout(spec, config), prepared.reports)
+    return [record], _kv_layout(spec, config), prepared.reports
 
 
 def check_graph_for_tensorrt(model: onnx.ModelProto, config) -> None:
