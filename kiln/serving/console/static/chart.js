@@ -5,7 +5,7 @@
 "use strict";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
-const CHART = { width: 480, height: 150, left: 46, right: 8, top: 8, bottom: 20 };
+const CHART = { width: 480, height: 130, left: 46, right: 8, top: 8, bottom: 20 };
 
 function niceMax(value) {
   if (!(value > 0)) return 1;
@@ -21,14 +21,14 @@ function svgElement(name, attrs, text) {
   return el;
 }
 
-// spec: {times: [unix s], span: seconds shown, format: v => text, yMax: optional floor of the axis,
-//        series: [{name, color, values: [number|null]}]}
+// spec: {times: [unix s], span: seconds shown, format: v => text, yTop: optional fixed top of the axis
+//        (a pool's size, 100 %), series: [{name, color, values: [number|null]}]}
 function drawChart(svg, legend, spec) {
   const c = CHART, w = c.width - c.left - c.right, h = c.height - c.top - c.bottom;
   svg.setAttribute("viewBox", `0 0 ${c.width} ${c.height}`);
   svg.replaceChildren();
   const finite = spec.series.flatMap(s => s.values.filter(v => v !== null && isFinite(v)));
-  const top = niceMax(Math.max(spec.yMax || 0, ...finite, 0));
+  const top = spec.yTop || niceMax(Math.max(...finite, 0));
   const end = spec.times.length ? spec.times[spec.times.length - 1] : 0, start = end - spec.span;
   const x = t => c.left + w * (t - start) / spec.span, y = v => c.top + h * (1 - v / top);
   for (const frac of [0, 0.5, 1]) {

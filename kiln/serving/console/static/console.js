@@ -256,8 +256,8 @@ function renderDashboard() {
   if (!last) return;
   const times = pts.map(p => p.t), col = key => pts.map(p => p[key]);
   const quantiles = key => ["p50", "p90", "p99"].map(q => ({ name: q, color: COLORS[q], values: pts.map(p => p[key][q]) }));
-  const chart = (id, format, series, yMax) =>
-    drawChart($(`chart-${id}`), $(`legend-${id}`), { times, span: HISTORY_S, format, series, yMax });
+  const chart = (id, format, series, yTop) =>
+    drawChart($(`chart-${id}`), $(`legend-${id}`), { times, span: HISTORY_S, format, series, yTop });
   chart("ttft", formatSeconds, quantiles("ttft"));
   chart("itl", formatSeconds, quantiles("itl"));
   chart("requests", formatCount, [{ name: "running", color: COLORS.a, values: col("running") },
@@ -350,5 +350,7 @@ function formatBytes(n) {
 // -- start ------------------------------------------------------------------------------------------------
 
 const TABS = ["playground", "dashboard", "artifact"];
-showTab(TABS.includes(location.hash.slice(1)) ? location.hash.slice(1) : "playground");
+const tabInUrl = () => TABS.includes(location.hash.slice(1)) ? location.hash.slice(1) : "playground";
+window.addEventListener("hashchange", () => showTab(tabInUrl()));
+showTab(tabInUrl());
 connect();
