@@ -8,6 +8,7 @@ for the next point on one shared event; each point is computed once, whoever wat
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 
 from kiln.serving.console.stats import Scrape, point, scrape
@@ -15,6 +16,8 @@ from kiln.serving.console.stats import Scrape, point, scrape
 PERIOD_S = 1.0
 HISTORY_POINTS = 300          # five minutes at one point a second
 WINDOW_PERIODS = 10           # percentiles and hit rates over the last ten seconds
+
+log = logging.getLogger("kiln.serving.console")
 
 
 class StatsHistory:
@@ -62,4 +65,7 @@ class StatsHistory:
     async def _sample_forever(self) -> None:
         while True:
             await asyncio.sleep(self.period)
-            self.take()
+            try:
+                self.take()
+            except Exception:          # a collector that fails once must not end the dashboard
+                log.exception("console: sampling the metrics failed; trying again next period")
