@@ -167,6 +167,8 @@ async function streamReply(run, messages, reply) {
   }
   const text = reply.querySelector(".text");
   for await (const { data } of sseEvents(response)) {
+    // Stop means no more text, even from events already read into the buffer.
+    if (chat.controller.signal.aborted) throw new DOMException("stopped", "AbortError");
     if (data === "[DONE]") break;
     const chunk = JSON.parse(data);
     if (chunk.error) throw new Error(chunk.error.message);
