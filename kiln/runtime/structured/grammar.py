@@ -122,20 +122,20 @@ class Guide:
         self.matcher = llg.LLMatcher(compiled.tokenizer, compiled.grammar, log_level=0)
         self._bitmask = np.full((compiled.vocab_size + 31) // 32, -1, dtype=np.int32)
 
-    def allowed(self, width: int) -> np.ndarray:
-        """A bool mask over a logits row of `width` tokens: what the grammar allows next."""
+    def forbidden(self, width: int) -> np.ndarray:
+        """A bool mask over a logits row of `width` tokens: True where the grammar forbids the token."""
         if self.matcher.is_error():
             # NOTE: cannot happen while every token is drawn under the mask; end the request
             # rather than draw from nothing.
-            allowed = np.zeros(width, dtype=bool)
-            allowed[[t for t in self.compiled.eos_token_ids if t < width]] = True
-            return allowed
+            forbidden = np.ones(width, dtype=bool)
+            forbidden[[t for t in self.compiled.eos_token_ids if t < width]] = False
+            return forbidden
         self.matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
-        bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
-        allowed = np.zeros(width, dtype=bool)
-        n = min(width, len(bits))
-        allowed[:n] = bits[:n].view(bool)
-        return allowed
+        # Invert the 32-bit words (cheap) rather than the unpacked bools (a pass over the vocabulary).
+        bits = np.unpackbits(np.invert(self._bitmask).view(np.uint8), bitorder="little").view(bool)
+        if width <= len(bits):
+            return bits[:width]
+        return np.concatenate([bits, np.ones(width - len(bits), dtype=bool)])   # logits past the vocabulary
 
     def accept(self, token_id: int) -> None:
         self.matcher.consume_token(token_id)
