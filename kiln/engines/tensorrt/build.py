@@ -146,6 +146,9 @@ def compile_and_check(prepared: PreparedGraph, spec: ModelSpec, config, root: Pa
     record = {**prepared.record, **file_record(root, out / PLAN_FILE),
               "timing_cache": file_record(root, out / TIMING_CACHE_FILE),
               "tensorrt": result.tensorrt_version, "device": device.info.to_dict()}
+    if not config.verify:
+        record["compare"] = {"skipped": "--no-verify"}
+        return record
     layout = _kv_layout(spec, config)
     with stage("compare the engine with ONNX Runtime CPU (Polygraphy)"):
         ref = engine_runner("ort-cpu", lambda: OrtEngine(prepared.onnx_path, config.buckets, layout))
