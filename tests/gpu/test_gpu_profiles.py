@@ -53,6 +53,13 @@ def test_select_prefers_the_tightest_covering_profile_and_splits_only_when_neede
     assert select_profile(profiles, {"batch": 40, "seq": 256, **dims}) == (4, 16)   # 40 rows -> 16 + 16 + 8
 
 
+def test_the_pool_block_count_keeps_a_layer_cache_under_int32_volume():
+    smollm2 = 3 * 16 * 64                                   # kv heads x block x head dim
+    [p, *_] = plan_profiles(GRID, 16, 8192, block_elements=smollm2)
+    assert p.dims["num_blocks"][2] == (2**31 - 1) // smollm2 == 699050
+    assert plan_profiles(GRID, 16, 8192, block_elements=1)[0].dims["num_blocks"][2] == MAX_KV_BLOCKS
+
+
 def test_a_shape_no_profile_covers_is_refused():
     profiles = plan_profiles(GRID, 16, 256)
     with pytest.raises(ValueError, match="no optimization profile covers"):

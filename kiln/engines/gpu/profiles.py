@@ -22,6 +22,7 @@ RANGE_RATIO = 4             # a decode batch range spans at most this factor (hi
 PREFILL_RATIO = 8           # a prefill length range spans at most this factor
 MAX_TOKENS = 8192           # batch x seq cap of a prefill profile's max shape
 MAX_KV_BLOCKS = 1 << 20     # the pool's block count is a dynamic dim too: bound it (inputs only)
+MAX_VOLUME = 2**31 - 1      # elements of one tensor: many TensorRT layers index with int32
 
 Range = tuple[int, int, int]           # (min, opt, max)
 
@@ -55,11 +56,14 @@ class Profile:
 
 
 def plan_profiles(grid: BucketGrid, block_size: int, max_model_len: int,
-                  max_tokens: int = MAX_TOKENS) -> list[Profile]:
-    """Decode profiles per batch range, then prefill profiles per length range."""
+                  max_tokens: int = MAX_TOKENS, block_elements: int = 1) -> list[Profile]:
+    """Decode profiles per batch range, then prefill profiles per length range.
+    block_elements: values in one block of one layer's cache (kv_heads x block_size x head_dim),
+    which bounds the pool's block count so a layer's cache stays under MAX_VOLUME elements."""
     max_blocks = -(-max_model_len // block_size)
+    pool_blocks = min(MAX_KV_BLOCKS, MAX_VOLUME // block_elements)
     shared = {"max_blocks": (1, min(max_blocks, -(-1024 // block_size)), max_blocks),
-              "num_blocks": (1, MAX_KV_BLOCKS, MAX_KV_BLOCKS)}
+              "num_blocks": (1, pool_blocks, pool_blocks)}
     decode_seqs = [s for s in grid.seq_lens if s <= DECODE_MAX_SEQ] or [grid.seq_lens[0]]
     profiles = []
     for batches in split_ranges(grid.batch_sizes, RANGE_RATIO):

@@ -101,7 +101,8 @@ def prepare_graph(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, s
     if config.verify and precision == "fp16":
         with stage("compare the fp16 graph with fp32 on ONNX Runtime CPU (Polygraphy)"):
             reports.append(compare_graph_precision(paged, onnx_path, spec, config, precision))
-    profiles = plan_profiles(config.buckets, config.block_size, spec.max_position_embeddings)
+    profiles = plan_profiles(config.buckets, config.block_size, spec.max_position_embeddings,
+                             block_elements=spec.num_kv_heads * config.block_size * spec.head_dim)
     record = {"backend": BACKEND, "onnx": file_record(root, onnx_path), "io": io, "precision": precision,
               "profiles": [p.to_dict() for p in profiles]}
     if weights is not None:
