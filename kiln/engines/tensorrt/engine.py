@@ -70,8 +70,6 @@ class TrtEngine:
         self.profiles = [Profile.from_dict(p) for p in record["profiles"]]
         self.io = record["io"]
         self.buffers = TrtBuffers(device, self.io, self.profiles)
-        for name, address in self.buffers.address.items():
-            context.set_tensor_address(name, address)
         self.pool: DevicePool | None = None
         self._profile = -1
 
@@ -94,6 +92,13 @@ class TrtEngine:
         # NOTE: zeroed: a NaN left in the unused tail of a block would survive the attention mask.
         self.device.memset(address, 0, nbytes)
         self.pool = DevicePool(self.kv_layout, num_blocks, address)
+        self._bind_addresses()
+
+    def _bind_addresses(self) -> None:
+        """Every tensor's device address: the call buffers and each layer's slice of the pool.
+        NOTE: set again after a profile switch, which may drop the context's bindings."""
+        for name, address in self.buffers.address.items():
+            self.context.set_tensor_address(name, address)
         for i in range(self.kv_layout.num_layers):
             for kind, name in enumerate(("key", "value")):
                 self.context.set_tensor_address(f"{name}_cache.{i}", self.pool.cache_address(i, kind))
@@ -110,6 +115,7 @@ class TrtEngine:
     def _run(self, call: TrtCall) -> np.ndarray:
         if call.profile != self._profile:
             self.context.set_profile(call.profile)
+            self._bind_addresses()
             self._profile = call.profile
         for name, shape in self.buffers.stage(call.call.feeds).items():
             self.context.set_input_shape(name, shape)
