@@ -79,8 +79,11 @@ def test_tensorrt_graph_and_profiles_are_prepared_on_a_cpu(tmp_path, precision):
     assert set(prepared.inputs) >= {"input_ids", "block_tables", "key_cache.0"}
     reports = {r["name"]: r for r in prepared.reports}
     if precision == "fp16":
-        compare = reports["compare ort-cpu fp16 graph vs ort-cpu fp32"]
+        report = reports["compare ort-cpu fp16 graph vs ort-cpu fp32"]
+        compare = report["details"]              # the Polygraphy comparison, in pass-report form
         assert compare["passed"] and 0 < compare["outputs"]["logits"]["max_abs_error"] < 5e-2
+        assert report["max_abs_error"] == compare["outputs"]["logits"]["max_abs_error"]
+        assert report["nodes_before"] == report["nodes_after"] > 0
     else:
         assert list(reports) == ["kv_io"]
 

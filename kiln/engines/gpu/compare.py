@@ -112,3 +112,12 @@ def _errors(results, tolerances) -> dict:
                  for r, c in zip(ref, cand)]
         out[name] = {"atol": atol, "rtol": rtol, "max_abs_error": float(max(diffs))}
     return out
+
+
+def as_pass_report(compare: dict, nodes: int, seconds: float) -> dict:
+    """A comparison in the manifest's pass-report form (kiln inspect's table), its details kept."""
+    from kiln.passes.base import PassReport
+
+    first = next(iter(compare["outputs"].values()))
+    return PassReport(compare["name"], nodes, nodes, seconds, max_abs_error=first["max_abs_error"],
+                      tolerance=first["atol"], details=compare).to_dict()

@@ -13,6 +13,7 @@ says whether the comparison ran.
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import onnx
@@ -20,6 +21,7 @@ import onnxruntime as ort
 
 from kiln.artifact import file_record
 from kiln.engines.base import KvLayout
+from kiln.engines.gpu.compare import as_pass_report
 from kiln.engines.gpu.onnx_files import save_onnx, with_weights_inline
 from kiln.engines.ort_cuda.checks import check_resolves
 from kiln.engines.ort_cuda.paged_graph import paged_attention_graph
@@ -57,8 +59,11 @@ def build_ort_cuda(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
     if weights is not None:
         record["weights"] = file_record(root, weights)
     with stage("compare with ONNX Runtime CPU (Polygraphy)"):
+        t0 = time.perf_counter()
         record["compare"] = compare_on_gpu(model, spec, config, path, layout) if config.verify else {"skipped": "--no-verify"}
-    return [record], layout, []
+    reports = [] if "skipped" in record["compare"] else [
+        as_pass_report(record["compare"], len(model.graph.node), time.perf_counter() - t0)]
+    return [record], layout, reports
 
 
 def compare_on_gpu(model: onnx.ModelProto, spec: ModelSpec, config, path: Path, layout: KvLayout) -> dict:

@@ -12,6 +12,7 @@ The GPU is checked first, so a machine without one refuses before any work.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import onnx
 
 from kiln.artifact import file_record
 from kiln.engines.base import KvLayout
+from kiln.engines.gpu.compare import as_pass_report
 from kiln.engines.gpu.profiles import Profile, plan_profiles
 from kiln.engines.gpu.onnx_files import save_onnx, with_weights_inline
 from kiln.engines.tensorrt.graph import in_precision
@@ -100,7 +102,9 @@ def prepare_graph(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, s
         del graph
     if config.verify and precision == "fp16":
         with stage("compare the fp16 graph with fp32 on ONNX Runtime CPU (Polygraphy)"):
-            reports.append(compare_graph_precision(paged, onnx_path, spec, config, precision))
+            t0 = time.perf_counter()
+            compare = compare_graph_precision(paged, onnx_path, spec, config, precision)
+            reports.append(as_pass_report(compare, len(paged.graph.node), time.perf_counter() - t0))
     profiles = plan_profiles(config.buckets, config.block_size, spec.max_position_embeddings,
                              block_elements=spec.num_kv_heads * config.block_size * spec.head_dim)
     record = {"backend": BACKEND, "onnx": file_record(root, onnx_path), "io": io, "precision": precision,
@@ -155,10 +159,12 @@ def compile_and_check(prepared: PreparedGraph, spec: ModelSpec, config, root: Pa
         ref = engine_runner("ort-cpu", lambda: OrtEngine(prepared.onnx_path, config.buckets, layout))
         cand = engine_runner("tensorrt", lambda: TrtEngine.from_plan(result.plan, record, config.buckets, layout,
                                                            device, spec.vocab_size))
+        t0 = time.perf_counter()
         report = compare_engines(ref, cand, probe_steps(spec.vocab_size, config.block_size), TOLERANCES[precision])
     if not report["passed"]:
         raise PassCheckError(f"the TensorRT engine disagrees with ONNX Runtime CPU: {report['outputs']}")
     record["compare"] = report
+    prepared.reports.append(as_pass_report(report, 0, time.perf_counter() - t0))
     return record
 
 
