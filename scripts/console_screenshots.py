@@ -104,8 +104,12 @@ def _wait(predicate, timeout: float = 120.0) -> None:
 def _playground(driver, url: str, png: Path) -> None:
     driver.get(f"{url}/#playground")
     _wait(lambda: driver.find_element(By.ID, "send").is_enabled())
-    driver.find_element(By.ID, "system").send_keys(SYSTEM)
-    for question in ("What is the capital of France?", "And what is it famous for?"):
+    # Greedy, and the chat template's own system prompt: SmolLM2-135M at temperature 0 repeats
+    # itself under a system prompt of ours.
+    for field, value in (("temperature", "0"), ("max-tokens", "96")):
+        driver.find_element(By.ID, field).clear()
+        driver.find_element(By.ID, field).send_keys(value)
+    for question in ("What is the capital of France?", "Why is the sky blue?"):
         driver.find_element(By.ID, "prompt").send_keys(question)
         driver.find_element(By.ID, "send").click()
         _wait(lambda: _replies_done(driver))
