@@ -10,9 +10,9 @@ tokens, at least `min_prefill_chunk` so waiting prompts always progress, and the
 budget when nothing is decoding (no stream to protect). Admission control reads the same model to
 predict how long a queue of prompts takes to prefill under today's decode load.
 
-Estimates are exponentially weighted: a decode-only step's time per batch-size bucket (powers of
-two; a step's cost is near-flat inside one on both backends), and the prefill cost per token as a
-mixed step's time beyond its decodes' share. NOTE: pure arithmetic, no clock and no engine: the
+Estimates are exponentially weighted: a decode step's time per batch-size bucket (powers of two;
+a step's cost is near-flat inside one on both backends), and the prefill cost per token
+(StepCostModel.observe says which steps teach which). NOTE: pure arithmetic, no clock and no engine: the
 engine core feeds observe() with measured seconds, and tests feed made-up ones.
 """
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 DECAY = 0.8                     # weight of the old estimate per observation
 PRIOR_DECODE_SECONDS = 0.02     # until a decode step of that size was seen: a small model on 2 cores
 PRIOR_PREFILL_SECONDS_PER_TOKEN = 1e-3
+CALIBRATION_CHUNK = 64          # prefill tokens beside decodes that say something about the token cost
 
 
 def batch_bucket(num_decodes: int) -> int:
@@ -88,15 +89,21 @@ class StepCostModel:
     _snapshot: StepCosts | None = None
 
     def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
-        if num_prefill_tokens == 0:
-            if num_decodes > 0:
-                bucket = batch_bucket(num_decodes)
-                old = self.decode_seconds.get(bucket)
-                self.decode_seconds[bucket] = seconds if old is None else _blend(old, seconds)
-        else:
-            beyond = seconds - self.costs().decode_seconds(num_decodes)
+        """Two coupled estimates: the token cost from steps whose prefill dominates (nothing
+        decoding, or a chunk of CALIBRATION_CHUNK tokens or more), the decode step from the
+        others, less their prefill share. NOTE: a small chunk's step is mostly fixed costs
+        (the engine call, the scheduler, a busy GIL); charged to its few tokens they would
+        inflate the token cost, shrink the next chunk and feed on themselves."""
+        costs = self.costs()
+        if num_prefill_tokens and (num_decodes == 0 or num_prefill_tokens >= CALIBRATION_CHUNK):
+            beyond = seconds - costs.decode_seconds(num_decodes)
             per_token = max(beyond, 0.1 * seconds) / num_prefill_tokens
             self.prefill_seconds_per_token = _blend(self.prefill_seconds_per_token, per_token)
+        elif num_decodes:
+            decode = max(seconds - num_prefill_tokens * costs.prefill_seconds_per_token, 0.5 * seconds)
+            bucket = batch_bucket(num_decodes)
+            old = self.decode_seconds.get(bucket)
+            self.decode_seconds[bucket] = decode if old is None else _blend(old, decode)
         self._snapshot = None
 
     def costs(self) -> StepCosts:

@@ -57,7 +57,7 @@ def test_the_model_learns_a_step_law_and_hits_the_target():
     for _ in range(40):
         budget = model.costs().prefill_budget(8)
         model.observe(8, budget, engine(8, budget))
-    assert model.costs().decode_seconds(8) == pytest.approx(0.02)
+    assert model.costs().decode_seconds(8) == pytest.approx(0.02, rel=0.01)
     assert model.costs().prefill_seconds_per_token == pytest.approx(0.0005, rel=0.02)
     assert engine(8, model.costs().prefill_budget(8)) == pytest.approx(0.04, rel=0.03)
 
@@ -70,6 +70,24 @@ def test_a_wrong_decode_estimate_still_converges_to_the_target():
         model.observe(16, budget, 0.05 + 0.0002 * budget)
     budget = model.costs().prefill_budget(16)
     assert 0.05 + 0.0002 * budget == pytest.approx(0.1, rel=0.03)
+
+
+def test_stalls_in_small_steps_are_charged_to_the_decode_step_not_the_tokens():
+    """A busy GIL or a noisy neighbour stretches steps at random. Charged to a small chunk's few
+    tokens, a stall would inflate the token cost, shrink the next chunk, and feed on itself."""
+    import random
+
+    rng = random.Random(0)
+    model = StepCostModel(target_itl=0.1, min_prefill_chunk=8, max_tokens=512)
+    for _ in range(20):
+        model.observe(0, 256, 0.128)                # idle prefills: 0.5 ms a token
+    learnt = model.prefill_seconds_per_token
+    for _ in range(200):                            # 16 streams, 30 ms decode + stalls up to 60 ms
+        budget = min(model.costs().prefill_budget(16), 40)
+        model.observe(16, budget, 0.03 + 0.0005 * budget + rng.uniform(0, 0.06))
+    assert model.prefill_seconds_per_token == learnt
+    assert 0.03 < model.costs().decode_seconds(16) < 0.09
+    assert model.costs().prefill_budget(16) >= 20
 
 
 def test_costs_snapshot_is_refreshed_after_each_observation():
