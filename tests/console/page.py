@@ -34,11 +34,17 @@ class ConsolePage:
         return self.by_id(element_id).get_attribute("data-value") or ""
 
     def series_max(self, chart: str, series: str) -> float:
-        path = self.driver.find_element(By.CSS_SELECTOR, f"#chart-{chart} path[data-series='{series}']")
-        return float(path.get_attribute("data-max"))
+        """The largest value a chart's series shows (0 before it is drawn). NOTE: read in one
+        script, because the chart redraws every second and replaces its paths: an element found
+        by one WebDriver call may be gone by the next."""
+        value = self.driver.execute_script(
+            "const p = document.querySelector(arguments[0]); return p ? p.dataset.max : null;",
+            f"#chart-{chart} path[data-series='{series}']")
+        return float(value or 0)
 
     def has_series(self, chart: str) -> bool:
-        return bool(self.driver.find_elements(By.CSS_SELECTOR, f"#chart-{chart} path[data-series]"))
+        return self.driver.execute_script(
+            "return document.querySelector(arguments[0]) !== null;", f"#chart-{chart} path[data-series]")
 
     def tab(self, name: str) -> None:
         self.driver.find_element(By.CSS_SELECTOR, f".tab-button[data-tab='{name}']").click()
