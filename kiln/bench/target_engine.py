@@ -26,6 +26,7 @@ class EngineTarget:
 
     async def prepare(self) -> ExactCounter:
         """A warm-up request (the first engine calls pay one-off costs), then the exact counter."""
+        from kiln.bench.structured import structured_output
         from kiln.runtime.sampling_params import SamplingParams
 
         async with aclosing(self.llm.stream("Hello", SamplingParams(max_tokens=2, temperature=0))) as deltas:
@@ -42,10 +43,12 @@ class EngineTarget:
         return self.llm.chat_prompt(prompt.as_messages()) if self.endpoint == "chat" else prompt.as_text()
 
     async def stream(self, prompt: Prompt, spec: RequestSpec) -> AsyncIterator[Chunk]:
+        from kiln.bench.structured import structured_output
         from kiln.runtime.sampling_params import SamplingParams
 
         # ignore_eos: reply lengths are the workload's, as the HTTP target asks of a server.
-        params = SamplingParams(max_tokens=spec.max_tokens, temperature=self.temperature, ignore_eos=True)
+        params = SamplingParams(max_tokens=spec.max_tokens, temperature=self.temperature, ignore_eos=True,
+                                structured=structured_output() if spec.json_schema else None)
         # aclosing: when our caller abandons us, LLM.stream is closed too, which aborts the request.
         async with aclosing(self.llm.stream(self.prompt_input(prompt), params)) as deltas:
             async for d in deltas:

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from kiln.bench import structured
 from kiln.bench.records import Chunk
 from kiln.bench.text import ExactCounter, Prompt, RatioCounter, TokenCounter, corpus_words
 from kiln.bench.workloads import RequestSpec
@@ -98,6 +99,8 @@ class HttpTarget:
 
     async def stream(self, prompt: Prompt, spec: RequestSpec) -> AsyncIterator[Chunk]:
         body = self._body(prompt, spec.max_tokens)
+        if spec.json_schema:
+            body.update(structured.http_fields(self.endpoint))
         async with self.client.stream("POST", self.path, json=body) as r:
             if r.status_code != 200:
                 raise TargetError(f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}")

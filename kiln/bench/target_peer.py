@@ -39,6 +39,9 @@ class SequentialPeer:
         return Observer(interval)            # nothing to watch: there is no queue but the lock's
 
     async def stream(self, prompt: Prompt, spec: RequestSpec) -> AsyncIterator[Chunk]:
+        if spec.json_schema:
+            # Unconstrained tokens would be timed as if they were constrained: refuse instead.
+            raise NotImplementedError(f"{self.name} cannot constrain its output to a JSON Schema")
         loop, inbox, stop = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
         ids = self.to_ids(prompt)
         emit = (lambda n: loop.call_soon_threadsafe(inbox.put_nowait, n))

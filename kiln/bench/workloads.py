@@ -27,6 +27,7 @@ class RequestSpec:
     prefix_tokens: int = 0              # a system prompt every request of the workload shares
     prefix_offset: int = 0
     cancel_after: int | None = None     # content chunks the client reads before hanging up
+    json_schema: bool = False           # the reply must match kiln.bench.structured's JSON Schema
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,14 @@ def _cancel(rng, ctx, seed) -> dict:
     return fields
 
 
+def _json(rng, ctx, seed) -> dict:
+    return dict(_chat_lengths(rng), json_schema=True)
+
+
+def _json_mixed(rng, ctx, seed) -> dict:
+    return dict(_chat_lengths(rng), json_schema=rng.random() < 0.5)
+
+
 def _max_context(rng, ctx, seed) -> dict:
     max_tokens = rng.randint(16, 32)
     return dict(prompt_tokens=ctx, max_tokens=max_tokens)      # clamped to fill the context exactly
@@ -81,6 +90,8 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("long-short", "15% long prompts among short ones (head-of-line blocking)", _long_short),
     Workload("cancel", "chat-like; 30% of clients disconnect after 1-8 chunks", _cancel),
     Workload("max-context", "prompts that fill the context window", _max_context),
+    Workload("json", "chat-like; every reply constrained to a JSON Schema (structured output)", _json),
+    Workload("json-mixed", "chat-like; half the replies constrained to a JSON Schema", _json_mixed),
 ]}
 
 
