@@ -36,6 +36,8 @@ def test_ort_cuda_artifact_builds_on_a_cpu_and_says_what_did_not_run(tmp_path):
     assert manifest["kv_layout"]["block_bytes"] == 2 * 2 * 2 * 16 * 2 * 16      # L, k/v, kvh, hd, fp16, block
     with pytest.raises(ArtifactError, match="needs a CUDA GPU; this machine has none; run it on a machine"):
         load_engine(EngineArtifact.load(out))
+    res = CliRunner().invoke(main, ["inspect", str(out)])
+    assert res.exit_code == 0 and "engines/ort-cuda/model.onnx" in res.output
 
 
 def test_ort_cuda_refuses_fp32(tmp_path):
