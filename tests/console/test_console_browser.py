@@ -40,6 +40,21 @@ def test_chat_streams_a_reply(tiny_server, browser):
     assert re.search(r"TTFT [\d.]+ m?s", meta) and re.search(r"[\d.]+ tok/s", meta), meta
 
 
+def test_a_refused_request_shows_the_servers_reason(tiny_server, browser):
+    page = ConsolePage(browser, tiny_server.url)
+    wait_for(lambda: page.by_id("send").is_enabled(), "the page to connect")
+    page.set_field("max-tokens", 5000)                # beyond the tiny model's 1,024-token context
+    page.send("Hello")
+    reply = page.finished_reply()
+    assert reply.get_attribute("data-finish") == "error"
+    assert "max_tokens" in reply.find_element("css selector", ".meta").text
+    page.set_field("max-tokens", 4)                   # the page still works, and the refused turn is gone
+    page.send("Hello again")
+    assert page.finished_reply().get_attribute("data-finish") in ("stop", "length")
+    sent = browser.execute_script("return chat.messages.map(m => [m.role, m.content]);")
+    assert [role for role, _ in sent] == ["user", "assistant"] and sent[0][1] == "Hello again"
+
+
 class Burst:
     """Long completions from `clients` threads, each sending the next as soon as one ends, until stop()."""
 

@@ -149,7 +149,9 @@ async function send(text) {
   } finally {
     run.tEnd = performance.now();
     reply.classList.remove("streaming");
-    chat.messages.push({ role: "assistant", content: run.text });
+    // A refused or failed turn leaves the conversation as it was, so sending again does not repeat it.
+    if (run.error) chat.messages.pop();
+    else chat.messages.push({ role: "assistant", content: run.text });
     reply.querySelector(".meta").textContent = replyMeta(run);
     reply.dataset.finish = run.finish || (run.error ? "error" : "");
     setBusy(false);
