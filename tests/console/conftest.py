@@ -30,10 +30,18 @@ ServerProcess = _serving.ServerProcess
 
 
 @pytest.fixture(scope="module")
-def browser():
+def chromium():
     reason = missing()
     if reason is not None:
         pytest.skip(reason)
     b = Browser()
-    yield b.driver
+    yield b
     b.close()
+
+
+@pytest.fixture
+def browser(chromium):
+    """The module's Chromium for one test, which fails if the page's scripts raised."""
+    chromium.script_errors()                 # whatever an earlier test left
+    yield chromium.driver
+    assert chromium.script_errors() == []

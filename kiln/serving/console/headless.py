@@ -41,8 +41,14 @@ class Browser:
         options.binary_location = CHROMIUM
         for flag in (*FLAGS, f"--user-data-dir={self.profile}", f"--window-size={width},{height}"):
             options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})    # script errors, for tests
         # An explicit driver path: selenium would otherwise try to download one.
         self.driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+    def script_errors(self) -> list[str]:
+        """Uncaught errors and unhandled rejections in the page's scripts since the last call
+        (failed requests, a 401 say, are the network's entries and not counted)."""
+        return [e["message"] for e in self.driver.get_log("browser") if e.get("source") == "javascript"]
 
     def close(self) -> None:
         try:

@@ -1,7 +1,7 @@
 """The console's routes: the page at `/`, its static files, and three endpoints the page reads.
 
   GET /                            index.html (no secrets in it: the page asks for the API key)
-  GET /console/static/...          console.js, chart.js, console.css
+  GET /console/static/...          the scripts and the stylesheet
   GET /console/api/card            the artifact card (JSON)
   GET /console/api/stats           the dashboard history (JSON)
   GET /console/api/stats/stream    the history, then each new point as it is sampled (SSE)
