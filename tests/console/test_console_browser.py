@@ -20,7 +20,7 @@ MODEL = "tiny-llama-none"
 def test_chat_streams_a_reply(tiny_server, browser):
     page = ConsolePage(browser, tiny_server.url)
     wait_for(lambda: page.by_id("send").is_enabled(), "the page to connect")
-    for field, value in (("temperature", 0), ("max-tokens", 200)):
+    for field, value in (("temperature", 0), ("max-tokens", 200), ("repetition-penalty", 1.3)):
         page.set_field(field, value)
     page.set_checked("ignore-eos", True)
     page.watch_replies()
@@ -32,7 +32,8 @@ def test_chat_streams_a_reply(tiny_server, browser):
     # sampling controls as sent (greedy, so both produce the same tokens).
     client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="none", max_retries=0)
     expected = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello there"}],
-                                              temperature=0, max_tokens=200, extra_body={"ignore_eos": True})
+                                              temperature=0, max_tokens=200,
+                                              extra_body={"ignore_eos": True, "repetition_penalty": 1.3})
     meta = reply.find_element("css selector", ".meta").text
     assert text and text == expected.choices[0].message.content, meta
     assert page.text_updates() > 10, "the reply appeared whole, not streamed"

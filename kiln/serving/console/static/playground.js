@@ -7,8 +7,8 @@ const chat = { messages: [], busy: false, controller: null };
 function samplingParams() {
   const number = id => $(id).value === "" ? null : Number($(id).value);
   const params = { temperature: number("temperature"), top_p: number("top-p"), top_k: number("top-k"),
-                   max_tokens: number("max-tokens"), seed: number("seed"),
-                   ignore_eos: $("ignore-eos").checked };
+                   repetition_penalty: number("repetition-penalty"), max_tokens: number("max-tokens"),
+                   seed: number("seed"), ignore_eos: $("ignore-eos").checked };
   const stop = $("stop-strings").value.split("\n").filter(s => s !== "");
   if (stop.length) params.stop = stop;
   return Object.fromEntries(Object.entries(params).filter(([, v]) => v !== null));
