@@ -82,7 +82,7 @@ class OrtExecution:
         self.addresses[name] = address
 
     def execute(self) -> None:
-        dtype = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+        dtype = {"tensor(int64)": np.int64, "tensor(float)": np.float32, "tensor(float16)": np.float16}
         feeds = {n: self.device.view(self.addresses[n], self.shapes[n], dtype[i.type]) for n, i in self.inputs.items()}
         names = list(self.output_dtypes)
         for name, value in zip(names, self.session.run(names, feeds)):

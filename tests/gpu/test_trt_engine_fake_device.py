@@ -4,18 +4,22 @@ bound once and written by device copies. ONNX Runtime CPU runs the same graph wh
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import onnx
 import pytest
 from device_doubles import FakeDevice, OrtExecution
 
 from kiln.artifact import EngineArtifact
 from kiln.engines.base import KvLayout
-from kiln.engines.factory import load_engine
 from kiln.engines.gpu.compare import probe_steps
 from kiln.engines.gpu.kv_copy import DevicePool, copy_new_kv, token_runs
 from kiln.engines.gpu.profiles import plan_profiles
 from kiln.engines.kv_pool import KvPool
-from kiln.engines.tensorrt.bindings import OUTPUT_DTYPES
+from kiln.engines.gpu.onnx_files import save_onnx, with_weights_inline
+from kiln.engines.ort_engine import OrtEngine
+from kiln.engines.tensorrt.graph import in_precision, kv_dtype
 from kiln.engines.tensorrt.calls import plan_trt_calls
 from kiln.engines.tensorrt.engine import TrtEngine
 
@@ -63,17 +67,24 @@ def _long_prefill(vocab: int, block_size: int) -> list:
                        tables, slots, np.arange(lens - 1, n * lens, lens))]
 
 
-@pytest.fixture()
-def engines(tiny_llama_artifact):
+@pytest.fixture(params=["fp32", "fp16"])
+def engines(request, tiny_llama_artifact, tmp_path):
+    """A TrtEngine and an OrtEngine over the same graph file: the artifact's, or its fp16 version
+    (the graph a --precision fp16 build gives TensorRT, with an fp16 pool)."""
     artifact = EngineArtifact.load(tiny_llama_artifact)
     m = artifact.manifest
     record = m.engines[0]
+    graph, layout = artifact.path / record["file"], m.kv_layout
+    if request.param == "fp16":
+        model = with_weights_inline(onnx.load(graph))
+        graph, _ = save_onnx(in_precision(model, "fp16"), tmp_path)
+        layout = replace(layout, dtype=kv_dtype("fp16"))
     profiles = plan_profiles(m.buckets, m.kv_layout.block_size, m.generation["max_model_len"], max_tokens=64)
     trt_record = {"io": record["io"], "profiles": [p.to_dict() for p in profiles]}
     device = FakeDevice()
-    context = OrtExecution(artifact.path / record["file"], device, OUTPUT_DTYPES)
-    trt = TrtEngine(context, trt_record, m.buckets, m.kv_layout, device, m.spec.vocab_size)
-    ort = load_engine(artifact)
+    context = OrtExecution(graph, device, {"logits": np.float32, "new_kv": np.dtype(layout.dtype)})
+    trt = TrtEngine(context, trt_record, m.buckets, layout, device, m.spec.vocab_size)
+    ort = OrtEngine(graph, m.buckets, layout)
     for e in (trt, ort):
         e.allocate_kv(NUM_BLOCKS)
     return trt, ort, device, m
@@ -85,7 +96,7 @@ def test_trt_engine_matches_the_ort_engine_step_by_step(engines):
     for step in steps:
         got, want = trt.execute(step), ort.execute(step)
         np.testing.assert_allclose(got.logits, want.logits, rtol=1e-5, atol=1e-5)
-        pool = device.view(trt.pool.address, ort.pool.data.shape, np.float32)
+        pool = device.view(trt.pool.address, ort.pool.data.shape, ort.pool.data.dtype)
         np.testing.assert_allclose(pool, ort.pool.data, rtol=1e-5, atol=1e-6)
     # the 8-row prefill, split by rows: a 64-token cap leaves prefill-s9-128 one row of up to 128
     assert got.calls == 8

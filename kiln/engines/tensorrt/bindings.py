@@ -16,7 +16,8 @@ from kiln.engines.gpu.profiles import Profile
 from kiln.engines.ort_batching import OrtCall
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
-OUTPUT_DTYPES = {"logits": np.float32, "new_kv": np.float32}     # every input is int64 (kv_io.py)
+# Every input but the pool is int64 (kv_io.py); new_kv has the pool's element type.
+OUTPUT_DTYPES = {"logits": np.float32}
 
 
 def is_cache(name: str) -> bool:
@@ -29,9 +30,10 @@ def max_elements(dims: list, profiles: list[Profile]) -> int:
 
 
 class TrtBuffers:
-    def __init__(self, device: DeviceMemory, io: dict[str, list], profiles: list[Profile]):
+    def __init__(self, device: DeviceMemory, io: dict[str, list], profiles: list[Profile], kv_dtype: str):
         self.device = device
-        self.dtypes = {name: np.dtype(OUTPUT_DTYPES.get(name, np.int64)) for name in io if not is_cache(name)}
+        dtypes = {**OUTPUT_DTYPES, "new_kv": kv_dtype}
+        self.dtypes = {name: np.dtype(dtypes.get(name, np.int64)) for name in io if not is_cache(name)}
         self.address = {name: device.alloc(max_elements(io[name], profiles) * dtype.itemsize)
                         for name, dtype in self.dtypes.items()}
 

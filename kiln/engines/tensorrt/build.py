@@ -23,7 +23,7 @@ from kiln.engines.base import KvLayout
 from kiln.engines.gpu.compare import as_pass_report
 from kiln.engines.gpu.profiles import Profile, plan_profiles
 from kiln.engines.gpu.onnx_files import save_onnx, with_weights_inline
-from kiln.engines.tensorrt.graph import in_precision
+from kiln.engines.tensorrt.graph import in_precision, kv_dtype
 from kiln.export.spec import ModelSpec
 from kiln.passes.base import PassCheckError
 
@@ -121,10 +121,10 @@ def compare_graph_precision(paged: onnx.ModelProto, onnx_path: Path, spec: Model
     from kiln.engines.gpu.compare import compare_engines, engine_runner, probe_steps
     from kiln.engines.ort_engine import OrtEngine
 
-    layout = _kv_layout(spec, config)
+    layout, fp32 = _kv_layout(spec, config), _kv_layout(spec, config, "float32")
     with tempfile.TemporaryDirectory(prefix="kiln-trt-ref-") as tmp:
         ref_path, _ = save_onnx(with_weights_inline(paged), Path(tmp))
-        ref = engine_runner("ort-cpu fp32", lambda: OrtEngine(ref_path, config.buckets, layout, 1))
+        ref = engine_runner("ort-cpu fp32", lambda: OrtEngine(ref_path, config.buckets, fp32, 1))
         cand = engine_runner(f"ort-cpu {precision} graph", lambda: OrtEngine(onnx_path, config.buckets, layout, 1))
         report = compare_engines(ref, cand, probe_steps(spec.vocab_size, config.block_size), TOLERANCES[precision])
     if not report["passed"]:
@@ -168,8 +168,9 @@ def compile_and_check(prepared: PreparedGraph, spec: ModelSpec, config, root: Pa
     return record
 
 
-def _kv_layout(spec: ModelSpec, config) -> KvLayout:
-    return KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size)
+def _kv_layout(spec: ModelSpec, config, dtype: str = "") -> KvLayout:
+    return KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size,
+                    dtype or kv_dtype(precision_of(config)))
 
 
 def _dims(values) -> dict[str, list]:

@@ -69,7 +69,7 @@ class TrtEngine:
         self.context = context
         self.profiles = [Profile.from_dict(p) for p in record["profiles"]]
         self.io = record["io"]
-        self.buffers = TrtBuffers(device, self.io, self.profiles)
+        self.buffers = TrtBuffers(device, self.io, self.profiles, kv_layout.dtype)
         self.pool: DevicePool | None = None
         self._profile = -1
 
