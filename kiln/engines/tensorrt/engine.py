@@ -3,8 +3,10 @@
 allocate_kv() puts the pool in device memory once and binds each layer's key/value cache by
 address; execute() plans bucketed calls (calls.py), switches optimization profile only when a call
 needs another one, sets the call's input shapes, enqueues the engine, and collects (the pool stays
-on the device). NOTE: CUDA graphs per decode bucket are not captured: the gather graph's
-block-table width (max_blocks) changes from step to step, so a captured shape would rarely repeat.
+on the device). NOTE: CUDA graphs per decode bucket are not captured: a graph replays fixed
+shapes, and the gather graph's block-table width (max_blocks) changes from step to step. The way
+there: pad that width up to a power of two (a few graphs per decode bucket, at most twice the
+gathered context), capture execute_async_v3 after one uncaptured run per shape, replay it.
 """
 
 from __future__ import annotations
