@@ -48,7 +48,7 @@ def test_ort_cuda_refuses_fp32(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     ([], "build with --no-fuse"),
-    (["--no-fuse", "--quant", "int8"], "build with --quant none"),
+    (["--no-fuse", "--quant", "int8"], "takes --quant none or int4"),
     (["--no-fuse"], "needs a CUDA GPU"),
 ])
 def test_tensorrt_build_refuses_without_a_gpu_and_leaves_nothing(tmp_path, args, message):
@@ -57,37 +57,44 @@ def test_tensorrt_build_refuses_without_a_gpu_and_leaves_nothing(tmp_path, args,
     assert not out.exists() and not list(tmp_path.glob(".artifact.building-*"))
 
 
-@pytest.mark.parametrize("precision", ["fp16", "fp32"])
-def test_tensorrt_graph_and_profiles_are_prepared_on_a_cpu(tmp_path, precision):
-    """The CPU half of a tensorrt build: kv_io graph in the precision, the file TensorRT parses,
-    profiles per bucket range, and (fp16) the Polygraphy check of that file against fp32."""
+@pytest.mark.parametrize("precision, quant", [("fp16", "none"), ("fp32", "none"), ("fp16", "int4")])
+def test_tensorrt_graph_and_profiles_are_prepared_on_a_cpu(tmp_path, precision, quant):
+    """The CPU half of a tensorrt build: kv_io graph in the precision (int4: block-quantized
+    DequantizeLinear), the file TensorRT parses, profiles per bucket range, and the Polygraphy
+    check of that file against kiln's graph on ONNX Runtime CPU."""
     import onnx
 
     from kiln.engines.tensorrt.build import check_graph_for_tensorrt, prepare_graph
     from kiln.export.decoder_graph import build_decoder
     from kiln.export.sources import load_source
+    from kiln.passes.quantize import QuantizePass, QuantMode
 
     src = load_source("tiny-llama")
-    model = build_decoder(src.spec, src.weights)
-    config = BuildConfig(source="tiny-llama", out=tmp_path / "unused", fuse=False, precision=precision)
+    model = QuantizePass(QuantMode(quant)).run(build_decoder(src.spec, src.weights))
+    config = BuildConfig(source="tiny-llama", out=tmp_path / "unused", fuse=False, precision=precision,
+                         quant=QuantMode(quant))
     check_graph_for_tensorrt(model, config)
     prepared = prepare_graph(model, src.spec, config, tmp_path, lambda name: nullcontext())
     graph = onnx.load(prepared.onnx_path)
     onnx.checker.check_model(graph)
+    assert not [n.op_type for n in graph.graph.node if n.domain or not onnx.defs.has(n.op_type)]
     halves = sum(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.graph.initializer)
     assert (halves > 0) == (precision == "fp16")
-    assert prepared.record["precision"] == precision
+    uint4 = sum(t.data_type == onnx.TensorProto.UINT4 for t in graph.graph.initializer)
+    dequantize = sum(n.op_type == "DequantizeLinear" for n in graph.graph.node)
+    assert (uint4, dequantize) == ((28, 14) if quant == "int4" else (0, 0))     # 7 linears x 2 layers
+    assert prepared.record["precision"] == precision and prepared.record["weight_quant"]["quant"] == quant
     assert [p["name"] for p in prepared.record["profiles"]][:3] == ["decode-b1-4", "decode-b6-24", "decode-b28-64"]
     assert set(prepared.inputs) >= {"input_ids", "block_tables", "key_cache.0"}
     reports = {r["name"]: r for r in prepared.reports}
-    if precision == "fp16":
-        report = reports["compare ort-cpu fp16 graph vs ort-cpu fp32"]
-        compare = report["details"]              # the Polygraphy comparison, in pass-report form
-        assert compare["passed"] and 0 < compare["outputs"]["logits"]["max_abs_error"] < 5e-2
-        assert report["max_abs_error"] == compare["outputs"]["logits"]["max_abs_error"]
-        assert report["nodes_before"] == report["nodes_after"] > 0
-    else:
+    if precision == "fp32" and quant == "none":
         assert list(reports) == ["kv_io"]
+        return
+    report = reports[f"compare ort-cpu tensorrt graph ({precision}) vs ort-cpu kiln graph"]
+    compare = report["details"]              # the Polygraphy comparison, in pass-report form
+    assert compare["passed"] and 0 < compare["outputs"]["logits"]["max_abs_error"] < 5e-2
+    assert report["max_abs_error"] == compare["outputs"]["logits"]["max_abs_error"]
+    assert report["nodes_before"] == report["nodes_after"] > 0
 
 
 def test_a_tensorrt_artifact_is_refused_on_a_machine_without_a_gpu(tiny_llama_artifact, tmp_path):

@@ -1,8 +1,9 @@
 """`kiln build --backend tensorrt`: the kv_io graph -> TensorRT engine with a profile per bucket range.
 
-    fused? quantized? ─ refused (TensorRT parses standard ONNX ops and fuses on its own)
-    kv_io pass (checked against the dense graph) ─ precision into the graph ─ model.onnx(.data)
-    [CPU: fp16 graph vs fp32 on ONNX Runtime, with Polygraphy]
+    fused? int8? ─ refused (TensorRT parses standard ONNX ops and fuses on its own)
+    kv_io pass (checked against the dense graph) ─ int4: MatMulNBits -> DequantizeLinear (weights.py)
+      ─ precision into the graph ─ model.onnx(.data)
+    [CPU: that graph vs kiln's on ONNX Runtime, with Polygraphy]
     plan profiles from the bucket grid ─ compile on this GPU ─ model.plan + timing.cache
     [GPU: the engine vs ONNX Runtime CPU on model.onnx, with Polygraphy]
     engine record: files, io, profiles, precision, TensorRT version, device, the comparisons
@@ -24,6 +25,7 @@ from kiln.engines.gpu.compare import as_pass_report
 from kiln.engines.gpu.profiles import Profile, plan_profiles
 from kiln.engines.gpu.onnx_files import save_onnx, with_weights_inline
 from kiln.engines.tensorrt.graph import in_precision, kv_dtype
+from kiln.engines.tensorrt.weights import int4_weight_only
 from kiln.export.spec import ModelSpec
 from kiln.passes.base import PassCheckError
 
@@ -67,12 +69,16 @@ def build_tensorrt(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
     return [record], _kv_layout(spec, config), prepared.reports
 
 
+# kiln's quantized ops the build rewrites into standard ones (weights.py), per --quant.
+CONVERTED = {"none": set(), "int4": {"MatMulNBits", "GatherBlockQuantized"}}
+
+
 def check_graph_for_tensorrt(model: onnx.ModelProto, config) -> None:
-    if config.quant.value != "none":
-        raise ValueError("the tensorrt backend builds from kiln's fp32 graph (TensorRT parses no "
-                         "MatMulNBits); build with --quant none, and TensorRT runs it in fp16 by default")
+    if config.quant.value not in CONVERTED:
+        raise ValueError(f"the tensorrt backend takes --quant none or int4 (weight-only, as block-quantized "
+                         f"DequantizeLinear); TensorRT has no {config.quant.value} weight-only path")
     custom = sorted({n.op_type for n in model.graph.node if n.domain not in ("", "ai.onnx")
-                     or not onnx.defs.has(n.op_type)})
+                     or not onnx.defs.has(n.op_type)} - CONVERTED[config.quant.value])
     if custom:
         raise ValueError(f"the tensorrt backend takes standard ONNX ops, and this graph has {', '.join(custom)} "
                          "(ONNX Runtime fusions); build with --no-fuse (TensorRT fuses on its own)")
@@ -95,12 +101,17 @@ def prepare_graph(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, s
     precision = precision_of(config)
     out = root / "engines" / BACKEND
     reports = [report.to_dict()]
-    with stage(f"TensorRT graph ({precision})"):
-        graph = in_precision(with_weights_inline(paged), precision)
+    weight_quant = {"quant": config.quant.value}
+    with stage(f"TensorRT graph ({precision}, weights {config.quant.value})"):
+        graph = with_weights_inline(paged)
+        if config.quant.value == "int4":
+            graph, counts = int4_weight_only(graph)
+            weight_quant |= counts
+        graph = in_precision(graph, precision)
         inputs, io = _dims(graph.graph.input), _dims([*graph.graph.input, *graph.graph.output])
-        onnx_path, weights = save_onnx(graph, out)
+        onnx_path, weights_file = save_onnx(graph, out)
         del graph
-    if config.verify and precision == "fp16":
+    if config.verify and (precision == "fp16" or config.quant.value != "none"):
         with stage("compare the fp16 graph with fp32 on ONNX Runtime CPU (Polygraphy)"):
             t0 = time.perf_counter()
             compare = compare_graph_precision(paged, onnx_path, spec, config, precision)
@@ -108,28 +119,31 @@ def prepare_graph(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, s
     profiles = plan_profiles(config.buckets, config.block_size, spec.max_position_embeddings,
                              block_elements=spec.num_kv_heads * config.block_size * spec.head_dim)
     record = {"backend": BACKEND, "onnx": file_record(root, onnx_path), "io": io, "precision": precision,
-              "profiles": [p.to_dict() for p in profiles]}
-    if weights is not None:
-        record["onnx_weights"] = file_record(root, weights)
+              "weight_quant": weight_quant, "profiles": [p.to_dict() for p in profiles]}
+    if weights_file is not None:
+        record["onnx_weights"] = file_record(root, weights_file)
     return PreparedGraph(onnx_path, inputs, io, profiles, record, reports)
 
 
 def compare_graph_precision(paged: onnx.ModelProto, onnx_path: Path, spec: ModelSpec, config, precision: str) -> dict:
-    """The graph TensorRT will parse, run by ONNX Runtime CPU, against the fp32 paged graph."""
+    """The graph TensorRT will parse, run by ONNX Runtime CPU, against the paged graph it came from
+    (MatMulNBits at fp32 activations: the same weights, no activation rounding)."""
     import tempfile
 
     from kiln.engines.gpu.compare import compare_engines, engine_runner, probe_steps
     from kiln.engines.ort_engine import OrtEngine
+    from kiln.passes.verify_paged import fp32_activations
 
     layout, fp32 = _kv_layout(spec, config), _kv_layout(spec, config, "float32")
     with tempfile.TemporaryDirectory(prefix="kiln-trt-ref-") as tmp:
-        ref_path, _ = save_onnx(with_weights_inline(paged), Path(tmp))
-        ref = engine_runner("ort-cpu fp32", lambda: OrtEngine(ref_path, config.buckets, fp32, 1))
-        cand = engine_runner(f"ort-cpu {precision} graph", lambda: OrtEngine(onnx_path, config.buckets, layout, 1))
+        ref_path, _ = save_onnx(fp32_activations(with_weights_inline(paged)), Path(tmp))
+        ref = engine_runner("ort-cpu kiln graph", lambda: OrtEngine(ref_path, config.buckets, fp32, 1))
+        cand = engine_runner(f"ort-cpu tensorrt graph ({precision})",
+                             lambda: OrtEngine(onnx_path, config.buckets, layout, 1))
         report = compare_engines(ref, cand, probe_steps(spec.vocab_size, config.block_size), TOLERANCES[precision])
     if not report["passed"]:
-        raise PassCheckError(f"the {precision} graph for TensorRT disagrees with fp32 beyond its tolerance: "
-                         f"{report['outputs']}; build with --precision fp32")
+        raise PassCheckError(f"the {precision} graph for TensorRT disagrees with kiln's graph beyond its "
+                             f"tolerance: {report['outputs']}; build with --precision fp32")
     return report
 
 
