@@ -17,7 +17,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from kiln.runtime.sampling_params import SamplingParams
-from kiln.runtime.structured.grammar import Guide
+from kiln.runtime.structured.grammar import Guide, fill_masks
 
 # Large candidate sets are narrowed to a head of the distribution before any partition or sort;
 # the head is found from a strided sample of the row, so a 49k vocabulary is scanned only by
@@ -124,6 +124,9 @@ def apply_penalties(logits: np.ndarray, requests: Sequence[SamplingState]) -> np
     rows = [i for i, state in enumerate(requests) if state.penalized]
     if not rows:
         return logits
+    guides = [requests[i].guide for i in rows if requests[i].guide is not None]
+    if guides:
+        fill_masks(guides)
     out = logits.copy()
     for i in rows:
         _penalize(out[i], requests[i])

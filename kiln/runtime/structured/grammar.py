@@ -14,6 +14,7 @@ grammars with JSON Schemas inline (%json), which the tool-call grammar uses.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -115,12 +116,12 @@ def compiler_for(tokenizer, vocab_size: int, eos_token_ids: Sequence[int]) -> Gr
 
 
 class Guide:
-    """One request's place in its grammar."""
+    """One request's place in its grammar. fill_masks() computes its next mask; forbidden() reads it."""
 
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
         self.matcher = llg.LLMatcher(compiled.tokenizer, compiled.grammar, log_level=0)
-        self._bitmask = np.full((compiled.vocab_size + 31) // 32, -1, dtype=np.int32)
+        self.bitmask = np.full(mask_words(compiled.vocab_size), -1, dtype=np.int32)
 
     def forbidden(self, width: int) -> np.ndarray:
         """A bool mask over a logits row of `width` tokens: True where the grammar forbids the token."""
@@ -130,9 +131,8 @@ class Guide:
             forbidden = np.ones(width, dtype=bool)
             forbidden[[t for t in self.compiled.eos_token_ids if t < width]] = False
             return forbidden
-        self.matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
         # Invert the 32-bit words (cheap) rather than the unpacked bools (a pass over the vocabulary).
-        bits = np.unpackbits(np.invert(self._bitmask).view(np.uint8), bitorder="little").view(bool)
+        bits = np.unpackbits(np.invert(self.bitmask).view(np.uint8), bitorder="little").view(bool)
         if width <= len(bits):
             return bits[:width]
         return np.concatenate([bits, np.ones(width - len(bits), dtype=bool)])   # logits past the vocabulary
@@ -143,6 +143,42 @@ class Guide:
     @property
     def finished(self) -> bool:
         return self.matcher.is_stopped()
+
+
+def mask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def fill_masks(guides: Sequence[Guide]) -> None:
+    """Compute each guide's mask for its next token: one call, on all cores when there are several
+    (llguidance's executor runs the matchers in its own threads, outside the GIL). Measured on this
+    2-core machine under load, 16 rows: 2.7-3.1 ms a sample() call either way; the executor is kept
+    for machines with more cores, where the masks of a batch run side by side."""
+    if len(guides) == 1:
+        g = guides[0]
+        g.matcher.unsafe_compute_mask_ptr(g.bitmask.ctypes.data, g.bitmask.nbytes)
+        return
+    words = {len(g.bitmask) for g in guides}
+    if len(words) != 1:                          # guides of different vocabularies: one at a time
+        for g in guides:
+            fill_masks([g])
+        return
+    batch = np.empty((len(guides), words.pop()), dtype=np.int32)
+    _executor().unsafe_compute_mask_ptr([(g.matcher, k) for k, g in enumerate(guides)],
+                                        batch.ctypes.data, batch.shape[1] * 4, len(guides))
+    for g, row in zip(guides, batch):
+        g.bitmask = row
+
+
+_executor_instance: llg.LLExecutor | None = None
+
+
+def _executor() -> llg.LLExecutor:
+    global _executor_instance
+    if _executor_instance is None:
+        # NOTE: its default is 80 % of the cores, which is one thread on a 2-core machine.
+        _executor_instance = llg.LLExecutor(num_threads=max(1, os.cpu_count() or 1))
+    return _executor_instance
 
 
 def bind_params(params, tokenizer, vocab_size: int, eos_token_ids: Sequence[int]):
