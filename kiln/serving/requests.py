@@ -43,7 +43,9 @@ class PreparedRequest:
     params: SamplingParams
     stream: bool = False
     include_usage: bool = False
-    parse_tool_calls: bool = False  # chat with tools: the reply's tool-call syntax becomes tool_calls
+    # Chat with tools: at most this many tool calls are parsed out of the reply (0: none; more
+    # stay text). One when the client sets parallel_tool_calls to false.
+    parse_tool_calls: int = 0
 
     @property
     def deterministic(self) -> bool:
@@ -85,7 +87,7 @@ def _prepare(kind, body, ids, max_tokens, logprobs, limits, prompt_param, tok,
     params = _sampling_params(body, max_tokens, logprobs, _logit_bias(body.logit_bias, limits),
                               None if spec is None else bind(spec, field, tok, limits))
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
-    return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage, tools.parse_calls)
+    return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage, tools.max_calls)
 
 
 def _prompt_ids(prompt, tok: Tokenizer, limits: EngineLimits) -> list[int]:

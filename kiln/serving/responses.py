@@ -28,9 +28,10 @@ def sse(payload) -> bytes:
 class Renderer:
     """Renders one response: a completion or a chat completion, whole or as a stream."""
 
-    def __init__(self, kind: str, model: str, tokenizer: Tokenizer, parse_tool_calls: bool = False):
+    def __init__(self, kind: str, model: str, tokenizer: Tokenizer, parse_tool_calls: int = 0):
+        """parse_tool_calls: at most this many tool calls are parsed out of a chat reply (0: none)."""
         self.kind, self.model, self.tokenizer = kind, model, tokenizer
-        self.tools = ToolCallStream() if parse_tool_calls else None
+        self.tools = ToolCallStream(parse_tool_calls) if parse_tool_calls else None
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         self.id, self.created = f"{prefix}-{uuid.uuid4().hex}", int(time.time())
         self.object = "chat.completion" if kind == "chat" else "text_completion"
@@ -43,7 +44,7 @@ class Renderer:
         if self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
             if self.tools is not None:
-                content, calls = parse_tool_calls(text)
+                content, calls = parse_tool_calls(text, self.tools.max_calls)
                 if calls:
                     choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
                     choice["finish_reason"] = _tool_finish(finish)

@@ -10,13 +10,14 @@ from kiln.runtime.structured import GrammarError, StructuredOutput, compiler_for
 from kiln.serving.errors import bad_request
 from kiln.serving.tools import forced_call_grammar, template_takes_tools
 
+MAX_TOOL_CALLS = 64
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar", "guided_choice")
 
 
 @dataclass(frozen=True)
 class ToolPlan:
     tools: list[dict] | None = None        # what the chat template renders (None: no tools)
-    parse_calls: bool = False              # whether the reply is parsed for tool calls
+    max_calls: int = 0                     # tool calls parsed out of the reply (0: not parsed)
     forced: StructuredOutput | None = None  # the grammar of a required or named call
 
 
@@ -34,12 +35,13 @@ def plan_tools(body, tok) -> ToolPlan:
     if choice == "none":
         return ToolPlan()      # as vLLM does by default: the model is not told about tools it may not call
     templated = [{"type": "function", "function": f} for f in functions]
+    max_calls = 1 if body.parallel_tool_calls is False else MAX_TOOL_CALLS
     if choice in (None, "auto"):
-        return ToolPlan(templated, parse_calls=True)
+        return ToolPlan(templated, max_calls)
     name = None if choice == "required" else choice.function.name
     if name is not None and name not in {f["name"] for f in functions}:
         raise bad_request(f"tool_choice names '{name}', which is not among the tools", "tool_choice")
-    return ToolPlan(templated, parse_calls=True, forced=forced_call_grammar(functions, name))
+    return ToolPlan(templated, max_calls, forced=forced_call_grammar(functions, name))
 
 
 def structured_output(body, tools: ToolPlan | None = None) -> tuple[StructuredOutput | None, str | None]:

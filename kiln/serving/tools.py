@@ -62,12 +62,12 @@ def _parse_call(body: str) -> dict | None:
     return tool_call(obj["name"], obj.get("arguments", {}))
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """(the text outside well-formed calls or None, the calls). A block that does not parse
-    stays in the text, so nothing the model wrote is lost."""
+def parse_tool_calls(text: str, max_calls: int) -> tuple[str | None, list[dict]]:
+    """(the text outside well-formed calls or None, the first max_calls calls). A block that does
+    not parse, or is past max_calls, stays in the text, so nothing the model wrote is lost."""
     calls, kept, last = [], [], 0
     for m in _CALL.finditer(text):
-        call = _parse_call(m.group(1))
+        call = _parse_call(m.group(1)) if len(calls) < max_calls else None
         if call is not None:
             kept.append(text[last:m.start()])
             last = m.end()
@@ -80,7 +80,9 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
 @dataclass
 class ToolCallStream:
     """Splits streamed text into content and whole tool calls. Text that might be the start of
-    `<tool_call>` is held back until it is clearly not; a call is emitted when it closes."""
+    `<tool_call>` is held back until it is clearly not; a call is emitted when it closes. After
+    max_calls calls, the rest is content."""
+    max_calls: int
     buffer: str = ""
     in_call: bool = False
     num_calls: int = 0
@@ -89,25 +91,29 @@ class ToolCallStream:
         """[("content", str) | ("call", dict)] for what `text` completes."""
         self.buffer += text
         out = []
-        while True:
+        while self.buffer:
             if self.in_call:
                 end = self.buffer.find(CLOSE)
                 if end < 0:
-                    return out
+                    break
                 out.append(self._close(self.buffer[:end]))
                 self.buffer = self.buffer[end + len(CLOSE):]
                 continue
-            start = self.buffer.find(OPEN)
+            start = self.buffer.find(OPEN) if self.num_calls < self.max_calls else -1
             if start < 0:
-                keep = _partial_prefix(self.buffer, OPEN)
-                cut = len(self.buffer) - keep
-                if cut:
-                    out.append(("content", self.buffer[:cut]))
-                self.buffer = self.buffer[cut:]
-                return out
+                out.append(("content", self._take_content()))
+                break
             if start:
                 out.append(("content", self.buffer[:start]))
             self.buffer, self.in_call = self.buffer[start + len(OPEN):], True
+        return [event for event in out if event[1]]
+
+    def _take_content(self) -> str:
+        """The buffer, less a tail that could still become `<tool_call>` (while calls may follow)."""
+        keep = _partial_prefix(self.buffer, OPEN) if self.num_calls < self.max_calls else 0
+        cut = len(self.buffer) - keep
+        text, self.buffer = self.buffer[:cut], self.buffer[cut:]
+        return text
 
     def finish(self) -> list[tuple[str, object]]:
         """What is left when the stream ends: an unclosed call is returned as plain text."""
