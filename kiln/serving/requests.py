@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from jinja2 import TemplateError
+
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.errors import ApiError, bad_request
 from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest
@@ -67,10 +69,15 @@ def prepare_completion(body: CompletionRequest, tok: Tokenizer, limits: EngineLi
 
 def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimits) -> PreparedRequest:
     tools = plan_tools(body, tok)
+    messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
     try:
-        ids = tok.encode_chat([_message_dict(i, m) for i, m in enumerate(body.messages)], tools=tools.tools)
+        ids = tok.encode_chat(messages, tools=tools.tools)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
+    except (TemplateError, TypeError, ValueError, LookupError, AttributeError) as e:
+        # The template is the model's, the messages the client's: a render that fails on them
+        # (a missing field, a None where text was expected) is the request's problem, not ours.
+        raise bad_request(f"the chat template cannot render these messages: {e}", "messages") from None
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -104,6 +111,9 @@ def _prompt_ids(prompt, tok: Tokenizer, limits: EngineLimits) -> list[int]:
 
 
 def _message_dict(index: int, message) -> dict:
+    if message.content is None and not (message.role == "assistant" and getattr(message, "tool_calls", None)):
+        raise bad_request(f"a {message.role} message needs content", f"messages.{index}.content",
+                          "missing_required_parameter")
     d = message.model_dump(exclude_none=True)
     if isinstance(message.content, list):
         for j, part in enumerate(message.content):

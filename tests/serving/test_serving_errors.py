@@ -139,6 +139,15 @@ def _nested(depth: int) -> str:
     ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "http://x"}}]}]},
      "messages.0.content.1.type"),
+    # messages the template cannot render
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": "a"}, {"role": "user"}]},
+     "messages.1.content"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "assistant", "content": None,
+                                                       "tool_calls": [{"id": "c", "function": {}}]}]}, "messages"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ("/v1/chat/completions", {**OK_CHAT, "stream_options": {"include_usage": True, "extra": 1}},
+     "stream_options.extra"),
     # OpenAI fields kiln does not implement: refused by name, never ignored
     ("/v1/chat/completions", {**OK_CHAT, "functions": [{"name": "f"}]}, "functions"),
     ("/v1/chat/completions", {**OK_CHAT, "audio": {"voice": "alloy"}}, "audio"),
