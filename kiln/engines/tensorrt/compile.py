@@ -65,6 +65,9 @@ def _network_flags(trt, precision: str) -> int:
 
 
 def _set_precision(trt, config, precision: str) -> None:
+    tf32 = getattr(trt.BuilderFlag, "TF32", None)
+    if precision == "fp32" and tf32 is not None:
+        config.clear_flag(tf32)                   # on by default: fp32 matmuls would round to TF32
     if precision != "bf16":
         return                                    # fp32 and fp16 are in the graph (graph.py)
     flag = getattr(trt.BuilderFlag, "BF16", None)
