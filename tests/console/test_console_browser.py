@@ -11,7 +11,7 @@ import openai
 import pytest
 from selenium.webdriver.common.keys import Keys
 
-from page import ConsolePage, wait_for
+from console_page import ConsolePage, wait_for
 from serving_flags import TINY_FLAGS
 
 MODEL = "tiny-llama-none"
