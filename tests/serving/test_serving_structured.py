@@ -137,3 +137,23 @@ def test_unusable_constraints_are_400(client, extra, param):
     assert e.value.body["param"] == param, e.value.body
     out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=3)
     assert out.choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_openai_clients_pydantic_parse(client):
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Item(BaseModel):
+        sku: str = Field(pattern=r"^[A-Z]{3}-[0-9]{2}$")
+        qty: int = Field(ge=1, le=9)
+
+    class Order(BaseModel):
+        items: list[Item] = Field(min_length=1, max_length=3)
+        priority: Literal["low", "high"]
+
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    out = parse(model=MODEL, messages=[{"role": "user", "content": "An order."}], response_format=Order,
+                max_tokens=300, temperature=0)
+    order = out.choices[0].message.parsed
+    assert isinstance(order, Order) and 1 <= len(order.items) <= 3

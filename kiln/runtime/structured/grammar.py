@@ -151,10 +151,6 @@ class Guide:
     def accept(self, token_id: int) -> None:
         self.matcher.consume_token(token_id)
 
-    @property
-    def finished(self) -> bool:
-        return self.matcher.is_stopped()
-
 
 def mask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
