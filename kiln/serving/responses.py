@@ -93,12 +93,13 @@ class Renderer:
         """Content as it comes, each tool call whole when it closes (OpenAI clients accumulate
         `tool_calls` deltas by index, so one delta per call is a valid stream)."""
         events = self.tools.feed(d.text) + (self.tools.finish() if d.finished else [])
+        index = self.tools.num_calls - sum(kind == "call" for kind, _ in events)   # of the first call here
         chunks = []
         for kind, value in events:
             if kind == "content":
                 delta = {"content": value}
             else:
-                delta = {"tool_calls": [{"index": self.tools.num_calls - 1, **value}]}
+                delta, index = {"tool_calls": [{"index": index, **value}]}, index + 1
             chunks.append(self._chunk({"delta": delta, "finish_reason": None}))
         if d.finished:
             finish = _tool_finish(d.finish_reason) if self.tools.num_calls else d.finish_reason

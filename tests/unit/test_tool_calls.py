@@ -67,3 +67,15 @@ def test_forced_call_grammar_and_template_detection():
     assert "anyOf" in forced_call_grammar(tools, None).source
     assert template_takes_tools("{% if tools %}x{% endif %}") and not template_takes_tools("{{ messages }}")
     assert not template_takes_tools(None)
+
+
+def test_two_calls_closing_in_one_delta_get_their_own_indexes():
+    from kiln.runtime.outputs import StreamDelta
+    from kiln.serving.responses import Renderer
+
+    renderer = Renderer("chat", "m", tokenizer=None, parse_tool_calls=8)
+    delta = StreamDelta("r", f"{CALL_F}{CALL_G}", [], finished=True, finish_reason="stop")
+    chunks = renderer._tool_chunks(delta)
+    indexes = [c["choices"][0]["delta"]["tool_calls"][0]["index"] for c in chunks
+               if "tool_calls" in c["choices"][0]["delta"]]
+    assert indexes == [0, 1] and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
