@@ -59,9 +59,11 @@ class SchedulerConfig:
     policy: SchedulingPolicy = SchedulingPolicy.FCFS
     long_prefill_token_threshold: int = 0   # cap on one request's chunk; 0 = no cap
     # Decode-aware chunked prefill: while streams decode, prefill chunks get only the tokens that
-    # keep a step within target_itl seconds (by the measured step costs), never fewer than
-    # min_prefill_chunk. 0 = prefill bounded only by the token budget.
+    # keep a step within target_itl seconds and within itl_stretch times a decode-only step (by
+    # the measured step costs), never fewer than min_prefill_chunk. target_itl 0 = prefill bounded
+    # only by the token budget; itl_stretch 0 = no bound relative to the decode step.
     target_itl: float = 0.1
+    itl_stretch: float = 2.0
     min_prefill_chunk: int = 16
 
     def __post_init__(self):
@@ -72,6 +74,8 @@ class SchedulerConfig:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0 = no cap)")
         if not 0 <= self.target_itl < float("inf"):
             raise ValueError(f"target_itl must be a finite number of seconds >= 0 (0 = off), got {self.target_itl}")
+        if not (self.itl_stretch == 0 or 1 <= self.itl_stretch < float("inf")):
+            raise ValueError(f"itl_stretch must be 0 (off) or a finite factor >= 1, got {self.itl_stretch}")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> SchedulerConfig:
@@ -83,8 +87,8 @@ class SchedulerConfig:
 # Latency: small steps so decodes are never stuck behind a long prefill. Throughput: big batches,
 # prefill allowed to stretch a step further (newcomers start sooner, running streams pay for it).
 SCHEDULER_PRESETS = {
-    "latency": dict(max_num_batched_tokens=256, max_num_seqs=16, target_itl=0.05),
-    "throughput": dict(max_num_batched_tokens=2048, max_num_seqs=64, target_itl=0.25),
+    "latency": dict(max_num_batched_tokens=256, max_num_seqs=16, target_itl=0.05, itl_stretch=1.5),
+    "throughput": dict(max_num_batched_tokens=2048, max_num_seqs=64, target_itl=0.25, itl_stretch=0.0),
 }
 
 

@@ -17,6 +17,8 @@ from kiln.runtime.scheduler import Scheduler
 
 log = logging.getLogger("kiln")
 
+MAX_CYCLE_OVERHEAD = 0.25     # seconds between steps beyond which the loop must have idled
+
 
 @dataclass
 class RequestDelta:
@@ -51,6 +53,7 @@ class EngineCore:
         self.scheduler = Scheduler(self._scheduler_config(), self.kv)
         self.runner = ModelRunner(self.engine, self.kv, config.seed)
         self.stats = EngineStats()
+        self._last_step: tuple[float, float] | None = None     # (start, own seconds), for the cycle
 
     def _scheduler_config(self):
         """The user's scheduler knobs, clipped to what the artifact can run."""
@@ -82,6 +85,7 @@ class EngineCore:
     def step(self) -> list[RequestDelta]:
         # NOTE: monotonic, the clock Request.arrival_time uses, so the latencies subtract cleanly.
         t0 = time.monotonic()
+        self._observe_cycle(t0)
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
@@ -96,8 +100,20 @@ class EngineCore:
         for r in finished:
             self._retire(r, now)
         self._record_step(out, now - t0)
-        self.scheduler.observe_step(now - t0)
+        self._last_step = (t0, now - t0)
         return deltas
+
+    def _observe_cycle(self, now: float) -> None:
+        """Teach the scheduler's step-cost model the last step, timed from its start to this
+        one's: what a stream waits between tokens (the step, detokenizing and delivering its
+        outputs, the server's share of the GIL). NOTE: after an idle gap (the loop had nothing
+        to run) the cycle means nothing; the step's own time stands in."""
+        if self._last_step is None:
+            return
+        start, own = self._last_step
+        cycle = now - start
+        self.scheduler.observe_step(cycle if cycle <= own + MAX_CYCLE_OVERHEAD else own)
+        self._last_step = None
 
     def _deltas(self, out, before: dict[str, int], runner_out, now: float) -> list[RequestDelta]:
         """One delta per request that gained tokens in this step's update()."""

@@ -50,6 +50,10 @@ class EngineSnapshot:
         return self.step_costs.target_itl
 
     @property
+    def itl_stretch(self) -> float:
+        return self.step_costs.itl_stretch
+
+    @property
     def prefill_seconds_per_token(self) -> float:
         return self.step_costs.prefill_seconds_per_token
 

@@ -82,7 +82,7 @@ class Scheduler:
         self.last_step_stats = StepStats()
         self._finished_ids: list[str] = []
         self.step_costs = StepCostModel(config.target_itl, config.min_prefill_chunk,
-                                        config.max_num_batched_tokens)
+                                        config.max_num_batched_tokens, config.itl_stretch)
 
     # -- admission ----------------------------------------------------------------------------
 

@@ -4,15 +4,18 @@ Decode-aware chunked prefill (Sarathi-Serve's idea, with the budget measured rat
 profiled offline): while streams are decoding, a step may spend on prefill only what keeps the
 step within the target inter-token latency,
 
-    prefill_budget(d) = (target_itl - decode_seconds(d)) / prefill_seconds_per_token
+    prefill_budget(d) = (step_target(d) - decode_seconds(d)) / prefill_seconds_per_token
+    step_target(d)    = min(target_itl, itl_stretch * decode_seconds(d))
 
 tokens, at least `min_prefill_chunk` so waiting prompts always progress, and the whole token
-budget when nothing is decoding (no stream to protect). Admission control reads the same model to
+budget when nothing is decoding (no stream to protect). The absolute target bounds the ITL a
+crowd sees; the stretch bounds how much slower a newcomer's prefill makes a few running streams
+(a 2x stretch: their tokens come at most twice as far apart while a prompt is prefilled). Admission control reads the same model to
 predict how long a queue of prompts takes to prefill under today's decode load.
 
 Estimates are exponentially weighted: a decode step's time per batch-size bucket (powers of two;
 a step's cost is near-flat inside one on both backends), and the prefill cost per token
-(StepCostModel.observe says which steps teach which). NOTE: pure arithmetic, no clock and no engine: the
+(StepCostModel says how). NOTE: pure arithmetic, no clock and no engine: the
 engine core feeds observe() with measured seconds, and tests feed made-up ones.
 """
 
@@ -20,10 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-DECAY = 0.8                     # weight of the old estimate per observation
+FORGET = 0.95                   # weight of the past per observation (about the last 20 steps count)
 PRIOR_DECODE_SECONDS = 0.02     # until a decode step of that size was seen: a small model on 2 cores
 PRIOR_PREFILL_SECONDS_PER_TOKEN = 1e-3
-CALIBRATION_CHUNK = 64          # prefill tokens beside decodes that say something about the token cost
+MIN_SPREAD = 2048.0             # tokens^2: chunk sizes must vary this much before a slope is fitted
+MIN_SECONDS_PER_TOKEN = 1e-5
 
 
 def batch_bucket(num_decodes: int) -> int:
@@ -37,6 +41,7 @@ class StepCosts:
     target_itl: float = 0.0                     # 0: prefill chunks bounded only by the token budget
     min_prefill_chunk: int = 32
     max_tokens: int = 512                       # the scheduler's per-step token budget
+    itl_stretch: float = 0.0                    # 0: no bound relative to the decode step
     decode_seconds_by_bucket: tuple[tuple[int, float], ...] = ()
     prefill_seconds_per_token: float = PRIOR_PREFILL_SECONDS_PER_TOKEN
 
@@ -60,9 +65,14 @@ class StepCosts:
         room = max(self.max_tokens - num_decodes, 0)
         if self.target_itl <= 0 or num_decodes == 0:
             return room
-        spare = self.target_itl - self.decode_seconds(num_decodes)
+        spare = self.step_target(num_decodes) - self.decode_seconds(num_decodes)
         tokens = int(spare / self.prefill_seconds_per_token) if spare > 0 else 0
         return min(room, max(tokens, self.min_prefill_chunk))
+
+    def step_target(self, num_decodes: int) -> float:
+        """How long a step beside num_decodes streams may take (when the policy is on)."""
+        decode = self.decode_seconds(num_decodes)
+        return min(self.target_itl, self.itl_stretch * decode) if self.itl_stretch else self.target_itl
 
     def step_seconds(self, num_decodes: int, num_prefill_tokens: int) -> float:
         return self.decode_seconds(num_decodes) + num_prefill_tokens * self.prefill_seconds_per_token
@@ -79,40 +89,63 @@ class StepCosts:
 
 
 @dataclass
+class _Fit:
+    """Exponentially weighted means of (prefill tokens, seconds) over one decode bucket's steps,
+    and their co-moments (Welford's update, with forgetting)."""
+    weight: float = 0.0
+    mean_tokens: float = 0.0
+    mean_seconds: float = 0.0
+    cov: float = 0.0
+    var: float = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.weight = FORGET * self.weight + 1
+        d_tokens = tokens - self.mean_tokens
+        self.mean_tokens += d_tokens / self.weight
+        self.mean_seconds += (seconds - self.mean_seconds) / self.weight
+        self.cov = FORGET * self.cov + d_tokens * (seconds - self.mean_seconds)
+        self.var = FORGET * self.var + d_tokens * (tokens - self.mean_tokens)
+
+
+@dataclass
 class StepCostModel:
-    """Owned by the scheduler; updated once per step on the engine thread."""
+    """Owned by the scheduler; updated once per step on the engine thread.
+
+    A step of d decodes and p prefill tokens is modelled as decode_seconds(bucket(d)) + c * p: a
+    linear fit with one intercept per decode bucket and one shared slope c, the slope from how
+    step time varies with p inside each bucket. NOTE: a regression, not seconds / tokens: a step's
+    fixed costs (the engine call, the scheduler, a busy GIL) are mostly intercept; charged to a
+    small chunk's few tokens they would inflate c, shrink the next chunk and feed on themselves.
+    Until the chunks have varied enough to fit a slope, c is the tokens' share of idle prefills.
+    """
     target_itl: float = 0.0
     min_prefill_chunk: int = 32
     max_tokens: int = 512
-    decode_seconds: dict[int, float] = field(default_factory=dict)
-    prefill_seconds_per_token: float = PRIOR_PREFILL_SECONDS_PER_TOKEN
+    itl_stretch: float = 0.0
+    fits: dict[int, _Fit] = field(default_factory=dict)
     _snapshot: StepCosts | None = None
 
     def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
-        """Two coupled estimates: the token cost from steps whose prefill dominates (nothing
-        decoding, or a chunk of CALIBRATION_CHUNK tokens or more), the decode step from the
-        others, less their prefill share. NOTE: a small chunk's step is mostly fixed costs
-        (the engine call, the scheduler, a busy GIL); charged to its few tokens they would
-        inflate the token cost, shrink the next chunk and feed on themselves."""
-        costs = self.costs()
-        if num_prefill_tokens and (num_decodes == 0 or num_prefill_tokens >= CALIBRATION_CHUNK):
-            beyond = seconds - costs.decode_seconds(num_decodes)
-            per_token = max(beyond, 0.1 * seconds) / num_prefill_tokens
-            self.prefill_seconds_per_token = _blend(self.prefill_seconds_per_token, per_token)
-        elif num_decodes:
-            decode = max(seconds - num_prefill_tokens * costs.prefill_seconds_per_token, 0.5 * seconds)
-            bucket = batch_bucket(num_decodes)
-            old = self.decode_seconds.get(bucket)
-            self.decode_seconds[bucket] = decode if old is None else _blend(old, decode)
+        if num_decodes == 0 and num_prefill_tokens == 0:
+            return
+        self.fits.setdefault(batch_bucket(num_decodes), _Fit()).add(num_prefill_tokens, seconds)
         self._snapshot = None
+
+    @property
+    def prefill_seconds_per_token(self) -> float:
+        spread = sum(f.var for f in self.fits.values())
+        if spread >= MIN_SPREAD:
+            return max(sum(f.cov for f in self.fits.values()) / spread, MIN_SECONDS_PER_TOKEN)
+        idle = self.fits.get(0)
+        if idle is not None and idle.mean_tokens > 0:
+            return idle.mean_seconds / idle.mean_tokens
+        return PRIOR_PREFILL_SECONDS_PER_TOKEN
 
     def costs(self) -> StepCosts:
         if self._snapshot is None:
+            c = self.prefill_seconds_per_token
+            decode = tuple((b, max(f.mean_seconds - c * f.mean_tokens, 0.0))
+                           for b, f in sorted(self.fits.items()) if b > 0)
             self._snapshot = StepCosts(self.target_itl, self.min_prefill_chunk, self.max_tokens,
-                                       tuple(sorted(self.decode_seconds.items())),
-                                       self.prefill_seconds_per_token)
+                                       self.itl_stretch, decode, c)
         return self._snapshot
-
-
-def _blend(old: float, new: float) -> float:
-    return DECAY * old + (1 - DECAY) * new

@@ -12,22 +12,51 @@ will decode meanwhile are today's running ones plus every admitted request still
 becomes a stream once prefilled). When every seat (max_num_seqs) is taken, the request also waits
 for enough running requests to reach their max_tokens (an upper bound: EOS may come sooner).
 The prediction leans pessimistic on purpose: a refused request can retry, a late one is lost.
+
+What the model cannot see (the HTTP thread's share of the GIL, attention growing along a long
+prompt, the scheduler's order) is learnt back: every admitted request's first token compares the
+time it took with the time predicted, and the running ratio (Calibration) scales the next
+predictions.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 from kiln.config import ServeConfig
 from kiln.runtime.engine_stats import EngineSnapshot
 from kiln.serving.errors import ApiError
 
 
-class Ticket:
-    """An admitted request's place in the waiting count, given back at its first token."""
+class Calibration:
+    """Realised over predicted TTFT, exponentially weighted, within bounds (event-loop thread)."""
 
-    def __init__(self, admission: Admission, num_tokens: int):
-        self._admission, self.num_tokens = admission, num_tokens
+    DECAY, LOW, HIGH = 0.9, 0.5, 4.0
+    MIN_PREDICTED = 0.05        # seconds; shorter predictions are mostly noise to learn from
+
+    def __init__(self):
+        self.factor = 1.0
+
+    def observe(self, predicted: float, realised: float) -> None:
+        if predicted < self.MIN_PREDICTED:
+            return
+        ratio = min(max(realised / predicted, self.LOW), self.HIGH)
+        self.factor = min(max(self.DECAY * self.factor + (1 - self.DECAY) * ratio, self.LOW), self.HIGH)
+
+
+class Ticket:
+    """An admitted request's place in the waiting count, given back at its first token (which
+    also teaches the calibration) or when it ends without one."""
+
+    def __init__(self, admission: Admission, num_tokens: int, predicted: float):
+        self._admission, self.num_tokens, self.predicted = admission, num_tokens, predicted
+        self.admitted_at = time.monotonic()
+
+    def first_token(self) -> None:
+        if self._admission is not None:
+            self._admission.calibration.observe(self.predicted, time.monotonic() - self.admitted_at)
+        self.release()
 
     def release(self) -> None:
         admission, self._admission = self._admission, None
@@ -42,6 +71,7 @@ class Admission:
         self.config, self.client = config, client
         self.pending = 0              # admitted, no first token yet (event-loop thread only)
         self.pending_tokens = 0
+        self.calibration = Calibration()
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -49,6 +79,10 @@ class Admission:
         return 1.0 / self.client.snapshot.step_costs.prefill_seconds_per_token
 
     def predicted_ttft(self, num_prompt_tokens: int) -> float:
+        return self.calibration.factor * self.modelled_ttft(num_prompt_tokens)
+
+    def modelled_ttft(self, num_prompt_tokens: int) -> float:
+        """The step-cost model's TTFT, before calibration."""
         s = self.client.snapshot
         decodes = min(s.num_running + self.pending, max(s.max_num_seqs, 1))
         prefill = s.step_costs.prefill_seconds(self.pending_tokens + num_prompt_tokens, decodes)
@@ -56,12 +90,13 @@ class Admission:
 
     def admit(self, num_prompt_tokens: int) -> Ticket:
         """A ticket, or ApiError(429) naming the bound that refused the request."""
-        self._check(num_prompt_tokens)
+        predicted = self._check(num_prompt_tokens)
         self.pending += 1
         self.pending_tokens += num_prompt_tokens
-        return Ticket(self, num_prompt_tokens)
+        return Ticket(self, num_prompt_tokens, predicted)
 
-    def _check(self, n: int) -> None:
+    def _check(self, n: int) -> float:
+        """The predicted TTFT, unless a bound refuses the request."""
         c = self.config
         if c.max_waiting is not None and self.pending >= c.max_waiting:
             raise _too_many(f"{self.pending} requests are already waiting (max {c.max_waiting})",
@@ -69,12 +104,11 @@ class Admission:
         if c.max_waiting_tokens is not None and self.pending_tokens + n > c.max_waiting_tokens:
             raise _too_many(f"{self.pending_tokens} prompt tokens are already waiting and this request "
                             f"adds {n} (max {c.max_waiting_tokens})", "max_waiting_tokens", self.predicted_ttft(0))
-        if not c.ttft_slo:
-            return
         ttft = self.predicted_ttft(n)
-        if ttft > c.ttft_slo:
+        if c.ttft_slo and ttft > c.ttft_slo:
             raise _too_many(f"predicted time to first token {ttft:.2f} s exceeds the "
                             f"{c.ttft_slo:g} s objective", "ttft_slo", ttft - c.ttft_slo)
+        return ttft
 
 
 def _seat_wait(s: EngineSnapshot, pending: int) -> float:

@@ -26,6 +26,8 @@ GAUGES = (
     EngineMetric("kiln_kv_bytes_total", "kv_bytes_total", "Bytes of the KV pool."),
     EngineMetric("kiln_target_itl_seconds", "target_itl",
                  "Step time decode-aware chunked prefill aims for while streams decode (0 = off)."),
+    EngineMetric("kiln_itl_stretch", "itl_stretch",
+                 "How many decode-only steps' time a step with prefill may take (0 = no such bound)."),
     EngineMetric("kiln_prefill_token_budget", "prefill_budget",
                  "Prefill tokens the last engine step was allowed beside its decodes."),
     EngineMetric("kiln_step_decode_seconds", "decode_step_seconds",

@@ -31,7 +31,7 @@ class Generations:
             return shared
         ticket = self.admission.admit(len(prepared.prompt_ids))
         request = self.client.make_request(prepared.prompt_ids, prepared.params, f"kiln-{uuid.uuid4().hex}")
-        flight = Flight(self.client, request, self.timeout, on_first_token=ticket.release,
+        flight = Flight(self.client, request, self.timeout, on_first_token=ticket.first_token,
                         on_done=lambda f: self._landed(f, ticket, key))
         if key is not None:
             self._in_flight[key] = flight

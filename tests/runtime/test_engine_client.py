@@ -52,16 +52,17 @@ def _wait(predicate, timeout=20.0):
 
 
 def _fail_on_call(llm, n: int, min_seqs: int = 1) -> list[int]:
-    """Make the engine raise on its n-th execute() from now on (once) that holds at least
-    `min_seqs` sequences; returns the count of such calls. (Counting every call would race: the
-    streams reach the stepping thread one by one, and on a busy machine the first could run
-    its n steps alone.)"""
+    """Make the engine raise on its n-th execute() from now on (once) that decodes at least
+    `min_seqs` sequences (each has a token out, whatever the prefill chunking); returns the count
+    of such calls. (Counting every call would race: the streams reach the stepping thread one by
+    one, and on a busy machine the first could run its n steps alone.)"""
     engine, calls = llm.core.engine, [0]
     real = engine.execute
 
     def execute(batch):
-        calls[0] += len(batch.query_lens) >= min_seqs
-        if calls[0] == n:
+        counts = len(batch.query_lens) >= min_seqs and bool((batch.query_lens == 1).all())
+        calls[0] += counts
+        if counts and calls[0] == n:
             raise RuntimeError("injected engine fault")
         return real(batch)
     engine.execute = execute

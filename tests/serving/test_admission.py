@@ -92,3 +92,30 @@ def test_objective_must_be_a_finite_non_negative_number(bad):
 
 def test_the_default_objective_is_two_seconds():
     assert ServeConfig().ttft_slo == 2.0
+
+
+def test_calibration_scales_the_prediction_by_what_first_tokens_took():
+    adm = Admission(ServeConfig(ttft_slo=1.0), engine())
+    assert adm.predicted_ttft(600) == pytest.approx(0.6)
+    for _ in range(60):                              # each first token took twice the prediction
+        adm.calibration.observe(predicted=0.3, realised=0.6)
+    assert adm.calibration.factor == pytest.approx(2.0, rel=0.01)
+    assert adm.predicted_ttft(600) == pytest.approx(1.2, rel=0.01)
+    assert refusal(adm, 600).code == "ttft_slo"     # the model alone would have admitted it
+    for _ in range(200):                             # a wild outlier cannot push it past its bounds
+        adm.calibration.observe(predicted=0.1, realised=100.0)
+    assert adm.calibration.factor == pytest.approx(4.0)
+    adm.calibration.observe(predicted=0.001, realised=5.0)   # too short to learn from
+    assert adm.calibration.factor == pytest.approx(4.0)
+
+
+def test_a_ticket_learns_at_its_first_token_not_when_it_ends_without_one():
+    adm = Admission(ServeConfig(ttft_slo=0), engine())
+    ticket = adm.admit(600)                          # predicted 0.6 s; its first token comes at once
+    assert ticket.predicted == pytest.approx(0.6)
+    ticket.first_token()
+    assert adm.calibration.factor < 1.0 and (adm.pending, adm.pending_tokens) == (0, 0)
+    factor = adm.calibration.factor
+    adm.admit(600).release()                         # aborted before its first token
+    ticket.first_token()                             # a second call changes nothing
+    assert adm.calibration.factor == factor and (adm.pending, adm.pending_tokens) == (0, 0)

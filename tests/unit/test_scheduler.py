@@ -296,7 +296,7 @@ def test_prefill_chunks_shrink_while_streams_decode_and_grow_back_when_they_end(
     """A made-up engine: a step costs 10 ms per batch-size bucket of decodes plus 2 ms per
     prefill token. Target 50 ms: beside one decode, prefill may take (50 - 10) / 2 = 20 tokens."""
     sched = make_scheduler(num_blocks=128, block_size=16, max_num_batched_tokens=256, target_itl=0.05,
-                           min_prefill_chunk=4)
+                           itl_stretch=0, min_prefill_chunk=4)
 
     def timed_step():
         out, _ = step(sched)
@@ -330,6 +330,8 @@ def test_presets_and_overrides():
     assert 0 < latency.target_itl < SchedulerConfig().target_itl < throughput.target_itl
     with pytest.raises(ValueError, match="target_itl"):
         SchedulerConfig(target_itl=float("nan"))
+    with pytest.raises(ValueError, match="itl_stretch"):
+        SchedulerConfig(itl_stretch=0.5)
     with pytest.raises(ValueError, match="unknown scheduler preset"):
         SchedulerConfig.preset("fast")
     with pytest.raises(ValueError):
