@@ -7,8 +7,9 @@ array of enums and a bounded integer; 200 tokens drawn at random from each step'
 llguidance builds the matcher in ~1 ms and fills a step's bitmask in 4 µs median, 26-35 µs mean
 (the first mask ~5 ms); outlines-core 0.2.14 compiled the same bounded schema's index in 120 ms
 and answered 104 µs mean per step with a list of ids still to be turned into a mask; xgrammar
-needs torch at run time, which kiln's runtime install does not have. llguidance also reads Lark
-grammars with JSON Schemas inline (%json), which the tool-call grammar uses.
+0.2.9 declares torch, transformers and triton as dependencies, none of which kiln's runtime
+install has. llguidance also reads Lark grammars with JSON Schemas inline (%json), which the
+tool-call grammar uses.
 """
 
 from __future__ import annotations
