@@ -10,13 +10,14 @@ step within the target inter-token latency,
 tokens, at least `min_prefill_chunk` so waiting prompts always progress, and the whole token
 budget when nothing is decoding (no stream to protect). The absolute target bounds the ITL a
 crowd sees; the stretch bounds how much slower a newcomer's prefill makes a few running streams
-(a 2x stretch: their tokens come at most twice as far apart while a prompt is prefilled). Admission control reads the same model to
-predict how long a queue of prompts takes to prefill under today's decode load.
+(a 2x stretch: their tokens come at most twice as far apart while a prompt is prefilled).
+Admission control reads the same model to predict how long a queue of prompts takes to prefill
+under today's decode load.
 
 Estimates are exponentially weighted: a decode step's time per batch-size bucket (powers of two;
 a step's cost is near-flat inside one on both backends), and the prefill cost per token
-(StepCostModel says how). NOTE: pure arithmetic, no clock and no engine: the
-engine core feeds observe() with measured seconds, and tests feed made-up ones.
+(StepCostModel says how). NOTE: pure arithmetic, no clock and no engine: the engine core feeds
+observe() with measured seconds, and tests feed made-up ones.
 """
 
 from __future__ import annotations
