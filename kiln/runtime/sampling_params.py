@@ -83,8 +83,10 @@ def _float_problems(p: SamplingParams):
         if not math.isfinite(getattr(p, name)):
             yield f"{name} must be a finite number, got {getattr(p, name)}"
             return
-    if not 0 <= p.temperature <= MAX_TEMPERATURE:
-        yield f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {p.temperature}"
+    if p.temperature < 0:
+        yield f"temperature must be >= 0, got {p.temperature}"
+    if p.temperature > MAX_TEMPERATURE:
+        yield f"temperature must be <= {MAX_TEMPERATURE:g}, got {p.temperature}"
     if not 0 < p.top_p <= 1:
         yield f"top_p must be in (0, 1], got {p.top_p}"
     if not 0 <= p.min_p < 1:
