@@ -44,6 +44,7 @@ class EngineSnapshot:
     step_costs: StepCosts = field(default_factory=StepCosts)
     prefill_budget: int = 0             # prefill tokens the last step was allowed
     remaining_tokens: tuple[int, ...] = ()   # running requests' tokens left to max_tokens, ascending
+    prefilled_tokens: int = 0           # prompt tokens computed of requests without a first token
 
     @property
     def target_itl(self) -> float:
@@ -95,4 +96,5 @@ def take_snapshot(core, counters: LoopCounters) -> EngineSnapshot:
         engine_failures=counters.engine_failures, finished=dict(counters.finished),
         max_num_seqs=sched.config.max_num_seqs, step_costs=sched.step_costs.costs(),
         prefill_budget=sched.last_step_stats.prefill_budget,
-        remaining_tokens=tuple(sorted(r.max_tokens - r.num_output_tokens for r in sched.running)))
+        remaining_tokens=tuple(sorted(r.max_tokens - r.num_output_tokens for r in sched.running)),
+        prefilled_tokens=sum(r.num_computed_tokens for r in sched.running if r.num_output_tokens == 0))

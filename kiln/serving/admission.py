@@ -3,7 +3,7 @@ every admitted request misses its latency target.
 
 A request counts as waiting from admission until its first token. Its predicted TTFT is
 
-    seat wait  +  time to prefill every waiting prompt ahead of it and its own
+    seat wait  +  time to prefill what is left of the waiting prompts ahead of it, and its own
 
 both read from the engine's step-cost model (kiln/runtime/step_costs.py), so the decode load
 counts: while d streams decode, a step prefills only the chunk that keeps it within the target
@@ -85,7 +85,10 @@ class Admission:
         """The step-cost model's TTFT, before calibration."""
         s = self.client.snapshot
         decodes = min(s.num_running + self.pending, max(s.max_num_seqs, 1))
-        prefill = s.step_costs.prefill_seconds(self.pending_tokens + num_prompt_tokens, decodes)
+        # The waiting prompts' chunks computed so far are done. NOTE: the snapshot may lag a
+        # step behind the tickets; the clamp keeps a stale one from counting work twice as done.
+        ahead = max(self.pending_tokens - s.prefilled_tokens, 0)
+        prefill = s.step_costs.prefill_seconds(ahead + num_prompt_tokens, decodes)
         return _seat_wait(s, self.pending) + prefill
 
     def admit(self, num_prompt_tokens: int) -> Ticket:

@@ -18,10 +18,10 @@ COSTS = StepCosts(target_itl=0.1, min_prefill_chunk=8, max_tokens=512,
                   decode_seconds_by_bucket=((4, 0.02), (16, 0.04)), prefill_seconds_per_token=0.001)
 
 
-def engine(num_running=0, max_num_seqs=32, remaining=(), costs=COSTS):
+def engine(num_running=0, max_num_seqs=32, remaining=(), costs=COSTS, prefilled=0):
     """What Admission reads of the engine client: its latest snapshot."""
     snapshot = EngineSnapshot(num_running=num_running, max_num_seqs=max_num_seqs, step_costs=costs,
-                              remaining_tokens=tuple(sorted(remaining)))
+                              remaining_tokens=tuple(sorted(remaining)), prefilled_tokens=prefilled)
     return SimpleNamespace(snapshot=snapshot)
 
 
@@ -66,6 +66,18 @@ def test_decode_load_raises_the_prediction():
     assert busy.predicted_ttft(600) == pytest.approx(1.0)
     idle.admit(600)
     assert refusal(busy, 700).code == "ttft_slo"
+
+
+def test_chunks_already_prefilled_are_not_counted_again():
+    client = engine()
+    adm = Admission(ServeConfig(ttft_slo=0), client)
+    adm.admit(800)
+    before = adm.predicted_ttft(100)
+    client.snapshot = EngineSnapshot(num_running=1, max_num_seqs=32, step_costs=COSTS, prefilled_tokens=600)
+    # 200 tokens left of the first prompt and 100 of the new one, beside one decode.
+    assert adm.predicted_ttft(100) == pytest.approx(COSTS.prefill_seconds(300, 1)) and adm.predicted_ttft(100) < before
+    client.snapshot = EngineSnapshot(max_num_seqs=32, step_costs=COSTS, prefilled_tokens=5000)   # stale
+    assert adm.predicted_ttft(100) == pytest.approx(COSTS.prefill_seconds(100, 1))
 
 
 def test_full_seats_add_the_wait_for_the_shortest_replies():
