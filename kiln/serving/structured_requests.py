@@ -11,6 +11,9 @@ from kiln.serving.errors import bad_request
 from kiln.serving.tools import forced_call_grammar, template_takes_tools
 
 MAX_TOOL_CALLS = 64
+# A constraint is compiled on the request's way in, on the server's event loop: its size bounds
+# the pause (measured on SmolLM2's vocabulary: a 48 KB schema 49 ms, a 195 KB one 258 ms).
+MAX_CONSTRAINT_CHARS = 64 << 10
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar", "guided_choice")
 
 
@@ -58,9 +61,13 @@ def structured_output(body, tools: ToolPlan | None = None) -> tuple[StructuredOu
         return None, None
     field, value = asked[0]
     try:
-        return _spec(field, value), field
+        spec = _spec(field, value)
     except (ValueError, TypeError) as e:
         raise bad_request(f"invalid {field}: {e}", field, "invalid_value") from None
+    if len(spec.source) > MAX_CONSTRAINT_CHARS:
+        raise bad_request(f"the {field} constraint is {len(spec.source)} characters; at most "
+                          f"{MAX_CONSTRAINT_CHARS}", field, "constraint_too_large")
+    return spec, field
 
 
 def _spec(field: str, value) -> StructuredOutput:

@@ -127,6 +127,8 @@ def test_cut_by_max_tokens_finishes_with_length(client):
     ({"guided_grammar": "start: undefined_rule"}, "guided_grammar"),
     ({"guided_choice": []}, "guided_choice"),
     ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"guided_json": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(4000)}}},
+     "guided_json"),                                                            # over 64 KiB to compile
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),     # the template has no tools
     ({"tool_choice": "required"}, "tool_choice"),
 ])
