@@ -84,7 +84,7 @@ class _EngineCollector:
                      self.admission.pending)
         yield _gauge("kiln_admission_waiting_tokens", "Their prompt tokens.", self.admission.pending_tokens)
         yield _gauge("kiln_admission_ttft_calibration", "Realised over modelled TTFT of admitted requests "
-                     "(running ratio); it scales the prediction.", self.admission.calibration.factor)
+                     "(its 90th percentile); it scales the prediction.", self.admission.calibration.factor)
         yield _gauge("kiln_prefill_tokens_per_second", "Measured prefill rate with nothing decoding "
                      "(admission predicts TTFT from the step-cost model it comes from).",
                      self.admission.prefill_tokens_per_second)
