@@ -75,6 +75,7 @@ async def run_level(target: Target, specs: Iterator[RequestSpec], render: Callab
         record = await issue(target, prompt, spec, limits.timeout, clock)
         records.append(record)
         on_record(record)
+        return record
 
     if level.concurrency:
         await _closed_loop(send, specs, level.concurrency, limits, clock)
@@ -84,6 +85,9 @@ async def run_level(target: Target, specs: Iterator[RequestSpec], render: Callab
     return LevelRun(level, sorted(records, key=lambda r: r.index), wall)
 
 
+RETRY_AFTER_FLOOR = 1.0
+
+
 async def _closed_loop(send, specs: Iterator[RequestSpec], clients: int, limits: Limits, clock) -> None:
     issued = 0
 
@@ -91,7 +95,11 @@ async def _closed_loop(send, specs: Iterator[RequestSpec], clients: int, limits:
         nonlocal issued
         while clock() < limits.duration and (limits.max_requests is None or issued < limits.max_requests):
             issued += 1
-            await send(next(specs))
+            record = await send(next(specs))
+            if "HTTP 429" in (record.error or ""):
+                # A polite client (the openai client does this) waits out Retry-After, which is
+                # 1 s at least; retrying at once would measure the refusal path, not the server.
+                await asyncio.sleep(RETRY_AFTER_FLOOR)
 
     await asyncio.gather(*(client() for _ in range(clients)))
 
