@@ -19,7 +19,9 @@ Measured 2026-11-30 (SmolLM2, --fuse; tests/data/perplexity.txt; decode --cpu-ti
 Variants: fp32, int8, int4 (the pass's default recipe), plus options joined by '-': sym (symmetric),
 bs16/bs64 (block size), t4/t8 (bits of the embedding and LM head), pure (no linear kept at 8 bits),
 k8=a+b (these node-name segments at 8 bits), off/nooff (4-bit linears with / without a float
-minimum per block, passes/block_offsets.py), e.g. int4-pure-t4 (everything 4-bit), int4-sym-bs16.
+minimum per block, passes/block_offsets.py), nbits/dynamic (how 8-bit linears run: MatMulNBits or
+DynamicQuantizeMatMul, passes/dynamic_int8.py), nb=a+b (these 8-bit linears stay MatMulNBits
+when the rest are dynamic; nb= alone: none), e.g. int4-pure-t4 (everything 4-bit), int4-sym-bs16.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def make_pass(variant: str) -> QuantizePass:
             kw["block_offsets"] = True
         if o == "nooff":
             kw["block_offsets"] = False
+        if o in ("nbits", "dynamic"):
+            kw["int8_kernel"] = o
+        if o.startswith("nb="):
+            kw["nbits_linears"] = tuple(x for x in o[3:].split("+") if x)
         if o.startswith("k8="):
             kw["int8_linears"] = tuple(o[3:].split("+"))
     return QuantizePass(QuantMode.NONE if mode == "fp32" else QuantMode(mode), **kw)

@@ -42,7 +42,9 @@ def main():
 @main.command()
 @click.argument("model")
 @click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Artifact folder to create.")
-@click.option("--quant", type=click.Choice(["none", "int8", "int4"]), default="none", show_default=True)
+@click.option("--quant", type=click.Choice(["none", "int8", "int4", "w8a8"]), default="none", show_default=True,
+              help="Weights: int8 / int4 weight-only, or w8a8 (int8 weights and int8 activations per call: "
+                   "faster prefill and batches, less exact).")
 @click.option("--block-size", default=16, show_default=True, help="KV cache block size in tokens.")
 @click.option("--backend", type=click.Choice(["ort", "openvino", "tensorrt", "ort-cuda"]), default="ort",
               show_default=True,

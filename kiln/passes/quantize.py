@@ -27,6 +27,7 @@ from onnx import TensorProto, helper
 
 from kiln.export.external import fill_tensor, stored_bytes, tensor_array, weights_dir
 from kiln.passes.block_offsets import offset_linear
+from kiln.passes.dynamic_int8 import dynamic_int8_linear
 from kiln.passes.quant_tables import QuantizedTable, embedding_node, lm_head_node, quantize_embedding
 from kiln.passes.quant_tables import weight_quantizer
 
@@ -37,12 +38,13 @@ class QuantMode(enum.Enum):
     """Weight precision of an engine; stored in the manifest by value."""
 
     NONE = "none"
-    INT8 = "int8"
+    INT8 = "int8"          # int8 weights; activations at MatMulNBits' block-wise int8 (W8A16-like)
     INT4 = "int4"
+    W8A8 = "w8a8"          # int8 weights and int8 activations per call: faster, less exact
 
     @property
     def bits(self) -> int | None:
-        return {QuantMode.NONE: None, QuantMode.INT8: 8, QuantMode.INT4: 4}[self]
+        return {QuantMode.NONE: None, QuantMode.INT8: 8, QuantMode.INT4: 4, QuantMode.W8A8: 8}[self]
 
 
 # The quantize check (passes/verify_quant.py), on the first 512 tokens of kiln/data/check.txt:
@@ -52,8 +54,10 @@ class QuantMode(enum.Enum):
 # logits, so argmax ties flip easily); tiny-qwen2 int8 0.012, int4 0.094 (top-1 ~1.0: one token
 # dominates). A SmolLM2 int4 graph with one linear's scales shuffled: 0.30 / 0.78 (a middle layer),
 # 0.93 / 0.02 (the first); tiny-llama with every linear's scales shuffled fails both bounds.
-_REL_TOLERANCE = {QuantMode.NONE: 0.0, QuantMode.INT8: 0.15, QuantMode.INT4: 0.25}
-MIN_TOP1 = {QuantMode.NONE: 1.0, QuantMode.INT8: 0.90, QuantMode.INT4: 0.70}
+# w8a8 (SmolLM2): 0.176 / 0.865 — one activation scale per call rounds harder than MatMulNBits'
+# blocks of 32.
+_REL_TOLERANCE = {QuantMode.NONE: 0.0, QuantMode.INT8: 0.15, QuantMode.INT4: 0.25, QuantMode.W8A8: 0.30}
+MIN_TOP1 = {QuantMode.NONE: 1.0, QuantMode.INT8: 0.90, QuantMode.INT4: 0.70, QuantMode.W8A8: 0.80}
 
 
 # The INT4 recipe: every linear 4-bit with a float minimum per block (passes/block_offsets.py), the
@@ -65,11 +69,21 @@ MIN_TOP1 = {QuantMode.NONE: 1.0, QuantMode.INT8: 0.90, QuantMode.INT4: 0.70}
 # with integer zero points +37%. Greedy "What is the capital of France?": this recipe and the former
 # answer Paris, int8 and the qkv/down-8-bit variant start "L'Étoile" (fp32's own first-token margin
 # is 0.08 logits, so any activation rounding can flip it).
-_TABLE_BITS = {QuantMode.INT8: 8, QuantMode.INT4: 8}
+_TABLE_BITS = {QuantMode.INT8: 8, QuantMode.INT4: 8, QuantMode.W8A8: 8}
 # NOTE: after MergeProjections, v_proj lives inside qkv_proj: a name listed here keeps the whole
 # fused projection at 8 bits.
-_INT8_LINEARS: dict[QuantMode, tuple[str, ...]] = {QuantMode.INT8: (), QuantMode.INT4: ()}
+_INT8_LINEARS: dict[QuantMode, tuple[str, ...]] = {QuantMode.INT8: (), QuantMode.INT4: (), QuantMode.W8A8: ()}
 _BLOCK_OFFSETS = {QuantMode.INT4: True}
+# How 8-bit linears run (not the LM head): "dynamic" (the w8a8 mode) = DynamicQuantizeMatMul, int8 per output channel with
+# activations quantized per call (passes/dynamic_int8.py: ~2.7x faster than MatMulNBits from 8 rows
+# up, no slower at 1); "nbits" = MatMulNBits blocks of 32. The LM head stays MatMulNBits: it shares
+# its table with the embedding and runs only at the logits rows.
+INT8_KERNELS = ("dynamic", "nbits")
+# ...except these, whose input has outliers that one activation scale per call cannot hold: the
+# MLP's down projection reads SiLU(gate)*up. SmolLM2 perplexity over fp32 (bench/bench_quant_ppl.py
+# --fuse): all 8-bit linears dynamic +26.5%; only down_proj dynamic +18%; all but down_proj +1.8%
+# (answers Paris); all MatMulNBits +0.66% (answers "L'Étoile": fp32's first-token margin is 0.08).
+NBITS_LINEARS = ("down_proj",)
 
 
 class QuantizePass:
@@ -77,10 +91,17 @@ class QuantizePass:
 
     def __init__(self, mode: QuantMode, block_size: int = 32, quantize_embedding: bool = True,
                  quantize_lm_head: bool = True, symmetric: bool = False, table_bits: int | None = None,
-                 int8_linears: tuple[str, ...] | None = None, block_offsets: bool | None = None):
+                 int8_linears: tuple[str, ...] | None = None, block_offsets: bool | None = None,
+                 int8_kernel: str | None = None, nbits_linears: tuple[str, ...] = NBITS_LINEARS):
         """table_bits: bits of the embedding and LM head; int8_linears: node-name segments (e.g.
         "down_proj") of linears kept at 8 bits. None takes the mode's recipe; (4, ()) is pure int4.
-        block_offsets: 4-bit linears keep a float minimum per block (passes/block_offsets.py)."""
+        block_offsets: 4-bit linears keep a float minimum per block (passes/block_offsets.py).
+        int8_kernel: how 8-bit linears run (INT8_KERNELS)."""
+        int8_kernel = int8_kernel or ("dynamic" if mode is QuantMode.W8A8 else "nbits")
+        if int8_kernel not in INT8_KERNELS:
+            raise ValueError(f"int8_kernel must be one of {INT8_KERNELS}, not {int8_kernel!r}")
+        self.int8_kernel = int8_kernel
+        self.nbits_linears = tuple(nbits_linears)     # name segments kept on MatMulNBits regardless
         self.mode, self.block_size, self.symmetric = mode, block_size, symmetric
         self.block_offsets = _BLOCK_OFFSETS.get(mode, False) if block_offsets is None else block_offsets
         self.quantize_embedding, self.quantize_lm_head = quantize_embedding, quantize_lm_head
@@ -128,6 +149,7 @@ class _Rewrite:
         self.p._details |= {
             "bits": self.p.mode.bits, "table_bits": self.p.table_bits, "block_size": self.p.block_size,
             "symmetric": self.p.symmetric, "accuracy_level": 4, "block_offsets": self.p.block_offsets,
+            "int8_kernel": self.p.int8_kernel, "nbits_linears": list(self.p.nbits_linears),
             "int8_linears": list(self.p.int8_linears), "matmuls_quantized": len(self.quantized),
             "matmuls_by_bits": dict(Counter(_bits(n) for n in self.quantized.values())), "skipped": self.skipped,
             "lm_head": self._head_note(), "embedding": embed_note,
@@ -152,6 +174,8 @@ class _Rewrite:
         bits = self.p.table_bits if is_head else self._linear_bits(node)
         if bits == 4 and self.p.block_offsets and not is_head:
             group = offset_linear(self.graph, self.inits[b], node, bits, self.p.block_size, self.wdir)
+        elif bits == 8 and self.p.int8_kernel == "dynamic" and not is_head and self._dynamic(node):
+            group = [dynamic_int8_linear(self.graph, self.inits[b], node, self.wdir)]
         else:
             group = [self._nbits_linear(node, bits)]
         self.quantized[b], self.groups[b] = group[0], group
@@ -173,6 +197,9 @@ class _Rewrite:
         return helper.make_node("MatMulNBits", [node.input[0], *(name for name, _ in tables)], list(node.output),
                                 name=f"{node.name}_Q{bits}", domain=MS_DOMAIN, K=k, N=n, bits=bits,
                                 block_size=self.p.block_size, accuracy_level=4)
+
+    def _dynamic(self, node: onnx.NodeProto) -> bool:
+        return not set(node.name.split("/")) & set(self.p.nbits_linears)
 
     def _linear_bits(self, node: onnx.NodeProto) -> int:
         return 8 if set(node.name.split("/")) & set(self.p.int8_linears) else self.p.mode.bits
@@ -207,6 +234,8 @@ class _Rewrite:
 
 
 def _bits(node: onnx.NodeProto) -> int:
+    if node.op_type == "DynamicQuantizeMatMul":
+        return 8
     return next(a.i for a in node.attribute if a.name == "bits")
 
 

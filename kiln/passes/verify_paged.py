@@ -21,10 +21,12 @@ KINDS = ("key", "value")
 
 
 def fp32_activations(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The graph with every MatMulNBits at accuracy_level 0 (same weights, fp32 activations)."""
+    """The graph with every MatMulNBits at accuracy_level 0 and every DynamicQuantizeMatMul as a
+    MatMul of its dequantized weight (same weights, fp32 activations)."""
     levels = [a for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
               if a.name == "accuracy_level" and a.i != 0]
-    if not levels:
+    dynamic = [n for n in model.graph.node if n.op_type == "DynamicQuantizeMatMul"]
+    if not levels and not dynamic:
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -32,7 +34,19 @@ def fp32_activations(model: onnx.ModelProto) -> onnx.ModelProto:
         for a in n.attribute:
             if n.op_type == "MatMulNBits" and a.name == "accuracy_level":
                 a.i = 0
+    nodes = [_dequantized_matmul(n) if n.op_type == "DynamicQuantizeMatMul" else [n] for n in out.graph.node]
+    out.graph.ClearField("node")
+    out.graph.node.extend(n for group in nodes for n in group)
     return out
+
+
+def _dequantized_matmul(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """DynamicQuantizeMatMul(x, q, scales, zero points) -> MatMul(x, DequantizeLinear(q) per column)."""
+    x, q, scales, zero_points = node.input[:4]
+    w = f"{node.name}/dequantized_weight"
+    return [onnx.helper.make_node("DequantizeLinear", [q, scales, zero_points], [w], name=f"{node.name}/dequantize",
+                                  axis=1),
+            onnx.helper.make_node("MatMul", [x, w], list(node.output), name=f"{node.name}/fp32_matmul")]
 
 
 def _pool_from_past(feeds: dict, num_layers: int, past_lens: np.ndarray, block_size: int, seed: int):

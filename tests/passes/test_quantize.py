@@ -131,7 +131,7 @@ def test_none_is_the_identity(models):
 
 def test_mode_is_data():
     assert QuantMode("int4") is QuantMode.INT4 and QuantMode.INT8.value == "int8"
-    assert [m.bits for m in QuantMode] == [None, 8, 4]
+    assert [m.bits for m in QuantMode] == [None, 8, 4, 8]
 
 
 def test_flags_keep_the_tables_fp32(models):
@@ -248,3 +248,57 @@ def test_a_weight_shared_by_two_matmuls_keeps_one_copy_in_every_recipe(models, m
     assert len({n.name for n in out.graph.node}) == len(out.graph.node)        # node names stay unique
     feeds = seeded_feeds(shared)
     np.testing.assert_allclose(logits(out, feeds), logits(QuantizePass(mode).run(copied), feeds), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_w8a8_runs_linears_on_dynamic_int8_except_the_down_projection_and_the_head(models, name):
+    from kiln.passes.fusion import fusion_passes
+    from kiln.passes.quantize import MIN_TOP1
+    from kiln.passes.verify_quant import QuantCheck
+
+    model = models[name]
+    for p in fusion_passes(load_source(name).spec):
+        model = p.run(model)
+    quantize = QuantizePass(QuantMode.W8A8)
+    check = QuantCheck(quantize.name, list(range(3, 67)), MIN_TOP1[QuantMode.W8A8])
+    out, report = run_pass(quantize, model, check)
+    dynamic = [n for n in out.graph.node if n.op_type == "DynamicQuantizeMatMul"]
+    nbits = [n for n in out.graph.node if n.op_type == "MatMulNBits"]
+    assert sorted({n.name.split("/")[-2] for n in dynamic}) == ["gate_up_proj", "o_proj", "qkv_proj"]
+    assert len(dynamic) == 2 * 3
+    head = producer(out, "/model/lm_head_output_0")
+    assert head in nbits and len(nbits) == 3
+    assert {n.name.split("/")[-2] for n in nbits if n is not head} == {"down_proj"}
+    assert weight_matmuls(out) == []
+    assert report.details["int8_kernel"] == "dynamic" and report.details["matmuls_by_bits"] == {8: 9}
+    for n in dynamic:           # int8 per output channel, symmetric: zero points all 0
+        inits = {t.name: t for t in out.graph.initializer}
+        q, scales, zp = (onnx.numpy_helper.to_array(inits[i]) for i in n.input[1:4])
+        assert q.dtype == np.int8 and scales.shape == zp.shape == (q.shape[1],) and not zp.any()
+
+
+def test_w8a8_weights_dequantize_to_the_fp32_weights():
+    from kiln.passes.dynamic_int8 import per_channel_int8
+
+    w = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+    w[:, 5] = 0                                          # an all-zero column stays exact
+    q, scale = per_channel_int8(w)
+    assert (np.abs(q.astype(np.float32) * scale - w) <= 0.5 * scale + 1e-7).all()   # half a step at most
+    assert (q[:, 5] == 0).all() and np.abs(q).max() == 127
+
+
+def test_fp32_activations_turns_dynamic_int8_into_a_matmul_of_the_dequantized_weight(models):
+    """The kv_io check runs quantized graphs at fp32 activations: a DynamicQuantizeMatMul becomes
+    x @ (q * scale), which is what the per-call activation rounding approximates."""
+    from kiln.passes.verify import logits, seeded_feeds
+    from kiln.passes.verify_paged import fp32_activations
+
+    model = models["tiny-llama"]
+    out = QuantizePass(QuantMode.W8A8).run(model)
+    fp32 = fp32_activations(out)
+    assert ops(fp32)["DynamicQuantizeMatMul"] == 0 and ops(fp32)["DequantizeLinear"] == ops(out)["DynamicQuantizeMatMul"]
+    feeds = seeded_feeds(model, batch=1, seq=8, past=0)
+    exact, rounded, ref = logits(fp32, feeds), logits(out, feeds), logits(model, feeds)
+    # dequantized weights at fp32 activations sit closer to fp32 than the rounded activations do
+    assert np.abs(exact - ref).max() < np.abs(rounded - ref).max()
+    assert np.abs(rounded - exact).max() > 0

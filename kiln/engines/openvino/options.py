@@ -37,6 +37,9 @@ class OpenVinoOptions:
         # have already given up exactness, and u8 KV + bf16 compute is what the plugin is fastest at.
         if quant.value == "none":
             return cls()
+        if quant.value not in ("int8", "int4"):
+            raise ValueError(f"the openvino backend has no {quant.value} mode; use --quant int8 (OpenVINO "
+                             f"quantizes activations itself: dynamic quantization, recorded in the artifact)")
         weights = {"int8": "int8_asym", "int4": "int4_sym_g32"}[quant.value]
         return cls(inference_precision="bf16", kv_cache_precision="u8", weights=weights,
                    dynamic_quantization_group_size=32)
