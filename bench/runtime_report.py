@@ -68,6 +68,8 @@ TARGETS = [Target("ttft_ms", "int8", "openvino:int8", 1.0, False, ((1, "prefill"
            Target("1-stream", "int4", "genai:int4", 1.2, True, ((1, "decode"),)),
            Target("1-stream", "int8", "openvino:int8", 1.0, True, ((1, "decode"),)),
            Target("32-way", "int8", "openvino:int8", 1.2, True, ((32, "prefill"), (32, "decode")))]
+# w8a8 stores int8 weights like int8 (its activations are int8 too): held to the int8 targets.
+TARGET_QUANT = {"w8a8": "int8"}
 OVERHEAD_PCT = 15.0               # kiln's Python share of a decode-only step at batch 32
 
 
@@ -93,7 +95,7 @@ def target_rows(summaries: list[Summary]) -> list[Row]:
     by_spec = {s.system: s for s in summaries if s.error is None}
     rows = []
     for k in (s for s in summaries if s.is_kiln and s.error is None):
-        for t in (t for t in TARGETS if t.kiln_quant == k.quant):
+        for t in (t for t in TARGETS if t.kiln_quant == TARGET_QUANT.get(k.quant, k.quant)):
             rows.append(_ratio_row(t, k, by_spec.get(t.peer)))
         rows.append(Row("chat answer names Paris", k.name, None, "", None, "", 1, True, "Paris" in k.chat))
         if k.overhead_pct is not None:
