@@ -39,11 +39,16 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> P
         with stage("export ONNX decoder graph"):
             model = build_decoder(src.spec, src.weights, _weights_workdir(writer))
         reports = []
+        unquantized = model
         for p, check in _passes(src, config):
+            if p.name == "quantize":
+                unquantized = model
             with stage(f"pass {p.name}"):
                 model, report = run_pass(p, model, check if config.verify else None)
                 reports.append(report.to_dict())
         built = engine_builder(model, src.spec, config, writer.tmp, stage)
+        if config.prefill_engine:
+            built = _add_prefill_engine(built, unquantized, src, config, writer.tmp, stage)
         reports += built.pass_reports
         with stage("write artifact"):
             tokenizer = _copy_tokenizer(src, writer.tmp / TOKENIZER_DIR)
@@ -74,14 +79,14 @@ EngineBuilder = Callable[[onnx.ModelProto, ModelSpec, BuildConfig, Path, StageFn
 
 
 def _build_ort(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig, root: Path,
-               stage: StageFn) -> BuiltEngines:
+               stage: StageFn, folder: str = "ort") -> BuiltEngines:
     """Paged IO in the graph (a gather from the runtime's pool), then ORT's offline optimization."""
     kv_io = KvIoPass(spec, config.block_size)      # NOTE: checked at fp32 activations (verify_paged.py)
     with stage(f"pass {kv_io.name}"):
         check = (lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size)) if config.verify else None
         model, report = run_pass(kv_io, model, check)
     with stage("compile ONNX Runtime engine"):
-        engine, weights = compile_ort(model, root / "engines" / "ort")
+        engine, weights = compile_ort(model, root / "engines" / folder)
     record = {"backend": "ort", **file_record(root, engine), "io": _io_shapes(model)}
     if weights is not None:
         record["weights"] = file_record(root, weights)
@@ -113,6 +118,36 @@ def _build_ort_cuda(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig
     from kiln.engines.ort_cuda.build import build_ort_cuda
 
     return BuiltEngines(*build_ort_cuda(model, spec, config, root, stage))
+
+
+# Calls of at least this many tokens go to the prefill engine: ORT's integer GEMM (w8a8) is ~2x
+# faster than MatMulNBits from 4 rows up and level at 1 (passes/dynamic_int8.py), so the
+# weight-only engine keeps only one or two decodes, where it is as fast and more exact.
+PREFILL_MIN_TOKENS = 4
+
+
+def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelSource, config: BuildConfig,
+                        root: Path, stage: StageFn) -> BuiltEngines:
+    """Engines per bucket range: a second ORT engine, quantized `config.prefill_engine` from the same
+    fused graph, for calls of PREFILL_MIN_TOKENS tokens or more (prefill chunks, decode batches).
+    Both read and write the one KV pool (same kv_io layout); the manifest says which serves what."""
+    from kiln.passes.quantize import MIN_TOP1
+    from kiln.passes.verify_quant import QuantCheck, check_token_ids
+
+    if config.backend != "ort":
+        raise ValueError(f"--prefill-engine is an option of the ort backend, not {config.backend!r}")
+    mode = QuantMode(config.prefill_engine)
+    quantize = QuantizePass(mode)
+    tokens = check_token_ids(src.tokenizer_dir, min(512, src.spec.max_position_embeddings))
+    check = QuantCheck(quantize.name, tokens, MIN_TOP1[mode]) if config.verify else None
+    with stage(f"pass {quantize.name} ({mode.value}, prefill engine)"):
+        model, report = run_pass(quantize, model, check)
+    prefill = _build_ort(model, src.spec, config, root, stage, folder="ort-prefill")
+    reports = [{**report.to_dict(), "name": f"{quantize.name} (prefill engine, {mode.value})"},
+               *({**r, "name": f"{r['name']} (prefill engine)"} for r in prefill.pass_reports)]
+    main = {**built.engines[0], "serves": {"max_tokens": PREFILL_MIN_TOKENS - 1}}
+    extra = {**prefill.engines[0], "serves": {"min_tokens": PREFILL_MIN_TOKENS}, "quant": report.details}
+    return BuiltEngines([main, extra], built.kv_layout, built.pass_reports + reports)
 
 
 ENGINE_BUILDERS: dict[str, EngineBuilder] = {"ort": _build_ort, "openvino": _build_openvino,

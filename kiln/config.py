@@ -43,6 +43,7 @@ class BuildConfig:
     force: bool = False
     backend: str = "ort"          # a key of kiln.build.ENGINE_BUILDERS (and of the engine factory)
     precision: str = ""           # GPU backends: fp32 | fp16 | bf16 ("": the backend's default)
+    prefill_engine: str = ""      # ORT: a second engine (a QuantMode value, e.g. "w8a8") for calls of many tokens
 
 
 class SchedulingPolicy(enum.Enum):

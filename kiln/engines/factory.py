@@ -22,8 +22,11 @@ def _load_ort(artifact: EngineArtifact, record: dict, threads: int | None) -> En
     from kiln.engines.ort_engine import OrtEngine
 
     m = artifact.manifest
+    # NOTE: a second ort record is the prefill engine (engines per bucket range: build.py)
+    prefill = next(((e["serves"]["min_tokens"], artifact.path / e["file"]) for e in m.engines[1:]
+                    if e["backend"] == "ort" and "min_tokens" in e.get("serves", {})), None)
     try:
-        return OrtEngine(artifact.path / record["file"], m.buckets, m.kv_layout, threads)
+        return OrtEngine(artifact.path / record["file"], m.buckets, m.kv_layout, threads, prefill)
     except (Fail, InvalidGraph, InvalidProtobuf, NoSuchFile) as e:
         # e.g. model.onnx.data (the record's "weights", checked with the manifest) gone since
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -18,11 +18,20 @@ from kiln.engines.ort_session import cpu_session, session_options
 
 
 class OrtEngine:
-    def __init__(self, model_path: Path, buckets: BucketGrid, kv_layout: KvLayout, threads: int | None = None):
+    """prefill: (min tokens, model path) of a second engine for calls of that many tokens or more
+    (engines per bucket range: build.PREFILL_MIN_TOKENS); it shares the one KV pool."""
+
+    def __init__(self, model_path: Path, buckets: BucketGrid, kv_layout: KvLayout, threads: int | None = None,
+                 prefill: tuple[int, Path] | None = None):
         self.buckets, self.kv_layout = buckets, kv_layout
         self.threads = threads or default_threads()
         opts = session_options(self.threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
         self.session = cpu_session(str(model_path), opts)
+        # (min tokens, session), ascending: a call runs on the last whose minimum it reaches
+        self.sessions = [(0, self.session)]
+        if prefill is not None:
+            self.sessions.append((prefill[0], cpu_session(str(prefill[1]), opts)))
+        self.calls_by_engine = [0] * len(self.sessions)
         self.pool: KvPool | None = None
 
     def io_spec(self) -> dict[str, list]:
@@ -44,6 +53,8 @@ class OrtEngine:
         return EngineResult(logits, sum(c.padded for c in calls), len(calls))
 
     def _run(self, call: OrtCall) -> np.ndarray:
-        logits, new_kv = self.session.run(["logits", "new_kv"], call.feeds | self.pool.feeds)
+        index = max(i for i, (min_tokens, _) in enumerate(self.sessions) if len(call.rows) >= min_tokens)
+        self.calls_by_engine[index] += 1
+        logits, new_kv = self.sessions[index][1].run(["logits", "new_kv"], call.feeds | self.pool.feeds)
         self.pool.write(new_kv, call.rows, call.cols, call.slots)
         return logits[call.logit_rows[:, 0], call.logit_rows[:, 1]]
