@@ -115,17 +115,19 @@ def _build_kiln(out: Path, backend: str, quant: str, marker: Path) -> None:
     from kiln.passes.base import PassCheckError
     from kiln.passes.quantize import QuantMode
 
-    mode = QuantMode.NONE if quant == "fp32" else QuantMode(quant)
+    # QUANT may name a prefill engine: int8+w8a8 (engines per bucket range, `--prefill-engine`)
+    weights, _, prefill = quant.partition("+")
+    mode = QuantMode.NONE if weights == "fp32" else QuantMode(weights)
     with console.status(f"building kiln {backend} {quant}") as status:
         try:
-            build(_build_config(out, backend, mode, verify=True), stage=lambda name: _stage(status, name))
+            build(_build_config(out, backend, mode, True, prefill), stage=lambda name: _stage(status, name))
         except PassCheckError as e:
             # NOTE: speed does not depend on the check; the agreement line shows what quality is left.
             marker.write_text(str(e))
-            build(_build_config(out, backend, mode, verify=False), stage=lambda name: _stage(status, name))
+            build(_build_config(out, backend, mode, False, prefill), stage=lambda name: _stage(status, name))
 
 
-def _build_config(out: Path, backend: str, mode, verify: bool):
+def _build_config(out: Path, backend: str, mode, verify: bool, prefill_engine: str = ""):
     from dataclasses import fields
 
     from kiln.build import BuildConfig
@@ -135,6 +137,8 @@ def _build_config(out: Path, backend: str, mode, verify: bool):
         if "backend" not in {f.name for f in fields(BuildConfig)}:
             raise SystemExit(f"this kiln has no {backend!r} build backend (BuildConfig has no backend field)")
         extra["backend"] = backend
+    if prefill_engine:
+        extra["prefill_engine"] = prefill_engine
     return BuildConfig("smollm2-135m", out, quant=mode, verify=verify, **extra)
 
 

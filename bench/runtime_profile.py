@@ -66,7 +66,7 @@ def profile_engines(kiln: KilnRunner, genai_dir: Path | None, threads: int, prom
     n = 1 if phase == "prefill" else 8
     prefix = HERE / ".cache" / f"profile-genai-{time.time_ns()}"
     peer = GenAIRunner(genai_dir, threads, "profiled", {"enable_profiling": str(prefix)}) if genai_dir else None
-    engine, recorder = _swap_in_profiling(kiln)
+    engine, index, recorder = _swap_in_profiling(kiln, len(prompts), phase)
     starts = []
     try:
         for _ in range(rounds):
@@ -75,7 +75,7 @@ def profile_engines(kiln: KilnRunner, genai_dir: Path | None, threads: int, prom
             if peer:
                 peer.generate(prompts, n)
     finally:
-        engine.session = recorder.original
+        engine.sessions[index] = (engine.sessions[index][0], recorder.original)
     shapes = recorder.shapes
     kiln_units = _kiln_units(_model_runs(recorder.session.end_profiling()), shapes, starts[1:] + [len(shapes)], phase)
     if peer is None:
@@ -99,16 +99,20 @@ class _RecordingSession:
         return self.session.run(names, feeds)
 
 
-def _swap_in_profiling(runner: KilnRunner):
-    """kiln's ORT engine (Engine.execute -> session.run per bucket call) on a profiling session."""
+def _swap_in_profiling(runner: KilnRunner, batch: int, phase: str):
+    """kiln's ORT engine (Engine.execute -> session.run per bucket call) on a profiling session: the
+    one of its engines that serves this phase (an artifact with a prefill engine has two)."""
     engine = runner.llm.core.engine
-    if not hasattr(engine, "session"):
+    if not hasattr(engine, "sessions"):
         raise SystemExit(f"{runner.name}: per-op profiles need the ONNX Runtime backend")
+    last = len(engine.sessions) - 1
+    index = last if phase == "prefill" or batch >= engine.sessions[last][0] else 0
     artifact = runner.llm.artifact
-    model_path = artifact.path / next(e["file"] for e in artifact.manifest.engines if e["backend"] == "ort")
-    recorder = _RecordingSession(_profiling_session(model_path, engine.threads), engine.session)
-    engine.session = recorder
-    return engine, recorder
+    model_path = artifact.path / [e["file"] for e in artifact.manifest.engines if e["backend"] == "ort"][index]
+    min_tokens, original = engine.sessions[index]
+    recorder = _RecordingSession(_profiling_session(model_path, engine.threads), original)
+    engine.sessions[index] = (min_tokens, recorder)
+    return engine, index, recorder
 
 
 def _kiln_units(runs: list[dict], shapes: list[tuple], bounds: list[int], phase: str) -> list[dict]:
