@@ -18,7 +18,9 @@ def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, anno
     llm = LLM(artifact, runtime)         # logs the KV plan it sized
     model_name = config.served_model_name or Path(artifact).resolve().name
     app = create_app(llm, config, model_name)
-    announce(f"serving '{model_name}' on http://{config.host}:{config.port}/v1 (ready once /ready says so)")
+    base = f"http://{config.host}:{config.port}"
+    console = f"; console at {base}/" if config.console else ""
+    announce(f"serving '{model_name}' on {base}/v1{console} (ready once /ready says so)")
     # Access logs off: one line per request costs the engine's thread GIL time under load.
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=5)
