@@ -33,6 +33,7 @@ StageFn = Callable[[str], ContextManager]
 def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> Path:
     """Build an artifact folder; `stage(name)` wraps each stage (progress display, timing)."""
     engine_builder = _engine_builder(config.backend)
+    _refuse_unbuildable(config)
     with ArtifactWriter(config.out, config.force) as writer:
         with stage("load model source"):
             src = load_source(config.source)
@@ -59,6 +60,16 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> P
                 tokenizer=tokenizer, passes=reports, source=src.description, versions=current_versions())
             shutil.rmtree(_weights_workdir(writer), ignore_errors=True)
             return writer.commit(manifest)
+
+
+def _refuse_unbuildable(config: BuildConfig) -> None:
+    """Option combinations a backend cannot build are refused before the passes run, not after."""
+    if config.prefill_engine and config.backend != "ort":
+        raise ValueError(f"--prefill-engine is an option of the ort backend, not {config.backend!r}")
+    if config.backend == "openvino":
+        from kiln.engines.openvino.options import OpenVinoOptions
+
+        OpenVinoOptions.for_quant(config.quant)       # raises for a mode OpenVINO does not build
 
 
 def _weights_workdir(writer: ArtifactWriter) -> Path:
