@@ -142,17 +142,10 @@ def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelS
     """Engines per bucket range: a second ORT engine, quantized `config.prefill_engine` from the same
     fused graph, for calls of PREFILL_MIN_TOKENS tokens or more (prefill chunks, decode batches).
     Both read and write the one KV pool (same kv_io layout); the manifest says which serves what."""
-    from kiln.passes.quantize import MIN_TOP1
-    from kiln.passes.verify_quant import QuantCheck, check_token_ids
-
-    if config.backend != "ort":
-        raise ValueError(f"--prefill-engine is an option of the ort backend, not {config.backend!r}")
-    mode = QuantMode(config.prefill_engine)
-    quantize = QuantizePass(mode)
-    tokens = check_token_ids(src.tokenizer_dir, min(512, src.spec.max_position_embeddings))
-    check = QuantCheck(quantize.name, tokens, MIN_TOP1[mode]) if config.verify else None
+    mode = QuantMode(config.prefill_engine)        # the ort backend: _refuse_unbuildable checked
+    quantize, check = _checked_quantize(src, mode)
     with stage(f"pass {quantize.name} ({mode.value}, prefill engine)"):
-        model, report = run_pass(quantize, model, check)
+        model, report = run_pass(quantize, model, check if config.verify else None)
     prefill = _build_ort(model, src.spec, config, root, stage, folder="ort-prefill")
     reports = [{**report.to_dict(), "name": f"{quantize.name} (prefill engine, {mode.value})"},
                *({**r, "name": f"{r['name']} (prefill engine)"} for r in prefill.pass_reports)]
@@ -177,18 +170,24 @@ def _passes(src: ModelSource, config: BuildConfig) -> list:
     The quantize pass runs in every mode: its check's perplexity on kiln/data/check.txt goes into
     the manifest, and a quantized graph that disagrees with fp32 fails the build."""
     from kiln.passes.cleanup import CleanupPass
-    from kiln.passes.quantize import MIN_TOP1
-    from kiln.passes.verify_quant import QuantCheck, check_token_ids
 
     passes = [(CleanupPass(), compare_logits)]
     if config.fuse:
         from kiln.passes.fusion import fusion_passes
 
         passes += [(p, compare_logits) for p in fusion_passes(src.spec)]
-    quantize = QuantizePass(config.quant)
-    tokens = check_token_ids(src.tokenizer_dir, min(512, src.spec.max_position_embeddings))
-    passes.append((quantize, QuantCheck(quantize.name, tokens, MIN_TOP1[config.quant])))
+    passes.append(_checked_quantize(src, config.quant))
     return passes
+
+
+def _checked_quantize(src: ModelSource, mode: QuantMode) -> tuple[QuantizePass, Callable]:
+    """The quantize pass for `mode` and its check against fp32 on the check text (verify_quant.py)."""
+    from kiln.passes.quantize import MIN_TOP1
+    from kiln.passes.verify_quant import QuantCheck, check_token_ids
+
+    quantize = QuantizePass(mode)
+    tokens = check_token_ids(src.tokenizer_dir, min(512, src.spec.max_position_embeddings))
+    return quantize, QuantCheck(quantize.name, tokens, MIN_TOP1[mode])
 
 
 def _quant_record(config: BuildConfig, reports: list[dict]) -> dict:
