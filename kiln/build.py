@@ -92,7 +92,7 @@ EngineBuilder = Callable[[onnx.ModelProto, ModelSpec, BuildConfig, Path, StageFn
 def _build_ort(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig, root: Path,
                stage: StageFn, folder: str = "ort") -> BuiltEngines:
     """Paged IO in the graph (a gather from the runtime's pool), then ORT's offline optimization."""
-    kv_io = KvIoPass(spec, config.block_size)      # NOTE: checked at fp32 activations (verify_paged.py)
+    kv_io = KvIoPass(spec, config.block_size, attention=config.attention)   # NOTE: checked at fp32 activations (verify_paged.py)
     with stage(f"pass {kv_io.name}"):
         check = (lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size)) if config.verify else None
         model, report = run_pass(kv_io, model, check)

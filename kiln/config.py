@@ -44,6 +44,7 @@ class BuildConfig:
     backend: str = "ort"          # a key of kiln.build.ENGINE_BUILDERS (and of the engine factory)
     precision: str = ""           # GPU backends: fp32 | fp16 | bf16 ("": the backend's default)
     prefill_engine: str = ""      # ORT: a second engine (a QuantMode value, e.g. "w8a8") for calls of many tokens
+    attention: str = "gqa"        # ORT: the paged graph's attention core (passes.kv_io.ATTENTION_CORES; "standard": unfused ops)
 
 
 class SchedulingPolicy(enum.Enum):
@@ -93,6 +94,50 @@ SCHEDULER_PRESETS = {
 }
 
 
+class SpeculativeMethod(enum.Enum):
+    NGRAM = "ngram"             # prompt lookup: continue an earlier occurrence of the last n-gram
+    DRAFT = "draft"             # a second, smaller kiln artifact with the same tokenizer
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding: a proposer guesses up to num_speculative_tokens next tokens of a
+    decoding request and one engine call verifies them with the next token's own logits."""
+    method: SpeculativeMethod = SpeculativeMethod.NGRAM
+    num_speculative_tokens: int = 5     # k, the most proposals per request and step
+    draft_path: Path | None = None      # the draft artifact (method DRAFT)
+    # Load: decodes plus proposals one step may verify. Past it the engine turns compute-bound
+    # and proposals stop paying; k shrinks as the decode batch grows (0 from this many decodes).
+    max_step_tokens: int = 16
+    ngram_min: int = 2                  # prompt lookup's shortest and longest suffix to match
+    ngram_max: int = 4
+
+    def __post_init__(self):
+        if not 1 <= self.num_speculative_tokens <= 32:
+            raise ValueError(f"num_speculative_tokens must be in [1, 32], got {self.num_speculative_tokens}")
+        if self.max_step_tokens < 2:
+            raise ValueError(f"max_step_tokens must be at least 2, got {self.max_step_tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+        if (self.method is SpeculativeMethod.DRAFT) != (self.draft_path is not None):
+            raise ValueError("a draft path goes with the draft method, and only with it")
+
+    @classmethod
+    def parse(cls, text: str, num_speculative_tokens: int | None = None) -> SpeculativeConfig:
+        """`ngram` or `draft:PATH`, as --speculative takes it."""
+        name, _, path = text.partition(":")
+        try:
+            method = SpeculativeMethod(name)
+        except ValueError:
+            raise ValueError(f"--speculative takes ngram or draft:PATH, got {text!r}") from None
+        if method is SpeculativeMethod.DRAFT and not path:
+            raise ValueError("--speculative draft:PATH needs the draft artifact's folder")
+        if method is SpeculativeMethod.NGRAM and path:
+            raise ValueError(f"--speculative ngram takes no path, got {text!r}")
+        k = {} if num_speculative_tokens is None else {"num_speculative_tokens": num_speculative_tokens}
+        return cls(method, draft_path=Path(path) if path else None, **k)
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     kv_cache_memory: int | None = None     # bytes for the KV pool; None = a fraction of free memory
@@ -101,6 +146,7 @@ class RuntimeConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     threads: int | None = None             # engine intra-op threads; None = the CPUs we may use
     seed: int | None = None                # default seed for requests that set none
+    speculative: SpeculativeConfig | None = None     # None: one token per decode step
 
     def __post_init__(self):
         if not 0 < self.kv_cache_fraction <= 0.95:

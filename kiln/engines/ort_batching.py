@@ -1,7 +1,12 @@
 """A PagedBatch as ONNX Runtime feeds: padded [B, S] calls on the bucket grid.
 
 The ORT graph (passes/kv_io.py) takes padded rows, so decodes and prefill chunks go in separate
-calls (a decode is never padded to a chunk's length) and chunks are grouped by length.
+calls (a decode is never padded to a chunk's length) and chunks are grouped by length. A graph
+whose attention core is GroupQueryAttention (passes/attention_gqa.py) also takes a chunk that
+continues a sequence (S > 1 with a past) only at batch 1, so each such chunk gets a call of its own;
+first chunks (no past) still batch, with block tables of width 0 (the op reads a call without a
+past buffer as first prompts), and so do decodes. Prefill is compute-bound: the extra calls cost
+their dispatch, not their work.
 """
 
 from __future__ import annotations
@@ -45,24 +50,37 @@ def group_by_length(lens: np.ndarray) -> list[list[int]]:
     return groups
 
 
-def plan_calls(batch: PagedBatch, grid: BucketGrid, block_size: int) -> list[OrtCall]:
+def call_groups(batch: PagedBatch, chunks_with_past_alone: bool = False) -> list[list[int]]:
+    """The sequences of each call: grouped by length, and with chunks_with_past_alone, every chunk
+    that continues a sequence in a group of its own."""
+    if not chunks_with_past_alone:
+        return group_by_length(batch.query_lens)
+    continuing = (batch.query_lens > 1) & (batch.past_lens > 0)
+    rest = np.flatnonzero(~continuing)
+    return ([[int(i)] for i in np.flatnonzero(continuing)]
+            + [[int(rest[j]) for j in group] for group in group_by_length(batch.query_lens[rest])])
+
+
+def plan_calls(batch: PagedBatch, grid: BucketGrid, block_size: int,
+               chunks_with_past_alone: bool = False) -> list[OrtCall]:
     starts = batch.seq_starts
     owner = np.searchsorted(starts, batch.logits_indices, side="right") - 1   # seq of each logit
     calls = []
-    for group in group_by_length(batch.query_lens):
+    for group in call_groups(batch, chunks_with_past_alone):
         for i in range(0, len(group), grid.max_batch):
-            calls.append(_call(batch, group[i:i + grid.max_batch], grid, block_size, starts, owner))
+            calls.append(_call(batch, group[i:i + grid.max_batch], grid, block_size, starts, owner,
+                               min_table_width=0 if chunks_with_past_alone else 1))
     return calls
 
 
-def _call(batch, seqs, grid, bs, starts, owner) -> OrtCall:
+def _call(batch, seqs, grid, bs, starts, owner, min_table_width: int) -> OrtCall:
     lens, past = batch.query_lens[seqs], batch.past_lens[seqs]
     bucket = grid.bucket_for(len(seqs), int(lens.max()))
     past_blocks = -(-past // bs)
     ids = np.zeros((bucket.batch, bucket.seq), np.int64)
     pos = np.zeros_like(ids)
     past_lens = np.zeros(bucket.batch, np.int64)
-    tables = np.zeros((bucket.batch, max(1, int(past_blocks.max()))), np.int64)
+    tables = np.zeros((bucket.batch, max(min_table_width, int(past_blocks.max()))), np.int64)
     wanted = [np.flatnonzero(owner == s) for s in seqs]
     logits_index = np.zeros((bucket.batch, max(1, max(len(w) for w in wanted))), np.int64)
     rows, cols, slots, logit_rows, order = [], [], [], [], []

@@ -1,7 +1,9 @@
 """ONNX Runtime engine (CPU, the embedded default): compile offline, load without optimizing.
 
 The graph gathers each sequence's past K/V from the paged pool (passes/kv_io.py) and returns the
-new tokens' K/V, which this engine scatters into their pool slots in one vectorised write.
+new tokens' K/V, which this engine scatters into their pool slots in one vectorised write. The
+graph's metadata names its attention core; a GroupQueryAttention core takes a chunk with a past
+only at batch 1, and the call planner keeps to that (engines/ort_batching.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from kiln.engines.base import BucketGrid, EngineResult, KvLayout, PagedBatch, de
 from kiln.engines.kv_pool import KvPool
 from kiln.engines.ort_batching import OrtCall, plan_calls
 from kiln.engines.ort_session import cpu_session, session_options
+from kiln.passes import attention_gqa
 
 
 class OrtEngine:
@@ -32,6 +35,7 @@ class OrtEngine:
         if prefill is not None:
             self.sessions.append((prefill[0], cpu_session(str(prefill[1]), opts)))
         self.calls_by_engine = [0] * len(self.sessions)
+        self.chunks_with_past_alone = _gqa_core(self.sessions)
         self.pool: KvPool | None = None
 
     def io_spec(self) -> dict[str, list]:
@@ -43,7 +47,7 @@ class OrtEngine:
     def execute(self, batch: PagedBatch) -> EngineResult:
         if self.pool is None:
             raise RuntimeError("allocate_kv(num_blocks) must be called before execute()")
-        calls = plan_calls(batch, self.buckets, self.kv_layout.block_size)
+        calls = plan_calls(batch, self.buckets, self.kv_layout.block_size, self.chunks_with_past_alone)
         logits = None
         for call in calls:
             rows = self._run(call)
@@ -58,3 +62,12 @@ class OrtEngine:
         logits, new_kv = self.sessions[index][1].run(["logits", "new_kv"], call.feeds | self.pool.feeds)
         self.pool.write(new_kv, call.rows, call.cols, call.slots)
         return logits[call.logit_rows[:, 0], call.logit_rows[:, 1]]
+
+
+def _gqa_core(sessions: list[tuple[int, ort.InferenceSession]]) -> bool:
+    """Whether the engines' attention core is GroupQueryAttention (all of them, or none: one plan
+    serves every session)."""
+    cores = {attention_gqa.is_marked(s.get_modelmeta().custom_metadata_map) for _, s in sessions}
+    if len(cores) > 1:
+        raise ValueError("the decode and prefill engines have different attention cores; rebuild the artifact")
+    return cores.pop()

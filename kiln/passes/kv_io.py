@@ -13,6 +13,14 @@ Decode cost in context length: one gather of the context (a read and a write) pl
 read. A native paged-attention kernel can replace the gather without changing these inputs.
 logits_index picks the positions whose logits are computed (the last token of each sequence when
 decoding; every position for perplexity), so prefill does not pay the LM head for every token.
+
+Two attention cores, one interface (the `attention` argument; recorded as details()["layout"]):
+- "standard" (layout "paged-gather"): the standard graph's own ops over the gathered past + new K/V,
+  standard ONNX only, so TensorRT and the OpenVINO/CUDA rewrites take it;
+- "gqa" (layout "paged-gqa", passes/attention_gqa.py): ONNX Runtime's fused GroupQueryAttention,
+  which runs a chunk with a past only at batch 1 (the ORT planner keeps to that). The graph's
+  metadata names the core, so an engine plans its calls by the graph it loads; graphs built
+  before it existed carry no name and are the standard core, which still loads and runs.
 """
 
 from __future__ import annotations
@@ -25,14 +33,20 @@ from kiln.export.decoder_graph import (FAR, FINAL_HIDDEN, KEY_POSITIONS, QUERY_P
                                        past_transpose_name)
 from kiln.export.graph_builder import FLOAT, INT64, GraphBuilder
 from kiln.export.spec import ModelSpec
+from kiln.passes import attention_gqa
 
 KV_KINDS = ("key", "value")
+ATTENTION_CORES = {"standard": "paged-gather", "gqa": attention_gqa.LAYOUT}     # core -> layout name
 
 
 class KvIoPass:
     name = "kv_io"
 
-    def __init__(self, spec: ModelSpec, block_size: int = 16, rel_tolerance: float = 1e-4):
+    def __init__(self, spec: ModelSpec, block_size: int = 16, rel_tolerance: float = 1e-4,
+                 attention: str = "standard"):
+        if attention not in ATTENTION_CORES:
+            raise ValueError(f"kv_io: unknown attention core {attention!r}; one of {', '.join(ATTENTION_CORES)}")
+        self.attention = attention
         # NOTE: quantized graphs are held to this tolerance too: verify_paged.compare_paged runs both
         # graphs with fp32 activations (MatMulNBits' int8 activations would turn the paged attention's
         # other summation order into whole rounding steps).
@@ -40,7 +54,7 @@ class KvIoPass:
         self._rewired = 0
 
     def details(self) -> dict:
-        return {"layout": "paged-gather", "block_size": self.block_size,
+        return {"layout": ATTENTION_CORES[self.attention], "block_size": self.block_size,
                 "pool_shape": ["kv_heads", "num_blocks", "block_size", "head_dim"],
                 "layers_rewired": self._rewired}
 
@@ -50,13 +64,14 @@ class KvIoPass:
         g = out.graph
         b = GraphBuilder("kv_io")
         self._add_inputs(b)
-        renames = self._positions(b)
-        renames |= {self._output_of(g, FINAL_HIDDEN): self._gather_logit_rows(b, g)}
-        replaced = {FINAL_HIDDEN, KEY_POSITIONS, QUERY_POSITIONS}
-        for i in range(self.spec.num_layers):
-            for kind in KV_KINDS:
-                renames |= {self._output_of(g, past_transpose_name(i, kind)): self._gather_past(b, i, kind)}
-                replaced.add(past_transpose_name(i, kind))
+        renames = {self._output_of(g, FINAL_HIDDEN): self._gather_logit_rows(b, g)}
+        replaced = {FINAL_HIDDEN}
+        if self.attention == "gqa":
+            # NOTE: the old core, the mask and the dense past become unreachable and are pruned.
+            renames |= attention_gqa.rewire_layers(g, b, self.spec, self.block_size)
+            attention_gqa.mark(out)
+        else:
+            renames |= self._rewire_standard(b, g, replaced)
         self._rewired = self.spec.num_layers
         new_kv = self._concat_new_kv(b, g)
         _splice(g, b, replaced, renames)
@@ -64,6 +79,16 @@ class KvIoPass:
         _prune(g)
         _toposort(g)
         return out
+
+    def _rewire_standard(self, b: GraphBuilder, g: onnx.GraphProto, replaced: set[str]) -> dict[str, str]:
+        """Past K/V from the pool and the mask from positions; the standard graph's core stays."""
+        renames = self._positions(b)
+        replaced |= {KEY_POSITIONS, QUERY_POSITIONS}
+        for i in range(self.spec.num_layers):
+            for kind in KV_KINDS:
+                renames |= {self._output_of(g, past_transpose_name(i, kind)): self._gather_past(b, i, kind)}
+                replaced.add(past_transpose_name(i, kind))
+        return renames
 
     @staticmethod
     def _output_of(g: onnx.GraphProto, node_name: str) -> str:

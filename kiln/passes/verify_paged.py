@@ -67,6 +67,14 @@ def _pool_from_past(feeds: dict, num_layers: int, past_lens: np.ndarray, block_s
     return pool, tables
 
 
+def _run_rows(session, feeds: dict, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(logits, new_kv) of the paged graph, one sequence per run: a chunk with a past is what a
+    GroupQueryAttention core (passes/attention_gqa.py) takes only at batch 1."""
+    per_row = [session.run(["logits", "new_kv"], {k: v if k.startswith(("key_cache.", "value_cache.")) else v[b:b + 1]
+                                                  for k, v in feeds.items()}) for b in range(batch)]
+    return np.concatenate([r[0] for r in per_row]), np.concatenate([r[1] for r in per_row], axis=2)
+
+
 def compare_paged(before: onnx.ModelProto, after: onnx.ModelProto, num_layers: int, block_size: int,
                   seed: int = 0) -> tuple[float, float]:
     """(max abs error, relative error) over logits and new K/V."""
@@ -86,7 +94,7 @@ def compare_paged(before: onnx.ModelProto, after: onnx.ModelProto, num_layers: i
     for layer in range(num_layers):
         paged_feeds[f"key_cache.{layer}"] = pool[layer, 0]
         paged_feeds[f"value_cache.{layer}"] = pool[layer, 1]
-    logits, new_kv = _session(after).run(["logits", "new_kv"], paged_feeds)
+    logits, new_kv = _run_rows(_session(after), paged_feeds, batch)
     err = float(np.abs(logits - ref["logits"]).max())
     for layer in range(num_layers):
         for k, kind in enumerate(KINDS):
