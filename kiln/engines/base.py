@@ -103,10 +103,24 @@ class PagedBatch:
     block_tables: list[np.ndarray]     # B arrays of int64 block ids
     slot_mapping: np.ndarray           # int64 [T]  block_id * block_size + offset of each new token
     logits_indices: np.ndarray         # int64 [N]  packed token indices whose logits are wanted
+    # int64 [B]  of each sequence's new tokens, how many at the end are proposals (speculative
+    # decoding); None: none are. An engine with engines per bucket range serves a verification
+    # on the engine that would serve the decode alone, so greedy output keeps its rounding.
+    num_proposed: np.ndarray | None = None
 
     @property
     def num_seqs(self) -> int:
         return len(self.query_lens)
+
+    def proposal_slots(self) -> np.ndarray:
+        """The KV slots of the proposed tokens (empty when there are none)."""
+        if self.num_proposed is None or not self.num_proposed.any():
+            return np.empty(0, np.int64)
+        ends = self.seq_starts[1:]
+        mask = np.zeros(self.num_tokens, bool)
+        for end, n in zip(ends, self.num_proposed):
+            mask[end - n:end] = True
+        return self.slot_mapping[mask]
 
     @property
     def num_tokens(self) -> int:

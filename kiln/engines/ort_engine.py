@@ -48,16 +48,20 @@ class OrtEngine:
         if self.pool is None:
             raise RuntimeError("allocate_kv(num_blocks) must be called before execute()")
         calls = plan_calls(batch, self.buckets, self.kv_layout.block_size, self.chunks_with_past_alone)
+        proposals = batch.proposal_slots()
         logits = None
         for call in calls:
-            rows = self._run(call)
+            rows = self._run(call, int(np.isin(call.slots, proposals).sum()) if proposals.size else 0)
             if logits is None:
                 logits = np.empty((len(batch.logits_indices), rows.shape[-1]), np.float32)
             logits[call.logit_order] = rows
         return EngineResult(logits, sum(c.padded for c in calls), len(calls))
 
-    def _run(self, call: OrtCall) -> np.ndarray:
-        index = max(i for i, (min_tokens, _) in enumerate(self.sessions) if len(call.rows) >= min_tokens)
+    def _run(self, call: OrtCall, num_proposed: int = 0) -> np.ndarray:
+        # NOTE: proposals (speculative decoding) do not count: a verification runs on the engine
+        # that serves its decode, whose rounding non-speculative greedy output has.
+        tokens = len(call.rows) - num_proposed
+        index = max(i for i, (min_tokens, _) in enumerate(self.sessions) if tokens >= min_tokens)
         self.calls_by_engine[index] += 1
         logits, new_kv = self.sessions[index][1].run(["logits", "new_kv"], call.feeds | self.pool.feeds)
         self.pool.write(new_kv, call.rows, call.cols, call.slots)
