@@ -5,14 +5,27 @@ load hits all alike; the best round of each is printed, with ratios to the first
     kiln build smollm2-135m --quant int8 -o /tmp/a-int8
     kiln build smollm2-135m --quant w8a8 -o /tmp/a-w8a8
     .venv/bin/python bench/bench_engine_modes.py /tmp/a-int8 /tmp/a-w8a8 [--rounds 3] [--threads 2]
+
+--build SOURCE:QUANT[:ATTENTION[:PREFILL]] builds an artifact in this run first (into --build-dir),
+e.g. the paged graph's attention cores side by side (ATTENTION: gqa, the default, or standard, the
+unfused ops of artifacts built before it; PREFILL: a --prefill-engine mode):
+    bench_engine_modes.py --build smollm2-135m:int4:standard --build smollm2-135m:int4:gqa
+Each artifact's decode graph node count is printed with its results.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
+
+import onnx
 
 from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig
+from kiln.build import build
+from kiln.config import BuildConfig
+from kiln.passes.quantize import QuantMode
 
 PROMPT = list(range(1, 14))
 
@@ -32,12 +45,31 @@ def measure(llm: LLM) -> dict[str, float]:
     return {"ttft_ms": ttft * 1e3, "one_tok_s": one_n / one_s, "32_tok_s": many_n / many_s}
 
 
+def build_artifact(spec: str, root: Path) -> str:
+    """SOURCE:QUANT[:ATTENTION[:PREFILL]] -> the built artifact's folder."""
+    source, quant, attention, prefill = (spec.split(":") + ["", "", ""])[:4]
+    out = root / spec.replace(":", "-")
+    print(f"building {spec} -> {out}", flush=True)
+    return str(build(BuildConfig(source=source, out=out, quant=QuantMode(quant), attention=attention or "gqa",
+                                 prefill_engine=prefill, force=True)))
+
+
+def decode_nodes(llm: LLM) -> int:
+    """Nodes of the engine that serves decodes (the manifest's first)."""
+    record = llm.artifact.manifest.engines[0]
+    return len(onnx.load(str(llm.artifact.path / record["file"]), load_external_data=False).graph.node)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("artifacts", nargs="+")
+    ap.add_argument("artifacts", nargs="*")
+    ap.add_argument("--build", action="append", default=[], metavar="SOURCE:QUANT[:ATTENTION[:PREFILL]]")
+    ap.add_argument("--build-dir", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    root = args.build_dir or Path(tempfile.mkdtemp(prefix="kiln-bench-modes-"))
+    args.artifacts += [build_artifact(spec, root) for spec in args.build]
     cfg = RuntimeConfig(kv_cache_memory=1 << 30, threads=args.threads,
                         scheduler=SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=1024,
                                                   enable_prefix_caching=False))
@@ -51,10 +83,12 @@ def main() -> None:
                        "32_tok_s": max(b["32_tok_s"], m["32_tok_s"])}
             print(f"round {r + 1} {a}: " + ", ".join(f"{k} {v:.1f}" for k, v in m.items()), flush=True)
     base = best[args.artifacts[0]]
-    print("| artifact | quant | TTFT 512 | 1 stream tok/s | 32 streams tok/s |\n|---|---|---|---|---|")
+    print("| artifact | quant | decode nodes | TTFT 512 | 1 stream tok/s | 32 streams tok/s |\n"
+          "|---|---|---|---|---|---|")
     for a in args.artifacts:
         m, quant = best[a], llms[a].artifact.manifest.quant["mode"]
-        print(f"| {a} | {quant} | {m['ttft_ms']:.0f} ms ({base['ttft_ms'] / m['ttft_ms']:.2f}×) | "
+        print(f"| {a} | {quant} | {decode_nodes(llms[a])} | "
+              f"{m['ttft_ms']:.0f} ms ({base['ttft_ms'] / m['ttft_ms']:.2f}×) | "
               f"{m['one_tok_s']:.1f} ({m['one_tok_s'] / base['one_tok_s']:.2f}×) | "
               f"{m['32_tok_s']:.0f} ({m['32_tok_s'] / base['32_tok_s']:.2f}×) |")
     for llm in llms.values():

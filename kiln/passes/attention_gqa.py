@@ -5,9 +5,10 @@ Per layer, the unfused core of the standard graph (QKᵀ MatMul, scale, mask Add
 MatMul, the head transposes and GQA broadcasts around them, the past+new Concats: ~17 nodes)
 becomes one com.microsoft GroupQueryAttention node fed by a token gather from the pool:
 
-    key_cache.i [kvh,NB,bs,hd] ─ Reshape [kvh·NB·bs, hd] ─ Gather(token_index) ─ past_key [B,kvh,MB·bs,hd] ─┐
-    q [B,S,heads·hd], k, v [B,S,kvh·hd] (rotated, flat) ───────────────────────────────────────────────────┤
-    seqlens_k, total_sequence_length (shared by all layers) ──────────────────── GroupQueryAttention ─ out [B,S,heads·hd]
+    key_cache.i ─ Reshape [kvh·NB·bs, hd] ─ Gather(token_index) ─ past_key [B,kvh,MB·bs,hd] ──┐
+    value_cache.i ─ (the same) ─────────────────────────────────── past_value ───────────────┤
+    q [B,S,heads·hd], k/v [B,S,kvh·hd] (rotated, flat) ──────────────────────────────────────┤
+    seqlens_k, total_sequence_length (shared by all layers) ── GroupQueryAttention ─ [B,S,heads·hd]
 
 How kiln's paged call meets GroupQueryAttention's contract (ORT 1.32 CPU):
 - past_key/past_value [B,kvh,P,hd]: each sequence's past tokens, gathered token by token through a

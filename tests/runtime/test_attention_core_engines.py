@@ -66,8 +66,8 @@ def test_both_cores_agree_on_a_mixed_batch(artifacts):
 
 
 def test_manifest_records_the_layout(artifacts):
-    layouts = {core: next(p for p in EngineArtifact.load(a).manifest.passes if p["name"] == "kv_io")["details"]["layout"]
-               for core, a in artifacts.items()}
+    passes = {core: EngineArtifact.load(a).manifest.passes for core, a in artifacts.items()}
+    layouts = {core: next(p for p in ps if p["name"] == "kv_io")["details"]["layout"] for core, ps in passes.items()}
     assert layouts == {"gqa": "paged-gqa", "standard": "paged-gather"}
 
 
