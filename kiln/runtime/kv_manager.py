@@ -92,8 +92,11 @@ class KVCacheManager:
             self.allocation_failures += 1
             return False
         self.pool.touch(new_computed_blocks)
-        entry.blocks += new_computed_blocks
-        entry.num_cached = max(entry.num_cached, len(entry.blocks))
+        if new_computed_blocks:
+            # NOTE: hits come only at admission, onto an empty table: they are cached already.
+            # (Raising num_cached on every call would skip blocks that decodes fill later.)
+            entry.blocks += new_computed_blocks
+            entry.num_cached = max(entry.num_cached, len(entry.blocks))
         entry.blocks += self.pool.get_new_blocks(num_needed)
         self._requests[request.request_id] = entry
         return True
@@ -107,11 +110,26 @@ class KVCacheManager:
         entry = self._requests.get(request.request_id)
         if not self.enable_caching or entry is None:
             return
-        num_full = min(request.num_computed_tokens // self.block_size, len(entry.blocks))
         hashes = self._hashes(request)
+        # NOTE: bounded by the tokens too: a stop token among accepted proposals ends the
+        # tokens before the computed count.
+        num_full = min(request.num_computed_tokens // self.block_size, len(entry.blocks), len(hashes))
         for i in range(entry.num_cached, num_full):
             self.pool.cache_full_block(entry.blocks[i], hashes[i])
         entry.num_cached = max(entry.num_cached, num_full)
+
+    def trim(self, request: Request) -> None:
+        """Free the tail blocks past the request's computed tokens: speculative decoding's
+        rollback, after rejected proposals. NOTE: such a block holds no computed token, so it
+        was never offered to the prefix cache; the rejected K/V in kept blocks lies past
+        num_computed_tokens and is overwritten before any hash covers it."""
+        entry = self._requests.get(request.request_id)
+        if entry is None:
+            return
+        keep = -(-request.num_computed_tokens // self.block_size)
+        if len(entry.blocks) > keep:
+            tail, entry.blocks = entry.blocks[keep:], entry.blocks[:keep]
+            self.pool.free_blocks(reversed(tail))
 
     def free(self, request: Request) -> None:
         entry = self._requests.pop(request.request_id, None)

@@ -54,6 +54,20 @@ def test_only_full_computed_blocks_are_hashed():
     assert sorted(b.block_id for b in kv.pool.cached.values()) == [0, 1]
 
 
+def test_blocks_that_decodes_fill_are_cached_too():
+    """A block a request fills while decoding (here the prompt's tail block) is cached once full,
+    so a follow-up turn (prompt + answer) hits it."""
+    kv = KVCacheManager(8, BS)
+    a = make_request("a", range(6))
+    compute(kv, a, 6)                       # block 0 full, block 1 half
+    for t in (90, 91, 92):
+        a.append_output_token(t)
+        compute(kv, a, 1)
+    assert kv.num_free_blocks == 5
+    assert sorted(b.block_id for b in kv.pool.cached.values()) == [0, 1]
+    assert len(kv.pool.cached) == 2
+
+
 def test_prefix_hit_across_two_requests_shares_blocks():
     kv = KVCacheManager(8, BS)
     a = make_request("a", range(12))
