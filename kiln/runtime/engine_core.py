@@ -14,6 +14,7 @@ from kiln.runtime.memory import plan_kv_blocks
 from kiln.runtime.request import Request, RequestStatus
 from kiln.runtime.runner import ModelRunner
 from kiln.runtime.scheduler import Scheduler
+from kiln.runtime.speculative.factory import make_speculator
 
 log = logging.getLogger("kiln")
 
@@ -50,7 +51,8 @@ class EngineCore:
         log.info("%s", self.plan.describe())
         self.engine.allocate_kv(self.plan.num_blocks)
         self.kv = KVCacheManager(self.plan.num_blocks, layout.block_size, config.scheduler.enable_prefix_caching)
-        self.scheduler = Scheduler(self._scheduler_config(), self.kv)
+        self.speculator = make_speculator(config.speculative, artifact, config)
+        self.scheduler = Scheduler(self._scheduler_config(), self.kv, self.speculator)
         self.runner = ModelRunner(self.engine, self.kv, config.seed)
         self.stats = EngineStats()
         self._last_step: tuple[float, float] | None = None     # (start, own seconds), for the cycle
@@ -137,7 +139,7 @@ class EngineCore:
     def _record_step(self, out, seconds: float) -> None:
         self.stats.steps += 1
         self.stats.step_seconds += seconds
-        if any(s.num_new_tokens > 1 for s in out.scheduled):
+        if any(s.num_new_tokens - len(s.proposed) > 1 for s in out.scheduled):
             self.stats.prefill_seconds += seconds
         else:
             self.stats.decode_seconds += seconds

@@ -66,14 +66,18 @@ class OutputProcessor:
     def process(self, delta: RequestDelta) -> StreamDelta:
         r = delta.request
         detok = self._detok[r.request_id]
-        text = detok.step(delta.new_token_ids)
+        text, token_ids = _step(detok, delta.new_token_ids)
         if delta.logprobs is not None:
             self._logprobs[r.request_id].append(delta.logprobs)
         if detok.stopped and not r.is_finished:
             self.core.finish(r.request_id, RequestStatus.FINISHED_STOPPED, stop_reason=detok.stop_reason)
+        if len(token_ids) < len(delta.new_token_ids):
+            # The stop string came first, whatever ended the request in the step (length, EOS).
+            r.drop_output_tail(len(delta.new_token_ids) - len(token_ids))
+            r.status, r.stop_reason = RequestStatus.FINISHED_STOPPED, detok.stop_reason
         if r.is_finished and not detok.stopped:
             text += detok.finish()
-        return StreamDelta(r.request_id, text, delta.new_token_ids, r.is_finished, r.finish_reason,
+        return StreamDelta(r.request_id, text, token_ids, r.is_finished, r.finish_reason,
                            [delta.logprobs] if delta.logprobs is not None else [])
 
     def aborted(self, request: Request) -> StreamDelta:
@@ -88,3 +92,17 @@ class OutputProcessor:
     def forget(self, request_id: str) -> None:
         self._detok.pop(request_id, None)
         self._logprobs.pop(request_id, None)
+
+
+def _step(detok: IncrementalDetokenizer, token_ids: list[int]) -> tuple[str, list[int]]:
+    """Detokenize a step's tokens; several (accepted proposals) go one at a time when stop
+    strings are set, so a stop ends the output at the token that completed it, as it would
+    without speculation. Returns the text and the tokens kept."""
+    if len(token_ids) == 1 or not detok.stop_matcher.stops:
+        return detok.step(token_ids), token_ids
+    text = ""
+    for i, token in enumerate(token_ids):
+        text += detok.step([token])
+        if detok.stopped:
+            return text, token_ids[:i + 1]
+    return text, token_ids

@@ -95,3 +95,10 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
+
+    def drop_output_tail(self, n: int) -> None:
+        """Forget the last n output tokens: a stop string completed before them (they came in
+        one step, as accepted proposals). NOTE: only for a finished request; its KV is gone."""
+        if n > 0:
+            del self.output_token_ids[-n:]
+            del self._all_token_ids[-n:]

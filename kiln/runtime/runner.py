@@ -4,6 +4,9 @@ The runner speaks only the Engine protocol: it packs every scheduled request's n
 positions, block tables and slots into one backend-neutral batch; how the backend runs it (padded
 bucket calls on ONNX Runtime, packed tokens on a native paged-attention kernel) is the engine's
 business.
+
+A decode carrying proposals (speculative decoding) packs its last token and the proposals, and
+wants logits at each of them: one row per proposal plus the token after (speculative/verify.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request
 from kiln.runtime.sampler import Sampler, SamplingState
 from kiln.runtime.scheduler import RunnerOutput, ScheduledRequest, SchedulerOutput
+from kiln.runtime.speculative.verify import verify
 
 
 @dataclass
@@ -34,7 +38,8 @@ class RunnerStats:
 
 
 def paged_batch(scheduled: list[ScheduledRequest], kv: KVCacheManager, block_size: int) -> PagedBatch:
-    """Pack the step's new tokens; logits are wanted at the last new token of each sampling request."""
+    """Pack the step's new tokens; logits are wanted at the last new token of each sampling
+    request, and at each token it proposes."""
     ids, positions, slots, tables, wanted = [], [], [], [], []
     query_lens = np.empty(len(scheduled), np.int64)
     past_lens = np.empty(len(scheduled), np.int64)
@@ -43,17 +48,20 @@ def paged_batch(scheduled: list[ScheduledRequest], kv: KVCacheManager, block_siz
         start, n = s.request.num_computed_tokens, s.num_new_tokens
         table = np.asarray(kv.block_table(s.request.request_id), np.int64)
         pos = np.arange(start, start + n, dtype=np.int64)
-        ids.append(s.request.all_token_ids[start:start + n])
+        own = n - len(s.proposed)
+        ids.append(s.request.all_token_ids[start:start + own] + list(s.proposed))
         positions.append(pos)
         slots.append(table[pos // block_size] * block_size + pos % block_size)
         tables.append(table)
         query_lens[b], past_lens[b] = n, start
         offset += n
         if s.samples_token:
-            wanted.append(offset - 1)
+            wanted.extend(range(offset - 1 - len(s.proposed), offset))
+    num_proposed = np.fromiter((len(s.proposed) for s in scheduled), np.int64, len(scheduled))
     return PagedBatch(np.fromiter((t for chunk in ids for t in chunk), np.int64, offset),
                       np.concatenate(positions), query_lens, past_lens, tables,
-                      np.concatenate(slots), np.asarray(wanted, np.int64))
+                      np.concatenate(slots), np.asarray(wanted, np.int64),
+                      num_proposed if num_proposed.any() else None)
 
 
 class ModelRunner:
@@ -75,10 +83,32 @@ class ModelRunner:
         self.stats.engine_calls += result.calls
         self.stats.padded_tokens += result.padded_tokens
         self.stats.real_tokens += batch.num_tokens
-        return self._sample([s.request for s in out.scheduled if s.samples_token], result.logits)
+        sampling = [s for s in out.scheduled if s.samples_token]
+        if not any(s.proposed for s in sampling):
+            return self._sample([s.request for s in sampling], result.logits)
+        return self._verify(sampling, result.logits)
 
     def release(self, request_id: str) -> None:
         self.states.pop(request_id, None)
+
+    def _verify(self, sampling: list[ScheduledRequest], logits: np.ndarray) -> RunnerOutput:
+        """A step with proposals: their rows go through verification, the other requests'
+        through the sampler as one batch."""
+        plain, plain_rows, verified = [], [], {}
+        row = 0
+        for s in sampling:
+            rows = 1 + len(s.proposed)
+            if s.proposed:
+                verified[s.request.request_id] = verify(logits[row:row + rows], s.proposed, self._state(s.request))
+            else:
+                plain.append(s.request)
+                plain_rows.append(row)
+            row += rows
+        out = self._sample(plain, logits[plain_rows])
+        for request_id, tokens in verified.items():
+            out.num_accepted[request_id] = len(tokens) - 1
+            out.sampled_token_ids[request_id] = tokens[-1]
+        return out
 
     def _sample(self, requests: list[Request], logits: np.ndarray) -> RunnerOutput:
         if not requests:

@@ -163,6 +163,22 @@ def _add_bias(row: np.ndarray, bias: tuple[tuple[int, float], ...]) -> None:
 
 # ---- one sampled row: filter, then draw once ----
 
+def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """One token from one penalized row, as sample() draws it (speculative verification's bonus token)."""
+    return _sample_row(row, params, rng)
+
+
+def target_weights(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
+    """The distribution sample() draws from: candidate ids (None: the whole vocabulary, in
+    order) and unnormalised probabilities, after temperature, top-k, top-p and min-p."""
+    return _filtered_weights(row, params)
+
+
+def draw(weights: np.ndarray, u: float) -> int:
+    """The index of `weights` (unnormalised) that inverse-CDF sampling picks at u in [0, 1)."""
+    return _draw(weights, u)
+
+
 def _sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     ids, weights = _filtered_weights(row, params)
     pick = _draw(weights, rng.random())

@@ -1,6 +1,10 @@
 """In-flight batching: each step, every request's num_computed_tokens catches up with its token
 count under one token budget. There is no prefill or decode phase: a chunked prefill is just a
-smaller count, a decode a count of one, and a prefix-cache hit raises num_computed_tokens."""
+smaller count, a decode a count of one, and a prefix-cache hit raises num_computed_tokens.
+
+Speculative decoding (a Speculator, optional): a decode may carry proposed tokens, which the
+step computes after its last token; update() keeps the accepted ones and rolls the rejected
+ones' KV back (num_computed_tokens, and blocks that hold only rejected slots)."""
 
 from __future__ import annotations
 
@@ -10,13 +14,15 @@ from dataclasses import dataclass, field
 from kiln.config import SchedulerConfig, SchedulingPolicy
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request, RequestStatus
+from kiln.runtime.speculative.speculator import Speculator
 from kiln.runtime.step_costs import StepCostModel
 
 
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int
+    num_new_tokens: int                 # proposed tokens included
+    proposed: tuple[int, ...] = ()      # guessed next tokens, computed after the request's own
 
     # Read before update(): request.num_computed_tokens is still this chunk's start.
     @property
@@ -38,8 +44,10 @@ class SchedulerOutput:
 @dataclass
 class RunnerOutput:
     # One token per request whose chunk reached the end of its tokens; none mid-prefill.
+    # With proposals it is the token after the accepted ones.
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, object] = field(default_factory=dict)
+    num_accepted: dict[str, int] = field(default_factory=dict)   # kept proposals (a prefix of them)
 
 
 @dataclass
@@ -51,6 +59,7 @@ class StepStats:
     num_prefill_chunks: int = 0
     num_preempted: int = 0
     num_decodes: int = 0            # sequences that got their next token's one new token
+    num_proposed_tokens: int = 0    # proposals those decodes verify
     num_prefill_tokens: int = 0
     prefill_budget: int = 0         # the prefill tokens this step was allowed
 
@@ -72,9 +81,11 @@ class _Budget:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager,
+                 speculator: Speculator | None = None):
         self.config = config
         self.kv = kv_manager
+        self.speculator = speculator
         self.requests: dict[str, Request] = {}      # every unfinished request
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []            # oldest admission first
@@ -118,7 +129,7 @@ class Scheduler:
         self._finished_ids = []
         prefill_budget = self.step_costs.costs().prefill_budget(self._num_decodes())
         budget = _Budget(self.config.max_num_batched_tokens, prefill_budget)
-        self._schedule_running(out, budget)
+        self._schedule_running(out, budget, self._proposals())
         if not out.preempted_request_ids:
             self._schedule_waiting(out, budget)
         out.num_running, out.num_waiting = len(self.running), len(self.waiting)
@@ -133,21 +144,42 @@ class Scheduler:
     def _num_decodes(self) -> int:
         return sum(1 for r in self.running if _is_decode(r))
 
-    def _schedule_running(self, out: SchedulerOutput, budget: _Budget) -> None:
+    def _proposals(self) -> dict[str, list[int]]:
+        if self.speculator is None:
+            return {}
+        return self.speculator.propose([r for r in self.running if _is_decode(r)])
+
+    def _schedule_running(self, out: SchedulerOutput, budget: _Budget, proposals: dict[str, list[int]]) -> None:
         """Running requests in admission order: each decode, and prefill chunks within the
         prefill budget. NOTE: the prefill budget leaves room in the token budget for every decode
-        (StepCosts.prefill_budget), so a prefill earlier in the order never starves one."""
+        (StepCosts.prefill_budget), so a prefill earlier in the order never starves one; a
+        decode's proposals take only what the decodes after it leave."""
+        decodes_left = self._num_decodes()
         i = 0
         while i < len(self.running) and budget.tokens > 0:
             request = self.running[i]
             decode = _is_decode(request)
-            n = 1 if decode else self._chunk(request.num_tokens - request.num_computed_tokens, budget.prefill)
+            proposed = ()
+            if decode:
+                decodes_left -= 1
+                proposed = self._fit_proposals(request, proposals.get(request.request_id, ()),
+                                               budget.tokens - 1 - decodes_left)
+            n = 1 + len(proposed) if decode else self._chunk(request.num_tokens - request.num_computed_tokens,
+                                                               budget.prefill)
             if n > 0:
                 if not self._allocate_or_preempt(request, n, out):
                     break
-                self._add(out, request, n)
+                self._add(out, request, n, proposed)
                 budget.spend(n, decode)
             i += 1
+
+    def _fit_proposals(self, request: Request, proposed, room: int) -> tuple[int, ...]:
+        """The proposals that fit the budget left and the free KV blocks. NOTE: never worth a
+        preemption: without room they are dropped, and the decode goes on alone."""
+        proposed = tuple(proposed[:max(room, 0)])
+        if proposed and not self.kv.allocate_slots(request, 1 + len(proposed)):
+            return ()
+        return proposed
 
     def _allocate_or_preempt(self, request: Request, n: int, out: SchedulerOutput) -> bool:
         """Free-and-requeue the newest running requests until `request` fits; False if it was
@@ -203,19 +235,21 @@ class Scheduler:
         return min(num_remaining, budget, cap)
 
     @staticmethod
-    def _add(out: SchedulerOutput, request: Request, n: int) -> None:
-        out.scheduled.append(ScheduledRequest(request, n))
+    def _add(out: SchedulerOutput, request: Request, n: int, proposed: tuple[int, ...] = ()) -> None:
+        out.scheduled.append(ScheduledRequest(request, n, proposed))
         out.num_scheduled_tokens += n
 
     def _record_stats(self, out: SchedulerOutput, prefill_budget: int) -> None:
         prefills = sum(1 for s in out.scheduled
                        if s.request.num_computed_tokens < s.request.num_prompt_tokens)
-        decodes = sum(1 for s in out.scheduled if s.num_new_tokens == 1 and _is_decode(s.request))
+        decodes = sum(1 for s in out.scheduled if s.num_new_tokens == 1 + len(s.proposed) and _is_decode(s.request))
+        proposed = sum(len(s.proposed) for s in out.scheduled)
         self.last_step_stats = StepStats(
             num_running=out.num_running, num_waiting=out.num_waiting,
             num_scheduled_tokens=out.num_scheduled_tokens, batch_size=len(out.scheduled),
             num_prefill_chunks=prefills, num_preempted=len(out.preempted_request_ids),
-            num_decodes=decodes, num_prefill_tokens=out.num_scheduled_tokens - decodes,
+            num_decodes=decodes, num_proposed_tokens=proposed,
+            num_prefill_tokens=out.num_scheduled_tokens - decodes - proposed,
             prefill_budget=prefill_budget)
 
     # -- results ------------------------------------------------------------------------------
@@ -228,17 +262,33 @@ class Scheduler:
             request = scheduled.request
             if request.is_finished:     # aborted while its step ran
                 continue
-            request.num_computed_tokens += scheduled.num_new_tokens
+            tokens = self._advance(scheduled, runner_output)
+            status = None
+            for token in tokens:
+                request.append_output_token(token)
+                status = self._stop_status(request, token)
+                if status is not None:
+                    break
             self.kv.cache_computed_blocks(request)
-            token = runner_output.sampled_token_ids.get(request.request_id)
-            if token is None or request.num_computed_tokens < request.num_tokens:
-                continue    # mid-prefill: nothing is sampled
-            request.append_output_token(token)
-            status = self._stop_status(request, token)
             if status is not None:
                 self.finish_request(request.request_id, status)
                 finished.append(request)
         return finished
+
+    def _advance(self, scheduled: ScheduledRequest, runner_output: RunnerOutput) -> list[int]:
+        """Count the step's computed tokens, less rejected proposals (whose KV is rolled back);
+        return the tokens to append (none mid-prefill)."""
+        request, proposed = scheduled.request, scheduled.proposed
+        accepted = runner_output.num_accepted.get(request.request_id, 0) if proposed else 0
+        request.num_computed_tokens += scheduled.num_new_tokens - (len(proposed) - accepted)
+        if proposed:
+            self.kv.trim(request)
+            if self.speculator is not None:
+                self.speculator.observe(request.request_id, len(proposed), accepted)
+        token = runner_output.sampled_token_ids.get(request.request_id)
+        if token is None or request.num_computed_tokens < request.num_tokens:
+            return []       # mid-prefill: nothing is sampled
+        return list(proposed[:accepted]) + [token]
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
@@ -266,6 +316,8 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         self.kv.free(request)
+        if self.speculator is not None:
+            self.speculator.forget(request_id)
         request.status = status
         if stop_reason is not None:
             request.stop_reason = stop_reason

@@ -1,0 +1,201 @@
+"""Speculative decoding on the tiny model (real ORT engine): greedy output is token-for-token the
+non-speculative one with chunking, queueing, preemption, cancellation, prefix caching, stop
+strings and streaming; every KV block is free afterwards; a prefill-engine artifact verifies on
+its decode engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig
+from kiln.build import build
+from kiln.config import BuildConfig, SpeculativeConfig
+from kiln.passes.quantize import QuantMode
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+NGRAM = SpeculativeConfig(num_speculative_tokens=4, ngram_min=1)
+
+
+def _prompts():
+    """Random prompts, and prompts that repeat themselves (the tiny model copies those, so
+    proposals are both accepted and rejected)."""
+    rng = np.random.default_rng(0)
+    random = [rng.integers(0, 256, k).tolist() for k in (3, 17, 40, 70)]
+    return random + [list(range(20, 50)) * 3, [7, 8, 9, 10] * 10]
+
+
+def _llm(artifact, speculative=NGRAM, **sched):
+    max_blocks = sched.pop("max_kv_blocks", None)
+    return LLM(artifact, RuntimeConfig(kv_cache_memory=64 << 20, max_kv_blocks=max_blocks,
+                                       scheduler=SchedulerConfig(**sched), speculative=speculative))
+
+
+def _all_blocks_free(llm) -> bool:
+    llm.core.kv.pool.check_invariants()
+    return llm.core.kv.num_free_blocks == llm.core.kv.num_blocks
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_llama_artifact):
+    llm = _llm(tiny_llama_artifact, speculative=None)
+    outs = [o.token_ids for o in llm.generate(_prompts(), GREEDY)]
+    llm.shutdown()
+    return outs
+
+
+@pytest.mark.parametrize("sched", [
+    dict(),                                                   # one batch
+    dict(max_num_seqs=1),                                     # single stream
+    dict(max_num_batched_tokens=8, target_itl=0),             # heavy chunking; proposals trimmed
+    dict(max_kv_blocks=14, max_num_batched_tokens=32),        # preemption
+])
+def test_greedy_output_is_the_non_speculative_one(tiny_llama_artifact, plain, sched):
+    llm = _llm(tiny_llama_artifact, **dict(sched))
+    outs = llm.generate(_prompts(), GREEDY)
+    assert [o.token_ids for o in outs] == plain
+    stats = llm.core.speculator.stats
+    assert 0 < stats.accepted < stats.proposed                # both paths ran
+    assert _all_blocks_free(llm)
+    if "max_kv_blocks" in sched:
+        assert llm.core.scheduler.num_preemptions > 0
+    llm.shutdown()
+
+
+def test_each_accepted_proposal_saves_one_engine_step(tiny_llama_artifact, plain):
+    llm = _llm(tiny_llama_artifact, max_num_seqs=1)
+    out = llm.generate([_prompts()[-1]], GREEDY)[0]
+    assert out.token_ids == plain[-1]
+    accepted = llm.core.speculator.stats.accepted
+    assert accepted > 0
+    assert llm.core.stats.steps == 40 - accepted          # one prefill step, then 1 + accepted tokens a step
+    llm.shutdown()
+
+
+def test_cancel_while_speculating_frees_blocks_and_keeps_the_others(tiny_llama_artifact, plain):
+    llm = _llm(tiny_llama_artifact)
+    requests = [llm.make_request(p, GREEDY, f"r{i}") for i, p in enumerate(_prompts())]
+    for r in requests:
+        llm.core.add_request(r)
+        llm.outputs.add(r)
+    for _ in range(6):
+        for d in llm.core.step():
+            llm.outputs.process(d)
+    assert llm.core.speculator.stats.proposed > 0
+    cancelled = requests[1::2]
+    for r in cancelled:
+        llm.core.abort(r.request_id)
+    while llm.core.has_unfinished():
+        for d in llm.core.step():
+            llm.outputs.process(d)
+    assert [r.output_token_ids for r in requests[::2]] == plain[::2]
+    assert all(r.finish_reason == "abort" for r in cancelled)
+    assert _all_blocks_free(llm)
+
+
+def test_prefix_cache_after_speculation_holds_the_right_tokens(tiny_llama_artifact):
+    """A request whose prompt is an earlier request's prompt and output reuses the blocks that
+    request computed while speculating; its output matches a run on a fresh, cacheless engine."""
+    prompt = list(range(20, 50)) * 2
+    llm = _llm(tiny_llama_artifact)
+    first = llm.generate([prompt], GREEDY)[0]
+    follow_up = prompt + first.token_ids + [3, 4, 5]
+    second = llm.generate([follow_up], GREEDY)[0]
+    assert second.num_cached_tokens >= 96
+    fresh = _llm(tiny_llama_artifact, speculative=None, enable_prefix_caching=False)
+    assert second.token_ids == fresh.generate([follow_up], GREEDY)[0].token_ids
+    llm.shutdown()
+    fresh.shutdown()
+
+
+def test_stop_string_inside_accepted_proposals_ends_where_it_would_without(tiny_llama_artifact):
+    """The stop string completes at a token that arrived with more after it in one step: the
+    output ends at that token, as one token per step would end it."""
+    prompt = _prompts()[-1]
+    llm = _llm(tiny_llama_artifact)
+    deltas = asyncio.run(_collect(llm, prompt, GREEDY))
+    ids, stop, at = [], None, None
+    for d in deltas:
+        for i, token in enumerate(d.token_ids):
+            ids.append(token)
+            if stop is None and i < len(d.token_ids) - 1:
+                stop = _stop_completing_at(llm.tokenizer.fast, ids)
+                at = len(ids)
+    assert stop is not None, "no step kept a proposal"
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop=[stop])
+    base = _llm(tiny_llama_artifact, speculative=None)
+    expected = base.generate([prompt], params)[0]
+    out = llm.generate([prompt], params)[0]
+    assert len(expected.token_ids) == at
+    assert (out.text, out.token_ids, out.finish_reason, out.stop_reason) == \
+        (expected.text, expected.token_ids, "stop", stop)
+    assert _all_blocks_free(llm)
+    base.shutdown()
+    llm.shutdown()
+
+
+def _stop_completing_at(tokenizer, ids: list[int]) -> str | None:
+    """The shortest stop string that first completes with the last of `ids`, if there is one."""
+    text, before = tokenizer.decode(ids), tokenizer.decode(ids[:-1])
+    if len(text) <= len(before) or "\ufffd" in text[len(before):]:
+        return None
+    for n in range(1, min(len(text), 64) + 1):
+        if text[-n:] not in text[:-1]:
+            return text[-n:]
+    return None
+
+
+async def _collect(llm, prompt, params):
+    return [d async for d in llm.stream(prompt, params)]
+
+
+def test_stream_concatenates_to_the_non_speculative_output(tiny_llama_artifact, plain):
+    llm = _llm(tiny_llama_artifact)
+    prompt = _prompts()[-1]
+    deltas = asyncio.run(_collect(llm, prompt, GREEDY))
+    llm.shutdown()
+    assert sum((d.token_ids for d in deltas), []) == plain[-1]
+    assert any(len(d.token_ids) > 1 for d in deltas)          # several tokens in one delta
+    assert deltas[-1].finished and deltas[-1].finish_reason == "length"
+
+
+def test_seeded_sampling_with_speculation_is_reproducible_and_frees_blocks(tiny_llama_artifact):
+    params = SamplingParams(max_tokens=30, temperature=0.8, top_p=0.95, seed=11, ignore_eos=True)
+    llm = _llm(tiny_llama_artifact)
+    a = llm.generate([_prompts()[-1]], params)[0].token_ids
+    b = llm.generate([_prompts()[-1]], params)[0].token_ids
+    assert a == b and len(a) == 30
+    assert llm.core.speculator.stats.proposed > 0
+    assert _all_blocks_free(llm)
+    llm.shutdown()
+
+
+def test_logprobs_requests_decode_one_token_at_a_time(tiny_llama_artifact, plain):
+    llm = _llm(tiny_llama_artifact)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=1)
+    out = llm.generate([_prompts()[-1]], params)[0]
+    assert out.token_ids == plain[-1] and len(out.logprobs) == 40
+    assert llm.core.speculator.stats.proposed == 0
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prefill_engine_artifact(tmp_path_factory):
+    out = tmp_path_factory.mktemp("spec-prefill-engine") / "int4+w8a8"
+    return build(BuildConfig(source="tiny-llama", out=out, quant=QuantMode.INT4, prefill_engine="w8a8"))
+
+
+def test_verification_runs_on_the_decode_engine_of_a_prefill_engine_artifact(prefill_engine_artifact):
+    """The w8a8 prefill engine rounds differently; a single stream's verification calls (k+1
+    tokens, past its 4-token threshold) stay on the int4 decode engine that serves its decodes."""
+    prompt = [7, 8, 9, 10] * 10
+    base = _llm(prefill_engine_artifact, speculative=None)
+    expected = base.generate([prompt], GREEDY)[0].token_ids
+    llm = _llm(prefill_engine_artifact)
+    assert llm.generate([prompt], GREEDY)[0].token_ids == expected
+    assert llm.core.speculator.stats.accepted > 0
+    assert llm.core.engine.calls_by_engine[1] == 1            # the prompt's prefill only
+    base.shutdown()
+    llm.shutdown()
