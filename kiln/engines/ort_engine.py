@@ -18,6 +18,7 @@ from kiln.engines.kv_pool import KvPool
 from kiln.engines.ort_batching import OrtCall, plan_calls
 from kiln.engines.ort_session import cpu_session, session_options
 from kiln.passes import attention_gqa
+from kiln.passes.kv_io import new_kv_layer_major
 
 
 class OrtEngine:
@@ -64,7 +65,8 @@ class OrtEngine:
         index = max(i for i, (min_tokens, _) in enumerate(self.sessions) if tokens >= min_tokens)
         self.calls_by_engine[index] += 1
         logits, new_kv = self.sessions[index][1].run(["logits", "new_kv"], call.feeds | self.pool.feeds)
-        self.pool.write(new_kv, call.rows, call.cols, call.slots)
+        layer_major = new_kv_layer_major(new_kv, self.kv_layout.num_kv_heads, self.kv_layout.head_dim)
+        self.pool.write(layer_major, call.rows, call.cols, call.slots)
         return logits[call.logit_rows[:, 0], call.logit_rows[:, 1]]
 
 

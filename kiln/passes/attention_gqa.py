@@ -142,19 +142,21 @@ def _input_of(idx: GraphIndex, node_name: str) -> str:
 
 
 def rewire_layers(g: onnx.GraphProto, b: GraphBuilder, spec: ModelSpec, block_size: int,
-                  weights_dir=None) -> dict[str, str]:
-    """Add the shared inputs, each layer's past gather and GroupQueryAttention to b; returns the
-    renames that point each o_proj at its layer's new core (the old core is then unreachable)."""
+                  weights_dir=None) -> tuple[dict[str, str], list[str]]:
+    """Add the shared inputs, each layer's past gather and GroupQueryAttention to b. Returns the
+    renames that point each o_proj at its layer's new core (the old core is then unreachable) and
+    the new tokens' flat K and V of every layer [B,S,kvh·hd], layer by layer, key before value."""
     idx = GraphIndex(g, weights_dir)
     shared = shared_inputs(b, spec, block_size)
-    renames = {}
+    renames, new_kv = {}, []
     for i in range(spec.num_layers):
         site = core_site(idx, spec, i)
         with b.scope("model"), b.scope(f"layers.{i}"), b.scope("attn"):
             q, k, v = (flat_heads(idx, b, t, f"{n}_flat") for t, n in ((site.q, "q"), (site.k, "k"), (site.v, "v")))
         past = (gather_past(b, spec, i, "key", shared), gather_past(b, spec, i, "value", shared))
         renames[site.output] = attention_node(b, spec, i, q, k, v, past, shared, site.scale)
-    return renames
+        new_kv += [k, v]
+    return renames, new_kv
 
 
 def mark(model: onnx.ModelProto) -> None:

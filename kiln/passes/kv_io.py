@@ -4,8 +4,9 @@ Before: attention_mask [B,T], past_key_values.{i}.{key,value} [B,kvh,P,hd] -> pr
 After:  past_lens [B], block_tables [B,MB], logits_index [B,K],
         key_cache.{i} / value_cache.{i} [kvh, num_blocks, block_size, hd]   (the runtime's pool, bound
         zero-copy; head-major so the gather needs no transpose) -> logits [B,K,V] and
-        new_kv [2L, kvh, B, S, hd] (the new tokens' K/V, layer-major, key before value), which the
-        runtime scatters into the pool slots of slot_mapping in one vectorised write.
+        new_kv [2L, kvh, B, S, hd] (the new tokens' K/V, layer-major, key before value; the GQA core
+        returns it token-major [B, S, 2L·kvh·hd]: new_kv_layer_major views either as the first), which
+        the runtime scatters into the pool slots of slot_mapping in one vectorised write.
 
 Each layer gathers its sequences' blocks from the pool and attends over past + new tokens; a key is
 visible to a query iff key_position <= query_position, with past keys beyond past_lens at FAR.
@@ -68,14 +69,19 @@ class KvIoPass:
         replaced = {FINAL_HIDDEN}
         if self.attention == "gqa":
             # NOTE: the old core, the mask and the dense past become unreachable and are pruned.
-            renames |= attention_gqa.rewire_layers(g, b, self.spec, self.block_size)
+            core, new_kv_parts = attention_gqa.rewire_layers(g, b, self.spec, self.block_size)
+            renames |= core
+            with b.scope("model"), b.scope("new_kv"):
+                new_kv = b.op("Concat", new_kv_parts, "Concat", axis=-1)
+            new_kv_shape = ["batch", "seq", 2 * self.spec.num_layers * self.spec.num_kv_heads * self.spec.head_dim]
             attention_gqa.mark(out)
         else:
             renames |= self._rewire_standard(b, g, replaced)
+            new_kv = self._concat_new_kv(b, g)
+            new_kv_shape = [2 * self.spec.num_layers, self.spec.num_kv_heads, "batch", "seq", self.spec.head_dim]
         self._rewired = self.spec.num_layers
-        new_kv = self._concat_new_kv(b, g)
         _splice(g, b, replaced, renames)
-        _replace_io(g, b, new_kv, self.spec)
+        _replace_io(g, b, new_kv, new_kv_shape, self.spec)
         _prune(g)
         _toposort(g)
         return out
@@ -164,7 +170,16 @@ def _splice(g: onnx.GraphProto, b: GraphBuilder, replaced: set[str], renames: di
     g.initializer.extend(b.initializers)
 
 
-def _replace_io(g: onnx.GraphProto, b: GraphBuilder, new_kv: str, spec: ModelSpec) -> None:
+def new_kv_layer_major(new_kv: np.ndarray, num_kv_heads: int, head_dim: int) -> np.ndarray:
+    """new_kv as [2L, kvh, B, S, hd] (a view): the GQA layout returns it token-major,
+    [B, S, 2L·kvh·hd] (one Concat of the flat k/v the attention reads, no per-layer transposes)."""
+    if new_kv.ndim == 5:
+        return new_kv
+    batch, seq, _ = new_kv.shape
+    return new_kv.reshape(batch, seq, -1, num_kv_heads, head_dim).transpose(2, 3, 0, 1, 4)
+
+
+def _replace_io(g: onnx.GraphProto, b: GraphBuilder, new_kv: str, new_kv_shape: list, spec: ModelSpec) -> None:
     old_inputs = [i for i in g.input if i.name not in ("attention_mask",) and not i.name.startswith("past_key_values.")]
     del g.input[:]
     g.input.extend(old_inputs + b.inputs)
@@ -172,8 +187,7 @@ def _replace_io(g: onnx.GraphProto, b: GraphBuilder, new_kv: str, spec: ModelSpe
     del g.output[:]
     g.output.append(helper.make_tensor_value_info("logits", FLOAT, ["batch", "logits_positions", spec.vocab_size]))
     g.node.append(helper.make_node("Identity", [new_kv], ["new_kv"], name="/outputs/new_kv"))
-    g.output.append(helper.make_tensor_value_info(
-        "new_kv", FLOAT, [2 * spec.num_layers, spec.num_kv_heads, "batch", "seq", spec.head_dim]))
+    g.output.append(helper.make_tensor_value_info("new_kv", FLOAT, new_kv_shape))
     del logits
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from kiln.passes.kv_io import new_kv_layer_major
 from kiln.passes.verify import _session, seeded_feeds
 
 KINDS = ("key", "value")
@@ -67,12 +68,13 @@ def _pool_from_past(feeds: dict, num_layers: int, past_lens: np.ndarray, block_s
     return pool, tables
 
 
-def _run_rows(session, feeds: dict, batch: int) -> tuple[np.ndarray, np.ndarray]:
-    """(logits, new_kv) of the paged graph, one sequence per run: a chunk with a past is what a
-    GroupQueryAttention core (passes/attention_gqa.py) takes only at batch 1."""
+def _run_rows(session, feeds: dict, batch: int, kv_heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(logits, new_kv [2L,kvh,B,S,hd]) of the paged graph, one sequence per run: a chunk with a
+    past is what a GroupQueryAttention core (passes/attention_gqa.py) takes only at batch 1."""
     per_row = [session.run(["logits", "new_kv"], {k: v if k.startswith(("key_cache.", "value_cache.")) else v[b:b + 1]
                                                   for k, v in feeds.items()}) for b in range(batch)]
-    return np.concatenate([r[0] for r in per_row]), np.concatenate([r[1] for r in per_row], axis=2)
+    new_kv = [new_kv_layer_major(r[1], kv_heads, head_dim) for r in per_row]
+    return np.concatenate([r[0] for r in per_row]), np.concatenate(new_kv, axis=2)
 
 
 def compare_paged(before: onnx.ModelProto, after: onnx.ModelProto, num_layers: int, block_size: int,
@@ -94,7 +96,7 @@ def compare_paged(before: onnx.ModelProto, after: onnx.ModelProto, num_layers: i
     for layer in range(num_layers):
         paged_feeds[f"key_cache.{layer}"] = pool[layer, 0]
         paged_feeds[f"value_cache.{layer}"] = pool[layer, 1]
-    logits, new_kv = _run_rows(_session(after), paged_feeds, batch)
+    logits, new_kv = _run_rows(_session(after), paged_feeds, batch, *feeds["past_key_values.0.key"].shape[1::2])
     err = float(np.abs(logits - ref["logits"]).max())
     for layer in range(num_layers):
         for k, kind in enumerate(KINDS):
