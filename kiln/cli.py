@@ -27,6 +27,11 @@ def runtime_options(fn):
         click.option("--max-model-len", type=int, default=None, help="Context cap (default: the model's)."),
         click.option("--no-prefix-caching", is_flag=True, help="Disable prefix caching."),
         click.option("--threads", type=int, default=None, help="Engine threads (default: usable CPUs)."),
+        click.option("--speculative", default=None, metavar="ngram|draft:PATH",
+                     help="Speculative decoding: prompt lookup (ngram) or a draft artifact's proposals, "
+                          "verified k+1 tokens per engine call (greedy output unchanged)."),
+        click.option("--num-speculative-tokens", type=int, default=None,
+                     help="Most tokens proposed per request and step (default 5; adapts to acceptance and load)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -176,14 +181,15 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
 @bench_options
 @runtime_options
 def bench(kv_cache_memory, policy, max_num_seqs, token_budget, max_model_len, no_prefix_caching, threads,
-          target_itl, **options):
+          target_itl, speculative, num_speculative_tokens, **options):
     """Load-test a server (--url) or an artifact in-process (--engine): TTFT, ITL, e2e percentiles,
     throughput and goodput per concurrency or rate level; tables, JSON and plots."""
     from kiln.bench.cli_options import run_bench_command
 
     runtime = dict(kv_cache_memory=kv_cache_memory, policy=policy, max_num_seqs=max_num_seqs,
                    token_budget=token_budget, max_model_len=max_model_len,
-                   no_prefix_caching=no_prefix_caching, threads=threads, target_itl=target_itl)
+                   no_prefix_caching=no_prefix_caching, threads=threads, target_itl=target_itl,
+                   speculative=speculative, num_speculative_tokens=num_speculative_tokens)
     wide = Console(width=max(Console().width, 160))   # tables must not wrap their cells when piped
     _guarded(lambda: run_bench_command(console, wide, lambda: runtime_config(**runtime), **options))
 

@@ -38,6 +38,8 @@ class EngineSnapshot:
     prefix_cache_queries: int = 0       # prompt tokens looked up
     prefix_cache_hits: int = 0          # prompt tokens found
     engine_failures: int = 0            # steps that raised; each failed every request in flight
+    speculative_proposed: int = 0       # tokens proposed and verified (speculative decoding)
+    speculative_accepted: int = 0       # of those, accepted
     finished: dict[str, int] = field(default_factory=dict)   # finish reason -> requests
     # What admission control predicts TTFT from (kiln/runtime/step_costs.py):
     max_num_seqs: int = 0
@@ -64,6 +66,10 @@ class EngineSnapshot:
         return self.step_costs.decode_seconds(self.num_running)
 
     @property
+    def speculative_acceptance_rate(self) -> float:
+        return self.speculative_accepted / self.speculative_proposed if self.speculative_proposed else 0.0
+
+    @property
     def kv_bytes_used(self) -> int:
         return self.kv_blocks_used * self.kv_bytes_per_block
 
@@ -86,6 +92,7 @@ class LoopCounters:
 
 def take_snapshot(core, counters: LoopCounters) -> EngineSnapshot:
     kv, sched = core.kv, core.scheduler
+    spec = core.speculator.stats if core.speculator is not None else None
     return EngineSnapshot(
         num_running=sched.num_running, num_waiting=sched.num_waiting,
         kv_blocks_total=kv.num_blocks, kv_blocks_used=kv.num_blocks - kv.num_free_blocks,
@@ -94,6 +101,7 @@ def take_snapshot(core, counters: LoopCounters) -> EngineSnapshot:
         kv_evictions=kv.pool.evictions, kv_allocation_failures=kv.allocation_failures,
         prefix_cache_queries=kv.prefix_queries, prefix_cache_hits=kv.prefix_hits,
         engine_failures=counters.engine_failures, finished=dict(counters.finished),
+        speculative_proposed=spec.proposed if spec else 0, speculative_accepted=spec.accepted if spec else 0,
         max_num_seqs=sched.config.max_num_seqs, step_costs=sched.step_costs.costs(),
         prefill_budget=sched.last_step_stats.prefill_budget,
         remaining_tokens=tuple(sorted(r.max_tokens - r.num_output_tokens for r in sched.running)),

@@ -34,6 +34,8 @@ GAUGES = (
                  "Estimated decode-only step time at the current running batch."),
     EngineMetric("kiln_step_prefill_seconds_per_token", "prefill_seconds_per_token",
                  "Estimated prefill cost per token beyond a step's decodes."),
+    EngineMetric("kiln_speculative_acceptance_rate", "speculative_acceptance_rate",
+                 "Accepted over proposed speculative tokens since start (0 without speculation)."),
 )
 COUNTERS = (
     EngineMetric("kiln_steps_total", "steps", "Engine steps run."),
@@ -46,6 +48,10 @@ COUNTERS = (
     EngineMetric("kiln_prefix_cache_queries_total", "prefix_cache_queries",
                  "Prompt tokens looked up in the prefix cache."),
     EngineMetric("kiln_prefix_cache_hits_total", "prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    EngineMetric("kiln_speculative_proposed_tokens_total", "speculative_proposed",
+                 "Tokens proposed by speculative decoding and verified by the engine."),
+    EngineMetric("kiln_speculative_accepted_tokens_total", "speculative_accepted",
+                 "Of those, tokens accepted (each saves one engine step of its request)."),
     EngineMetric("kiln_engine_failures_total", "engine_failures",
                  "Engine steps that raised; each ended every request in flight with an error."),
 )
