@@ -26,11 +26,12 @@ FUSION_PASSES (the pass stays, tested, for a later re-measure). MergeProjections
 steady; its prefill figure is noise-level either way, and one int8/int4 matmul per group suits
 the quantize pass (which already knows qkv_proj).
 
-Attention: not fused. What ORT's CPU contrib ops offer does not fit a graph whose K/V the
-kv_io pass turns into a gather from a paged pool:
-- GroupQueryAttention wants past_key/past_value buffers it appends to itself (present shares
-  the past buffer) and derives the mask from seqlens_k; it cannot take an already-gathered,
-  already-concatenated K/V with an additive [B,S,T] mask.
+Attention: not fused here, in the standard graph. For ORT builds the kv_io pass itself puts
+GroupQueryAttention in place of the core (passes/attention_gqa.py, layout "paged-gqa"): fed the
+gathered past as its past_key/past_value and the mask as seqlens_k, rather than an
+already-concatenated K/V with an additive mask, which it cannot take. What the other contrib ops
+offer, for the record (the standard core stays for TensorRT and the other backends):
+- GroupQueryAttention takes a chunk with a past only at batch 1 (the ORT planner keeps to that).
 - MultiHeadAttention does take key/value [B,kv_len,hidden] (or BNSH) plus attention_bias, but
   it has no grouped-query support (K/V must have num_heads heads), so K/V would first be
   repeated 3x for SmolLM2, tripling the KV traffic that dominates decode.
@@ -39,7 +40,7 @@ kv_io pass turns into a gather from a paged pool:
   CPU) takes K/V [B,kv_heads,T,hd] with kv_num_heads < q_num_heads and an additive mask. It needs
   the whole graph bumped from opset 21 and a Transpose of the kv-head-major [kv_heads,B,T,hd] K/V
   (free only at B=1), the copy the head-major pool exists to avoid. Not measured here.
-The standard-op attention stays; a native paged kernel is the real answer (ARCHITECTURE.md).
+A native paged kernel that reads the pool without the gather is still the real answer (ARCHITECTURE.md).
 """
 
 from __future__ import annotations
