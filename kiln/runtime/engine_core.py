@@ -51,7 +51,7 @@ class EngineCore:
         log.info("%s", self.plan.describe())
         self.engine.allocate_kv(self.plan.num_blocks)
         self.kv = KVCacheManager(self.plan.num_blocks, layout.block_size, config.scheduler.enable_prefix_caching)
-        self.speculator = make_speculator(config.speculative, artifact, config)
+        self.speculator = make_speculator(config.speculative, artifact, config, self.plan.num_tokens)
         self.scheduler = Scheduler(self._scheduler_config(), self.kv, self.speculator)
         self.runner = ModelRunner(self.engine, self.kv, config.seed)
         self.stats = EngineStats()

@@ -12,8 +12,10 @@ import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig
 from kiln.build import build
-from kiln.config import BuildConfig, SpeculativeConfig
+from kiln.artifact import ArtifactError, EngineArtifact
+from kiln.config import BuildConfig, SpeculativeConfig, SpeculativeMethod
 from kiln.passes.quantize import QuantMode
+from kiln.runtime.speculative.draft import DraftProposer
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 NGRAM = SpeculativeConfig(num_speculative_tokens=4, ngram_min=1)
@@ -199,3 +201,34 @@ def test_verification_runs_on_the_decode_engine_of_a_prefill_engine_artifact(pre
     assert llm.core.engine.calls_by_engine[1] == 1            # the prompt's prefill only
     base.shutdown()
     llm.shutdown()
+
+
+# ---- a draft model ----
+
+@pytest.fixture(scope="module")
+def int8_draft(tmp_path_factory):
+    return build(BuildConfig(source="tiny-llama", out=tmp_path_factory.mktemp("spec-draft") / "int8",
+                             quant=QuantMode.INT8))
+
+
+@pytest.mark.parametrize("sched", [dict(), dict(max_kv_blocks=14, max_num_batched_tokens=32)],
+                         ids=["batch", "preemption"])
+def test_draft_model_greedy_output_is_the_non_speculative_one(tiny_llama_artifact, int8_draft, plain, sched):
+    draft = SpeculativeConfig(SpeculativeMethod.DRAFT, 4, draft_path=int8_draft)
+    llm = _llm(tiny_llama_artifact, speculative=draft, **dict(sched))
+    outs = llm.generate(_prompts(), GREEDY)
+    assert [o.token_ids for o in outs] == plain
+    stats, proposer = llm.core.speculator.stats, llm.core.speculator.proposer
+    assert 0.5 < stats.acceptance_rate < 1                    # an int8 copy agrees mostly, not always
+    assert _all_blocks_free(llm)
+    assert proposer.kv.num_free_blocks == proposer.kv.num_blocks
+    if "max_kv_blocks" in sched:
+        assert llm.core.scheduler.num_preemptions > 0
+    llm.shutdown()
+
+
+def test_a_draft_with_another_tokenizer_is_refused(tiny_llama_artifact):
+    target = EngineArtifact.load(tiny_llama_artifact)
+    target.manifest.tokenizer = {"files": {"tokenizer/tokenizer.json": "0" * 64}}
+    with pytest.raises(ArtifactError, match="tokenizer"):
+        DraftProposer.load(tiny_llama_artifact, target, RuntimeConfig(), num_tokens=1024)

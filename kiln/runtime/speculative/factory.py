@@ -7,7 +7,9 @@ from kiln.runtime.speculative.ngram import NgramProposer
 from kiln.runtime.speculative.speculator import Speculator
 
 
-def make_speculator(config: SpeculativeConfig | None, artifact, runtime: RuntimeConfig) -> Speculator | None:
+def make_speculator(config: SpeculativeConfig | None, artifact, runtime: RuntimeConfig,
+                    kv_tokens: int) -> Speculator | None:
+    """kv_tokens: the target's KV capacity in tokens (a draft's pool holds as many)."""
     if config is None:
         return None
     if config.method is SpeculativeMethod.NGRAM:
@@ -15,5 +17,5 @@ def make_speculator(config: SpeculativeConfig | None, artifact, runtime: Runtime
     else:
         from kiln.runtime.speculative.draft import DraftProposer
 
-        proposer = DraftProposer.load(config.draft_path, artifact, runtime)
+        proposer = DraftProposer.load(config.draft_path, artifact, runtime, kv_tokens)
     return Speculator(proposer, config.num_speculative_tokens, config.max_step_tokens)
