@@ -38,15 +38,20 @@ import onnx
 from kiln.eval.perplexity import greedy_tokens, make_session, perplexity, text_token_ids
 from kiln.export.decoder_graph import build_decoder
 from kiln.export.sources import load_source
+from kiln.passes.int4_calibration import CALIBRATION_TEXT
 from kiln.passes.quantize import QuantizePass, QuantMode, weight_bytes
 from kiln.tokenizer import Tokenizer
 
 QUESTION = "What is the capital of France?"
 
 
-def make_pass(variant: str) -> QuantizePass:
+def make_pass(variant: str, calibration_ids: list[int] | None = None) -> QuantizePass:
     mode, *opts = variant.split("-")
     kw: dict = {"symmetric": "sym" in opts}
+    for rounding in ("search", "gptq"):     # integer zero points; "cal": weighted by calibration moments
+        if rounding in opts:
+            kw["int4_rounding"] = rounding
+            kw["calibration_ids"] = calibration_ids if "cal" in opts or rounding == "gptq" else None
     for o in opts:
         if o.startswith("bs"):
             kw["block_size"] = int(o[2:])
@@ -62,6 +67,8 @@ def make_pass(variant: str) -> QuantizePass:
             kw["int8_kernel"] = o
         if o.startswith("nb="):
             kw["nbits_linears"] = tuple(x for x in o[3:].split("+") if x)
+        if o.startswith("o="):          # these 4-bit linears keep block offsets (a mixed split)
+            kw["offset_linears"] = tuple(o[2:].split("+"))
         if o.startswith("k8="):
             kw["int8_linears"] = tuple(o[3:].split("+"))
     return QuantizePass(QuantMode.NONE if mode == "fp32" else QuantMode(mode), **kw)
@@ -102,6 +109,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--fuse", action="store_true")
     ap.add_argument("--no-ppl", action="store_true", help="decode latency and bytes only")
+    ap.add_argument("--no-latency", action="store_true", help="perplexity, bytes and answers only")
     ap.add_argument("--cpu-time", action="store_true", help="decode CPU ms at 1 thread (for a shared machine)")
     args = ap.parse_args()
     src = load_source(args.model)
@@ -112,6 +120,7 @@ def main() -> None:
         for p in fusion_passes(src.spec):
             fp32 = p.run(fp32)
     tokens = text_token_ids(src.tokenizer_dir)
+    args.calibration_ids = text_token_ids(src.tokenizer_dir, CALIBRATION_TEXT)     # never the eval text
     base_bytes = weight_bytes(fp32.graph)
     print(f"{args.model}{' (fused)' if args.fuse else ''}: {len(tokens)} tokens, window {args.window}, "
           f"fp32 weights {base_bytes / 1e6:.1f} MB", flush=True)
@@ -119,7 +128,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = {v: measure(v, fp32, tokens, chat, args, Path(tmp)) for v in args.variants.split(",")}
         del fp32
-        latency = decode_latencies_ms({v: r["path"] for v, r in rows.items()}, cpu_time=args.cpu_time)
+        latency = ({v: (float("nan"),) * 2 for v in rows} if args.no_latency else
+                   decode_latencies_ms({v: r["path"] for v, r in rows.items()}, cpu_time=args.cpu_time))
     base_ppl = next(iter(rows.values()))["ppl"]
     clock = "CPU ms, 1 thread" if args.cpu_time else "ms"
     print(f"| variant | ppl | Δppl | weight MB | ratio | nodes | decode {clock} (median / min) | quantize + ppl s |")
@@ -141,7 +151,7 @@ def chat_prompt(tokenizer_dir: Path) -> tuple[list[int], tuple[int, ...], Tokeni
 def measure(variant: str, fp32, tokens: list[int], chat, args, tmp: Path) -> dict:
     """Quantize, score and save one variant; only its file stays (SmolLM2 graphs are ~0.1-0.7 GB each)."""
     t0 = time.perf_counter()
-    model = make_pass(variant).run(fp32)
+    model = make_pass(variant, args.calibration_ids).run(fp32)
     ppl = float("nan") if args.no_ppl else perplexity(model, tokens, args.window)
     ids, stop, tok = chat
     answer = tok.decode(greedy_tokens(model, ids, 24, stop))

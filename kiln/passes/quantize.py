@@ -27,6 +27,8 @@ from onnx import TensorProto, helper
 
 from kiln.export.external import fill_tensor, stored_bytes, tensor_array, weights_dir
 from kiln.passes.block_offsets import offset_linear
+from kiln.passes.int4_calibration import InputMoments, linear_input_moments
+from kiln.passes.int4_linear import searched_linear
 from kiln.passes.dynamic_int8 import dynamic_int8_linear
 from kiln.passes.quant_tables import QuantizedTable, embedding_node, lm_head_node, quantize_embedding
 from kiln.passes.quant_tables import weight_quantizer
@@ -73,7 +75,11 @@ _TABLE_BITS = {QuantMode.INT8: 8, QuantMode.INT4: 8, QuantMode.W8A8: 8}
 # NOTE: after MergeProjections, v_proj lives inside qkv_proj: a name listed here keeps the whole
 # fused projection at 8 bits.
 _INT8_LINEARS: dict[QuantMode, tuple[str, ...]] = {QuantMode.INT8: (), QuantMode.INT4: (), QuantMode.W8A8: ()}
-_BLOCK_OFFSETS = {QuantMode.INT4: True}
+# How 4-bit linears round (INT4_ROUNDINGS): "block_offsets" (a float minimum per block on a side
+# path, block_offsets.py), "min_max" (onnxruntime's quantizer), "search" (integer zero points from a
+# weighted search, int4_search.py), "gptq" (the search's blocks with GPTQ rounding, int4_gptq.py).
+INT4_ROUNDINGS = ("block_offsets", "min_max", "search", "gptq")
+_INT4_ROUNDING = {QuantMode.INT4: "block_offsets"}
 # How 8-bit linears run (not the LM head): "dynamic" (the w8a8 mode) = DynamicQuantizeMatMul, int8 per output channel with
 # activations quantized per call (passes/dynamic_int8.py: ~2.7x faster than MatMulNBits from 8 rows
 # up, no slower at 1); "nbits" = MatMulNBits blocks of 32. The LM head stays MatMulNBits: it shares
@@ -92,18 +98,29 @@ class QuantizePass:
     def __init__(self, mode: QuantMode, block_size: int = 32, quantize_embedding: bool = True,
                  quantize_lm_head: bool = True, symmetric: bool = False, table_bits: int | None = None,
                  int8_linears: tuple[str, ...] | None = None, block_offsets: bool | None = None,
-                 int8_kernel: str | None = None, nbits_linears: tuple[str, ...] = NBITS_LINEARS):
+                 int8_kernel: str | None = None, nbits_linears: tuple[str, ...] = NBITS_LINEARS,
+                 int4_rounding: str | None = None, calibration_ids: list[int] | None = None,
+                 offset_linears: tuple[str, ...] = ()):
         """table_bits: bits of the embedding and LM head; int8_linears: node-name segments (e.g.
         "down_proj") of linears kept at 8 bits. None takes the mode's recipe; (4, ()) is pure int4.
         block_offsets: 4-bit linears keep a float minimum per block (passes/block_offsets.py).
-        int8_kernel: how 8-bit linears run (INT8_KERNELS)."""
+        int8_kernel: how 8-bit linears run (INT8_KERNELS). int4_rounding: INT4_ROUNDINGS (block_offsets,
+        when given, picks "block_offsets" or "min_max"); "search" and "gptq" weigh errors by the inputs
+        of a run over calibration_ids (int4_calibration.py; "search" without them: plain squared error).
+        offset_linears: node-name segments (e.g. "layers.29") of 4-bit linears that keep block offsets
+        whatever int4_rounding says (a mixed split)."""
         int8_kernel = int8_kernel or ("dynamic" if mode is QuantMode.W8A8 else "nbits")
         if int8_kernel not in INT8_KERNELS:
             raise ValueError(f"int8_kernel must be one of {INT8_KERNELS}, not {int8_kernel!r}")
         self.int8_kernel = int8_kernel
         self.nbits_linears = tuple(nbits_linears)     # name segments kept on MatMulNBits regardless
         self.mode, self.block_size, self.symmetric = mode, block_size, symmetric
-        self.block_offsets = _BLOCK_OFFSETS.get(mode, False) if block_offsets is None else block_offsets
+        self.int4_rounding = _int4_rounding(mode, int4_rounding, block_offsets)
+        self.block_offsets = self.int4_rounding == "block_offsets"
+        self.offset_linears = tuple(offset_linears)
+        self.calibration_ids = list(calibration_ids) if calibration_ids else None
+        if self.int4_rounding == "gptq" and not self.calibration_ids:
+            raise ValueError("int4_rounding='gptq' needs calibration_ids")
         self.quantize_embedding, self.quantize_lm_head = quantize_embedding, quantize_lm_head
         self.table_bits = table_bits or _TABLE_BITS.get(mode)
         self.int8_linears = tuple(_INT8_LINEARS.get(mode, ()) if int8_linears is None else int8_linears)
@@ -117,7 +134,7 @@ class QuantizePass:
         out = onnx.ModelProto()
         out.CopyFrom(model)     # NOTE: a graph of names and offsets when the weights are external
         before = weight_bytes(out.graph)
-        _Rewrite(self, out.graph, weights_dir(out)).apply()
+        _Rewrite(self, out.graph, weights_dir(out), self._moments(model)).apply()
         _ensure_ms_opset(out)
         self._details["weight_bytes_before"] = before
         self._details["weight_bytes_after"] = weight_bytes(out.graph)
@@ -126,12 +143,20 @@ class QuantizePass:
     def details(self) -> dict:
         return dict(self._details)
 
+    def _moments(self, model: onnx.ModelProto) -> dict[str, InputMoments]:
+        if self.int4_rounding not in ("search", "gptq") or not self.calibration_ids or self.mode.bits != 4:
+            return {}
+        self._details["calibration_tokens"] = len(self.calibration_ids)
+        return linear_input_moments(model, self.calibration_ids, gram=self.int4_rounding == "gptq")
+
 
 class _Rewrite:
     """One run of the pass over a graph: linears first, then the embedding (it may reuse the head)."""
 
-    def __init__(self, p: QuantizePass, graph: onnx.GraphProto, wdir: Path | None = None):
+    def __init__(self, p: QuantizePass, graph: onnx.GraphProto, wdir: Path | None = None,
+                 moments: dict[str, InputMoments] | None = None):
         self.p, self.graph, self.wdir = p, graph, wdir    # wdir: where external weights are read and written
+        self.moments = moments or {}                      # linear input name -> its calibration moments
         self.inits = {t.name: t for t in graph.initializer}
         self.head = lm_head_node(graph)
         self.embed = embedding_node(graph, self.inits)
@@ -149,6 +174,7 @@ class _Rewrite:
         self.p._details |= {
             "bits": self.p.mode.bits, "table_bits": self.p.table_bits, "block_size": self.p.block_size,
             "symmetric": self.p.symmetric, "accuracy_level": 4, "block_offsets": self.p.block_offsets,
+            "int4_rounding": self.p.int4_rounding, "offset_linears": list(self.p.offset_linears),
             "int8_kernel": self.p.int8_kernel, "nbits_linears": list(self.p.nbits_linears),
             "int8_linears": list(self.p.int8_linears), "matmuls_quantized": len(self.quantized),
             "matmuls_by_bits": dict(Counter(_bits(n) for n in self.quantized.values())), "skipped": self.skipped,
@@ -172,7 +198,11 @@ class _Rewrite:
         if b in self.groups:    # NOTE: a weight shared by two MatMuls keeps one quantized copy
             return _rewire(self.groups[b], node)
         bits = self.p.table_bits if is_head else self._linear_bits(node)
-        if bits == 4 and self.p.block_offsets and not is_head:
+        rounding = self._int4_rounding(node) if bits == 4 and not is_head else None
+        if rounding in ("search", "gptq"):
+            group = [searched_linear(self.graph, self.inits[b], node, self.p.block_size,
+                                     self.moments.get(node.input[0]), self.wdir)]
+        elif rounding == "block_offsets":
             group = offset_linear(self.graph, self.inits[b], node, bits, self.p.block_size, self.wdir)
         elif bits == 8 and self.p.int8_kernel == "dynamic" and not is_head and self._dynamic(node):
             group = [dynamic_int8_linear(self.graph, self.inits[b], node, self.wdir)]
@@ -200,6 +230,11 @@ class _Rewrite:
 
     def _dynamic(self, node: onnx.NodeProto) -> bool:
         return not set(node.name.split("/")) & set(self.p.nbits_linears)
+
+    def _int4_rounding(self, node: onnx.NodeProto) -> str:
+        if set(node.name.split("/")) & set(self.p.offset_linears):
+            return "block_offsets"
+        return self.p.int4_rounding
 
     def _linear_bits(self, node: onnx.NodeProto) -> int:
         return 8 if set(node.name.split("/")) & set(self.p.int8_linears) else self.p.mode.bits
@@ -231,6 +266,15 @@ class _Rewrite:
         if self.head_table is None:
             return "fp32"
         return f"MatMulNBits {self.head_table.bits}-bit"
+
+
+def _int4_rounding(mode: QuantMode, rounding: str | None, block_offsets: bool | None) -> str:
+    if rounding is None and block_offsets is not None:
+        rounding = "block_offsets" if block_offsets else "min_max"
+    rounding = rounding or _INT4_ROUNDING.get(mode, "min_max")
+    if rounding not in INT4_ROUNDINGS:
+        raise ValueError(f"int4_rounding must be one of {INT4_ROUNDINGS}, not {rounding!r}")
+    return rounding
 
 
 def _bits(node: onnx.NodeProto) -> int:
