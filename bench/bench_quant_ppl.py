@@ -48,10 +48,9 @@ QUESTION = "What is the capital of France?"
 def make_pass(variant: str, calibration_ids: list[int] | None = None) -> QuantizePass:
     mode, *opts = variant.split("-")
     kw: dict = {"symmetric": "sym" in opts}
-    for rounding in ("search", "gptq"):     # integer zero points; "cal": weighted by calibration moments
-        if rounding in opts:
-            kw["int4_rounding"] = rounding
-            kw["calibration_ids"] = calibration_ids if "cal" in opts or rounding == "gptq" else None
+    if "search" in opts:        # integer zero points; "cal": weighted by calibration moments
+        kw["int4_rounding"] = "search"
+        kw["calibration_ids"] = calibration_ids if "cal" in opts else None
     for o in opts:
         if o.startswith("bs"):
             kw["block_size"] = int(o[2:])

@@ -20,25 +20,20 @@ import onnx
 from onnx import TensorProto, helper
 
 CALIBRATION_TEXT = Path(__file__).resolve().parents[1] / "data" / "calibration.txt"
+CALIBRATION_TOKENS = 1024        # the whole text for SmolLM2's tokenizer (920 tokens); one forward pass
 
 
 @dataclass(frozen=True)
 class InputMoments:
     """Per input channel of one linear: mean E[x] and second moment E[x²] over the calibration tokens."""
 
-    mean: np.ndarray                # [K]
-    square: np.ndarray              # [K]
-    gram: np.ndarray | None = None  # [K, K] E[x xᵀ], for GPTQ (int4_gptq.py)
+    mean: np.ndarray        # [K]
+    square: np.ndarray      # [K]
 
     @classmethod
-    def of(cls, x: np.ndarray, gram: bool = False) -> InputMoments:
+    def of(cls, x: np.ndarray) -> InputMoments:
         rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
-        full = (rows.T @ rows / len(rows)).astype(np.float32) if gram else None
-        return cls(rows.mean(axis=0), (rows * rows).mean(axis=0), full)
-
-    def block(self, start: int, stop: int) -> InputMoments:
-        """The moments of channels start..stop (no gram)."""
-        return InputMoments(self.mean[start:stop], self.square[start:stop])
+        return cls(rows.mean(axis=0), (rows * rows).mean(axis=0))
 
 
 def linear_inputs(model: onnx.ModelProto) -> list[str]:
@@ -49,10 +44,8 @@ def linear_inputs(model: onnx.ModelProto) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def linear_input_moments(model: onnx.ModelProto, token_ids: list[int],
-                         gram: bool = False) -> dict[str, InputMoments]:
-    """{activation name: its moments} from one run of `model` over token_ids (batch 1, no past);
-    gram: also E[x xᵀ] (K x K per input)."""
+def linear_input_moments(model: onnx.ModelProto, token_ids: list[int]) -> dict[str, InputMoments]:
+    """{activation name: its moments} from one run of `model` over token_ids (batch 1, no past)."""
     from kiln.eval.perplexity import _empty_cache, make_session
 
     names = linear_inputs(model)
@@ -61,7 +54,7 @@ def linear_input_moments(model: onnx.ModelProto, token_ids: list[int],
     ids = np.asarray(token_ids, np.int64)[None]
     feeds = {"input_ids": ids, "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None],
              "attention_mask": np.ones_like(ids), **_empty_cache(sess)}
-    return {name: InputMoments.of(x, gram) for name, x in zip(names, sess.run(names, feeds))}
+    return {name: InputMoments.of(x) for name, x in zip(names, sess.run(names, feeds))}
 
 
 def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:

@@ -1,6 +1,5 @@
-"""A 4-bit linear whose blocks come from the zero-point search (int4_search.py), rounded by GPTQ
-when the calibration moments carry E[x xᵀ] (int4_gptq.py): one MatMulNBits with integer zero
-points, no side path.
+"""A 4-bit linear whose blocks come from the zero-point search (int4_search.py): one MatMulNBits
+with integer zero points, no side path.
 
     MatMul(x, W[K,N] fp32)  ─▶  MatMulNBits(x, W_Q4[N, K/bs, bs/2] u8, scales[N, K/bs], zp[N, ⌈K/bs/2⌉] u8)
 """
@@ -15,22 +14,35 @@ from onnx import TensorProto, helper
 
 from kiln.export.external import fill_tensor, tensor_array
 from kiln.passes.int4_calibration import InputMoments
-from kiln.passes.int4_gptq import gptq_in_blocks
 from kiln.passes.int4_search import matmul_nbits_tensors, search
 
 MS_DOMAIN = "com.microsoft"
+BIAS_CORRECTION = True
+
+
+def expected_error(weight: np.ndarray, quant, moments: InputMoments) -> np.ndarray:
+    """[N] E[x]·(W - Ŵ): what the rounding takes from each output on average, given back as a bias."""
+    return (moments.mean @ (weight - quant.dequantize())).astype(np.float32)
 
 
 def searched_linear(graph: onnx.GraphProto, w: TensorProto, node: onnx.NodeProto, block_size: int,
-                    moments: InputMoments | None, weights_dir: Path | None = None) -> onnx.NodeProto:
-    """The MatMulNBits that replaces MatMul(x, w); its initializers are appended to `graph`."""
+                    moments: InputMoments | None, weights_dir: Path | None = None,
+                    input_scales: np.ndarray | None = None) -> onnx.NodeProto:
+    """The MatMulNBits that replaces MatMul(x, w); its initializers are appended to `graph`.
+    input_scales: α folded out of x (int4_scaling.py), so the linear quantizes αW."""
     weight = np.asarray(tensor_array(w, weights_dir), np.float32)
-    quant = (gptq_in_blocks(weight, block_size, moments) if moments is not None and moments.gram is not None
-             else search(weight, block_size, moments))
+    if input_scales is not None:
+        weight = weight * input_scales[:, None]
+    centred = BIAS_CORRECTION and moments is not None
+    quant = search(weight, block_size, moments, centred)
     packed, scales, zero_points = matmul_nbits_tensors(quant)
     tables = [(f"{w.name}_Q4", packed), (f"{w.name}_scales", scales), (f"{w.name}_zero_points", zero_points)]
+    inputs = [node.input[0], *(name for name, _ in tables)]
+    if centred:
+        tables.append((f"{w.name}_bias_correction", expected_error(weight, quant, moments)))
+        inputs += ["", tables[-1][0]]         # MatMulNBits' inputs: A, B, scales, zero_points, g_idx, bias
     graph.initializer.extend(fill_tensor(TensorProto(), name, a, weights_dir) for name, a in tables)
     k, n = w.dims
-    return helper.make_node("MatMulNBits", [node.input[0], *(name for name, _ in tables)], list(node.output),
+    return helper.make_node("MatMulNBits", inputs, list(node.output),
                             name=f"{node.name}_Q4", domain=MS_DOMAIN, K=k, N=n, bits=4,
                             block_size=block_size, accuracy_level=4)

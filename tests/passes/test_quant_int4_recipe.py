@@ -12,7 +12,8 @@ from onnx import numpy_helper
 
 from kiln.export.decoder_graph import build_decoder
 from kiln.passes.base import run_pass
-from kiln.passes.int4_calibration import calibration_token_ids, linear_inputs
+from kiln.passes.int4_calibration import calibration_token_ids, linear_input_moments, linear_inputs
+from kiln.passes.int4_scaling import fold_input_scales
 from kiln.passes.quantize import MIN_TOP1, QuantizePass, QuantMode
 from kiln.passes.verify_quant import QuantCheck, check_token_ids
 
@@ -34,10 +35,9 @@ def int4_linears(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
-@pytest.mark.parametrize("rounding", ["search", "gptq"])
-def test_integer_zero_points_leave_matmul_nbits_alone(tiny_sources, calibration, name, rounding):
+def test_integer_zero_points_leave_matmul_nbits_alone(tiny_sources, calibration, name):
     model = build_decoder(tiny_sources[name].spec, tiny_sources[name].weights)
-    p = QuantizePass(QuantMode.INT4, int4_rounding=rounding, calibration_ids=calibration[name])
+    p = QuantizePass(QuantMode.INT4, int4_rounding="search", calibration_ids=calibration[name])
     check = QuantCheck("quantize", check_token_ids(tiny_sources[name].tokenizer_dir, 512), MIN_TOP1[QuantMode.INT4])
     out, report = run_pass(p, model, check)
     assert side_path_nodes(out) == []
@@ -51,7 +51,7 @@ def test_integer_zero_points_leave_matmul_nbits_alone(tiny_sources, calibration,
         k, blocks = (next(a.i for a in n.attribute if a.name == key) for key in ("K", "block_size"))
         assert zp.dtype == np.uint8 and zp.shape[1] == -(-k // blocks // 2)   # packed 4-bit: the fast kernel
     d = report.details
-    assert d["int4_rounding"] == rounding and d["block_offsets"] is False
+    assert d["int4_rounding"] == "search" and d["block_offsets"] is False
     assert d["calibration_tokens"] == len(calibration[name])
     assert d["top1_agreement"] >= MIN_TOP1[QuantMode.INT4]
 
@@ -65,8 +65,8 @@ def test_a_mixed_split_keeps_block_offsets_only_where_named(tiny):
     assert set(per_linear.values()) == {3} and len(per_linear) == 7     # the 7 linears of layer 1, 3 nodes each
 
 
-def test_gptq_without_calibration_is_refused():
-    with pytest.raises(ValueError, match="calibration_ids"):
+def test_an_unknown_rounding_is_refused():
+    with pytest.raises(ValueError, match="int4_rounding must be one of"):
         QuantizePass(QuantMode.INT4, int4_rounding="gptq")
 
 
@@ -75,3 +75,26 @@ def test_calibration_probes_every_linear_input(tiny):
     names = linear_inputs(model)
     consumers = {n.input[0] for n in model.graph.node if n.op_type == "MatMul"}
     assert names and set(names) <= consumers and len(names) == len(set(names))
+
+
+def test_folded_input_scales_leave_the_fp32_function_unchanged(tiny, tiny_sources, checks):
+    """RMSNorm's weight / α and the linear's rows · α: the same logits before any rounding."""
+    spec, model = tiny
+    name = next(n for n, src in tiny_sources.items() if src.spec == spec)
+    moments = linear_input_moments(model, calibration_token_ids(tiny_sources[name].tokenizer_dir, 64))
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    alphas = fold_input_scales(folded.graph, moments, 0.5, lambda n: n.op_type == "MatMul" and "lm_head" not in n.name)
+    assert len(alphas) == 2 * spec.num_layers              # input_layernorm -> q/k/v, post_attention -> gate/up
+    assert all(a.std() > 0 for a in alphas.values())
+    inits = {t.name: t for t in folded.graph.initializer}
+    for n in folded.graph.node:
+        if n.op_type == "MatMul" and n.input[0] in alphas:
+            w = numpy_helper.to_array(inits[n.input[1]])
+            inits[n.input[1]].CopyFrom(numpy_helper.from_array(w * alphas[n.input[0]][:, None], n.input[1]))
+    checks.same_outputs(model, folded, atol=1e-4)
+    broken = onnx.ModelProto()
+    broken.CopyFrom(model)
+    fold_input_scales(broken.graph, moments, 0.5, lambda n: n.op_type == "MatMul" and "lm_head" not in n.name)
+    with pytest.raises(AssertionError):                    # the norm alone, without the rows: not the same
+        checks.same_outputs(model, broken, atol=1e-4)
