@@ -182,10 +182,12 @@ def _passes(src: ModelSource, config: BuildConfig) -> list:
 
 def _checked_quantize(src: ModelSource, mode: QuantMode) -> tuple[QuantizePass, Callable]:
     """The quantize pass for `mode` and its check against fp32 on the check text (verify_quant.py)."""
+    from kiln.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
     from kiln.passes.quantize import MIN_TOP1
     from kiln.passes.verify_quant import QuantCheck, check_token_ids
 
-    quantize = QuantizePass(mode)
+    calibration = calibration_token_ids(src.tokenizer_dir, min(CALIBRATION_TOKENS, src.spec.max_position_embeddings))
+    quantize = QuantizePass(mode, calibration_ids=calibration)
     tokens = check_token_ids(src.tokenizer_dir, min(512, src.spec.max_position_embeddings))
     return quantize, QuantCheck(quantize.name, tokens, MIN_TOP1[mode])
 
