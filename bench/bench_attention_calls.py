@@ -1,8 +1,8 @@
 """Engine-level A/B of the paged graph's attention cores on hand-made PagedBatches (no scheduler):
 decode steps at 1 and 32 sequences, and batches of chunks that continue their sequences, which a
 GroupQueryAttention core runs one sequence per call (passes/attention_gqa.py) and the standard core
-in one padded call. Rounds interleave the artifacts; the median of each is printed with ratios to
-the first artifact. --profile DIR adds ORT's per-op profile of one decode step of each.
+in one padded call. Rounds interleave the artifacts; each round keeps the fastest of --repeat runs
+of a shape, and the median over rounds is printed with ratios to the first artifact. --profile DIR adds ORT's per-op profile of one decode step of each.
 
     .venv/bin/python bench/bench_attention_calls.py /tmp/a-int8-standard /tmp/a-int8-gqa [--rounds 5]
 """
@@ -48,13 +48,17 @@ def paged_batch(sequences: list[tuple[int, int]], block_size: int, vocab: int, s
                       logits_indices=ends.astype(np.int64))
 
 
-def time_shapes(engine, vocab: int) -> dict[str, float]:
+def time_shapes(engine, vocab: int, repeat: int = 1) -> dict[str, float]:
+    """ms per shape: the fastest of `repeat` runs (a shared machine's load only ever adds time)."""
     out = {}
     for name, seqs in SHAPES.items():
         batch = paged_batch(seqs, engine.kv_layout.block_size, vocab)
-        t0 = time.perf_counter()
-        engine.execute(batch)
-        out[name] = (time.perf_counter() - t0) * 1e3
+        runs = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            engine.execute(batch)
+            runs.append((time.perf_counter() - t0) * 1e3)
+        out[name] = min(runs)
     return out
 
 
@@ -82,6 +86,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("artifacts", nargs="+")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each shape per round; the fastest counts")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", type=Path, default=None, help="folder for ORT per-op profiles of a decode step")
     args = ap.parse_args()
@@ -93,7 +98,7 @@ def main() -> None:
     times = defaultdict(lambda: defaultdict(list))
     for _ in range(args.rounds):
         for a, engine in engines.items():
-            for name, ms in time_shapes(engine, vocab).items():
+            for name, ms in time_shapes(engine, vocab, args.repeat).items():
                 times[a][name].append(ms)
     base = args.artifacts[0]
     print("| shape | " + " | ".join(args.artifacts) + " |\n|---|" + "---|" * len(args.artifacts))
