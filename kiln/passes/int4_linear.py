@@ -17,30 +17,16 @@ from kiln.passes.int4_calibration import InputMoments
 from kiln.passes.int4_search import matmul_nbits_tensors, search
 
 MS_DOMAIN = "com.microsoft"
-BIAS_CORRECTION = False     # measured below: see the module docstring
-
-
-def expected_error(weight: np.ndarray, quant, moments: InputMoments) -> np.ndarray:
-    """[N] E[x]·(W - Ŵ): what the rounding takes from each output on average, given back as a bias."""
-    return (moments.mean @ (weight - quant.dequantize())).astype(np.float32)
 
 
 def searched_linear(graph: onnx.GraphProto, w: TensorProto, node: onnx.NodeProto, block_size: int,
-                    moments: InputMoments | None, weights_dir: Path | None = None,
-                    input_scales: np.ndarray | None = None) -> onnx.NodeProto:
-    """The MatMulNBits that replaces MatMul(x, w); its initializers are appended to `graph`.
-    input_scales: α folded out of x (int4_scaling.py), so the linear quantizes αW."""
+                    moments: InputMoments | None, weights_dir: Path | None = None) -> onnx.NodeProto:
+    """The MatMulNBits that replaces MatMul(x, w); its initializers are appended to `graph`."""
     weight = np.asarray(tensor_array(w, weights_dir), np.float32)
-    if input_scales is not None:
-        weight = weight * input_scales[:, None]
-    centred = BIAS_CORRECTION and moments is not None
-    quant = search(weight, block_size, moments, centred)
+    quant = search(weight, block_size, moments)
     packed, scales, zero_points = matmul_nbits_tensors(quant)
     tables = [(f"{w.name}_Q4", packed), (f"{w.name}_scales", scales), (f"{w.name}_zero_points", zero_points)]
     inputs = [node.input[0], *(name for name, _ in tables)]
-    if centred:
-        tables.append((f"{w.name}_bias_correction", expected_error(weight, quant, moments)))
-        inputs += ["", tables[-1][0]]         # MatMulNBits' inputs: A, B, scales, zero_points, g_idx, bias
     graph.initializer.extend(fill_tensor(TensorProto(), name, a, weights_dir) for name, a in tables)
     k, n = w.dims
     return helper.make_node("MatMulNBits", inputs, list(node.output),

@@ -50,15 +50,13 @@ class ErrorWeights:
     mean: np.ndarray
 
     @classmethod
-    def of(cls, moments: InputMoments | None, k: int, block_size: int, centred: bool = False) -> ErrorWeights:
-        """centred: without the mean term (a bias absorbs E[x]·Δ: int4_linear.py)."""
+    def of(cls, moments: InputMoments | None, k: int, block_size: int) -> ErrorWeights:
         if moments is None:
             return cls(np.ones((k // block_size, block_size, 1), np.float32),
                        np.zeros((k // block_size, block_size, 1), np.float32))
         variance = np.maximum(moments.square - moments.mean ** 2, 0.0)
         shape = (k // block_size, block_size, 1)
-        mean = np.zeros_like(moments.mean) if centred else moments.mean
-        return cls(variance.astype(np.float32).reshape(shape), mean.astype(np.float32).reshape(shape))
+        return cls(variance.astype(np.float32).reshape(shape), moments.mean.astype(np.float32).reshape(shape))
 
     def error(self, delta: np.ndarray) -> np.ndarray:
         """[nb, N] weighted error of delta [nb, bs, N]."""
@@ -74,10 +72,10 @@ def min_max(w: np.ndarray, block_size: int) -> BlockQuant:
     return _pack(blocks, scale, zero)
 
 
-def search(w: np.ndarray, block_size: int, moments: InputMoments | None = None, centred: bool = False) -> BlockQuant:
+def search(w: np.ndarray, block_size: int, moments: InputMoments | None = None) -> BlockQuant:
     """The (scale, zero point) per block of least weighted error among the candidates above."""
     blocks = _blocks(w, block_size)
-    weights = ErrorWeights.of(moments, w.shape[0], block_size, centred)
+    weights = ErrorWeights.of(moments, w.shape[0], block_size)
     start = min_max(w, block_size)
     best_s, best_z = start.scales.copy(), start.zero_points.astype(np.float32)
     best = weights.error(blocks - _dequant(blocks, best_s, best_z))

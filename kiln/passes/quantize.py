@@ -29,7 +29,6 @@ from kiln.export.external import fill_tensor, stored_bytes, tensor_array, weight
 from kiln.passes.block_offsets import offset_linear
 from kiln.passes.int4_calibration import InputMoments, linear_input_moments
 from kiln.passes.int4_linear import searched_linear
-from kiln.passes.int4_scaling import fold_input_scales, scaled_moments
 from kiln.passes.dynamic_int8 import dynamic_int8_linear
 from kiln.passes.quant_tables import QuantizedTable, embedding_node, lm_head_node, quantize_embedding
 from kiln.passes.quant_tables import weight_quantizer
@@ -101,7 +100,7 @@ class QuantizePass:
                  int8_linears: tuple[str, ...] | None = None, block_offsets: bool | None = None,
                  int8_kernel: str | None = None, nbits_linears: tuple[str, ...] = NBITS_LINEARS,
                  int4_rounding: str | None = None, calibration_ids: list[int] | None = None,
-                 offset_linears: tuple[str, ...] = (), input_scaling: float | None = None):
+                 offset_linears: tuple[str, ...] = ()):
         """table_bits: bits of the embedding and LM head; int8_linears: node-name segments (e.g.
         "down_proj") of linears kept at 8 bits. None takes the mode's recipe; (4, ()) is pure int4.
         block_offsets: 4-bit linears keep a float minimum per block (passes/block_offsets.py).
@@ -109,8 +108,7 @@ class QuantizePass:
         when given, picks "block_offsets" or "min_max"); "search" weighs errors by the inputs of a run
         over calibration_ids (int4_calibration.py; without them: plain squared error).
         offset_linears: node-name segments (e.g. "layers.29") of 4-bit linears that keep block offsets
-        whatever int4_rounding says (a mixed split). input_scaling: the exponent p of AWQ-style input
-        scales folded into RMSNorm weights before the search (int4_scaling.py; needs calibration)."""
+        whatever int4_rounding says (a mixed split)."""
         int8_kernel = int8_kernel or ("dynamic" if mode is QuantMode.W8A8 else "nbits")
         if int8_kernel not in INT8_KERNELS:
             raise ValueError(f"int8_kernel must be one of {INT8_KERNELS}, not {int8_kernel!r}")
@@ -120,7 +118,6 @@ class QuantizePass:
         self.int4_rounding = _int4_rounding(mode, int4_rounding, block_offsets)
         self.block_offsets = self.int4_rounding == "block_offsets"
         self.offset_linears = tuple(offset_linears)
-        self.input_scaling = input_scaling
         self.calibration_ids = list(calibration_ids) if calibration_ids else None
         self.quantize_embedding, self.quantize_lm_head = quantize_embedding, quantize_lm_head
         self.table_bits = table_bits or _TABLE_BITS.get(mode)
@@ -158,7 +155,6 @@ class _Rewrite:
                  moments: dict[str, InputMoments] | None = None):
         self.p, self.graph, self.wdir = p, graph, wdir    # wdir: where external weights are read and written
         self.moments = moments or {}                      # linear input name -> its calibration moments
-        self.alphas: dict[str, np.ndarray] = {}           # linear input name -> its folded input scales
         self.inits = {t.name: t for t in graph.initializer}
         self.head = lm_head_node(graph)
         self.embed = embedding_node(graph, self.inits)
@@ -168,7 +164,6 @@ class _Rewrite:
         self.head_table: QuantizedTable | None = None
 
     def apply(self) -> None:
-        self._fold_input_scales()
         nodes = [self._linear(n) if n.op_type == "MatMul" else [n] for n in self.graph.node]
         embed_note = self._embedding(nodes)
         self.graph.ClearField("node")
@@ -204,7 +199,7 @@ class _Rewrite:
         rounding = self._int4_rounding(node) if bits == 4 and not is_head else None
         if rounding == "search":
             group = [searched_linear(self.graph, self.inits[b], node, self.p.block_size,
-                                     self.moments.get(node.input[0]), self.wdir, self.alphas.get(node.input[0]))]
+                                     self.moments.get(node.input[0]), self.wdir)]
         elif rounding == "block_offsets":
             group = offset_linear(self.graph, self.inits[b], node, bits, self.p.block_size, self.wdir)
         elif bits == 8 and self.p.int8_kernel == "dynamic" and not is_head and self._dynamic(node):
@@ -233,19 +228,6 @@ class _Rewrite:
 
     def _dynamic(self, node: onnx.NodeProto) -> bool:
         return not set(node.name.split("/")) & set(self.p.nbits_linears)
-
-    def _fold_input_scales(self) -> None:
-        if self.p.input_scaling is None or not self.moments:
-            return
-        self.alphas = fold_input_scales(self.graph, self.moments, self.p.input_scaling, self._searched, self.wdir)
-        self.moments |= {x: scaled_moments(self.moments[x], a) for x, a in self.alphas.items()}
-        self.p._details["input_scaling"] = {"exponent": self.p.input_scaling, "linear_inputs": len(self.alphas)}
-
-    def _searched(self, node: onnx.NodeProto) -> bool:
-        """A MatMul this run rounds with the search at 4 bits (so it may take folded input scales)."""
-        is_head = self.head is not None and node.name == self.head.name
-        return (node.op_type == "MatMul" and not is_head and _skip_reason(node, self.inits, self.p.block_size) is None
-                and self._linear_bits(node) == 4 and self._int4_rounding(node) == "search")
 
     def _int4_rounding(self, node: onnx.NodeProto) -> str:
         if set(node.name.split("/")) & set(self.p.offset_linears):

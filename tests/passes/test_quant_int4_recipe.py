@@ -12,8 +12,7 @@ from onnx import numpy_helper
 
 from kiln.export.decoder_graph import build_decoder
 from kiln.passes.base import run_pass
-from kiln.passes.int4_calibration import calibration_token_ids, linear_input_moments, linear_inputs
-from kiln.passes.int4_scaling import fold_input_scales
+from kiln.passes.int4_calibration import calibration_token_ids, linear_inputs
 from kiln.passes.quantize import MIN_TOP1, QuantizePass, QuantMode
 from kiln.passes.verify_quant import QuantCheck, check_token_ids
 
@@ -76,25 +75,3 @@ def test_calibration_probes_every_linear_input(tiny):
     consumers = {n.input[0] for n in model.graph.node if n.op_type == "MatMul"}
     assert names and set(names) <= consumers and len(names) == len(set(names))
 
-
-def test_folded_input_scales_leave_the_fp32_function_unchanged(tiny, tiny_sources, checks):
-    """RMSNorm's weight / α and the linear's rows · α: the same logits before any rounding."""
-    spec, model = tiny
-    name = next(n for n, src in tiny_sources.items() if src.spec == spec)
-    moments = linear_input_moments(model, calibration_token_ids(tiny_sources[name].tokenizer_dir, 64))
-    folded = onnx.ModelProto()
-    folded.CopyFrom(model)
-    alphas = fold_input_scales(folded.graph, moments, 0.5, lambda n: n.op_type == "MatMul" and "lm_head" not in n.name)
-    assert len(alphas) == 2 * spec.num_layers              # input_layernorm -> q/k/v, post_attention -> gate/up
-    assert all(a.std() > 0 for a in alphas.values())
-    inits = {t.name: t for t in folded.graph.initializer}
-    for n in folded.graph.node:
-        if n.op_type == "MatMul" and n.input[0] in alphas:
-            w = numpy_helper.to_array(inits[n.input[1]])
-            inits[n.input[1]].CopyFrom(numpy_helper.from_array(w * alphas[n.input[0]][:, None], n.input[1]))
-    checks.same_outputs(model, folded, atol=1e-4)
-    broken = onnx.ModelProto()
-    broken.CopyFrom(model)
-    fold_input_scales(broken.graph, moments, 0.5, lambda n: n.op_type == "MatMul" and "lm_head" not in n.name)
-    with pytest.raises(AssertionError):                    # the norm alone, without the rows: not the same
-        checks.same_outputs(model, broken, atol=1e-4)
