@@ -7,7 +7,8 @@ import asyncio
 from dataclasses import asdict, dataclass
 from typing import Awaitable, Callable
 
-from kiln.bench.scrape import BATCH_SIZE, RUNNING, TTFT, WAITING, Histogram, MetricsSnapshot, parse_metrics
+from kiln.bench.scrape import (BATCH_SIZE, RUNNING, SPEC_ACCEPTED, SPEC_PROPOSED, TTFT, WAITING, Histogram,
+                               MetricsSnapshot, parse_metrics)
 from kiln.bench.stats import Distribution
 
 # NOTE: client TTFT includes HTTP and tokenization; a gap under this many seconds is not a disagreement.
@@ -21,6 +22,15 @@ class ServerView:
     running: Distribution | None           # requests running, sampled every interval
     batch_size: Distribution | None        # per engine step (from a histogram: percentiles are bucket bounds)
     server_ttft_mean: float | None
+    # speculative decoding during the level: tokens proposed and accepted (None: not reported)
+    speculative_proposed: float | None = None
+    speculative_accepted: float | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        if not self.speculative_proposed:
+            return None
+        return self.speculative_accepted / self.speculative_proposed
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -86,7 +96,12 @@ class MetricsObserver(Observer):
             return None
         batch, ttft = self._delta(BATCH_SIZE), self._delta(TTFT)
         return ServerView(self.source, self._distribution(self.waiting), self._distribution(self.running),
-                          batch.distribution() if batch and batch.count else None, ttft.mean if ttft else None)
+                          batch.distribution() if batch and batch.count else None, ttft.mean if ttft else None,
+                          self._increase(SPEC_PROPOSED), self._increase(SPEC_ACCEPTED))
+
+    def _increase(self, names: tuple[str, ...]) -> float | None:
+        after, before = self.last.value(names), self.first.value(names)
+        return None if after is None else after - (before or 0.0)
 
     def _delta(self, names: tuple[str, ...]) -> Histogram | None:
         after, before = self.last.histogram(names), self.first.histogram(names)
@@ -103,6 +118,11 @@ class EngineObserver(Observer):
         self.core = core
         self.batch_sizes: list[float] = []
         self._last_step = core.stats.steps
+        self._speculated = self._speculation()
+
+    def _speculation(self) -> tuple[int, int] | None:
+        spec = self.core.speculator
+        return None if spec is None else (spec.stats.proposed, spec.stats.accepted)
 
     async def sample(self) -> None:
         scheduler, steps = self.core.scheduler, self.core.stats.steps
@@ -113,8 +133,10 @@ class EngineObserver(Observer):
             self._last_step = steps
 
     def view(self) -> ServerView:
+        now, then = self._speculation(), self._speculated
+        proposed, accepted = (now[0] - then[0], now[1] - then[1]) if now else (None, None)
         return ServerView(self.source, self._distribution(self.waiting), self._distribution(self.running),
-                          self._distribution(self.batch_sizes), None)
+                          self._distribution(self.batch_sizes), None, proposed, accepted)
 
 
 def ttft_disagreement(client_mean: float | None, view: ServerView | None, threshold: float) -> str | None:

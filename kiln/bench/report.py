@@ -31,7 +31,7 @@ def _latency_table(result: BenchResult) -> Table:
 def _throughput_table(result: BenchResult) -> Table:
     t = Table(title="throughput, failures and the server's view")
     for name in ["level", "requests", "req/s", "out tok/s", "goodput req/s", "timeouts", "errors",
-                 "cancelled", "queue p50/max", "batch mean/p95"]:
+                 "cancelled", "queue p50/max", "batch mean/p95", "spec accepted"]:
         t.add_column(name, justify="left" if name == "level" else "right")
     for lv in result.levels:
         s = lv.stats
@@ -46,12 +46,14 @@ def _goodput(lv: LevelResult) -> str:
     return "—" if s.goodput is None else f"{s.goodput:.2f} ({s.slo_attainment:.0%})"
 
 
-def _server_cells(lv: LevelResult) -> tuple[str, str]:
+def _server_cells(lv: LevelResult) -> tuple[str, str, str]:
     v = lv.server
     queue = v.queue_depth if v else None
     batch = v.batch_size if v else None
+    rate = v.acceptance_rate if v else None
     return (f"{queue.p50:g} / {queue.max:g}" if queue else "—",
-            f"{batch.mean:.1f} / {batch.p95:g}" if batch else "—")
+            f"{batch.mean:.1f} / {batch.p95:g}" if batch else "—",
+            f"{v.speculative_accepted:.0f}/{v.speculative_proposed:.0f} ({rate:.0%})" if rate is not None else "—")
 
 
 def _ms(d: Distribution) -> str:

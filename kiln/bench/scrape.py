@@ -17,6 +17,8 @@ WAITING = ("kiln_requests_waiting", "kiln_num_requests_waiting", "vllm:num_reque
 RUNNING = ("kiln_requests_running", "kiln_num_requests_running", "vllm:num_requests_running")
 BATCH_SIZE = ("kiln_batch_size",)
 TTFT = ("kiln_time_to_first_token_seconds", "vllm:time_to_first_token_seconds")
+SPEC_PROPOSED = ("kiln_speculative_proposed_tokens", "vllm:spec_decode_num_draft_tokens")
+SPEC_ACCEPTED = ("kiln_speculative_accepted_tokens", "vllm:spec_decode_num_accepted_tokens")
 
 
 @dataclass
