@@ -2,8 +2,11 @@
 decode steps at 1 and 32 sequences, and batches of chunks that continue their sequences, which a
 GroupQueryAttention core runs one sequence per call (passes/attention_gqa.py) and the standard core
 in one padded call. Rounds interleave the artifacts; each round keeps the fastest of --repeat runs
-of a shape, and the median over rounds is printed with ratios to the first artifact. --profile DIR adds ORT's per-op profile of one decode step of each.
+of a shape, and the median over rounds is printed with ratios to the first artifact. --profile DIR
+adds ORT's per-op profile of decode steps (x1 and x32, past 300) of each.
 
+    kiln build smollm2-135m --quant int8 -o /tmp/a-int8-standard
+    kiln build smollm2-135m --quant int8 --attention gqa -o /tmp/a-int8-gqa
     .venv/bin/python bench/bench_attention_calls.py /tmp/a-int8-standard /tmp/a-int8-gqa [--rounds 5]
 """
 

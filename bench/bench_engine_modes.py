@@ -7,8 +7,8 @@ load hits all alike; the best round of each is printed, with ratios to the first
     .venv/bin/python bench/bench_engine_modes.py /tmp/a-int8 /tmp/a-w8a8 [--rounds 3] [--threads 2]
 
 --build SOURCE:QUANT[:ATTENTION[:PREFILL]] builds an artifact in this run first (into --build-dir),
-e.g. the paged graph's attention cores side by side (ATTENTION: gqa, the default, or standard, the
-unfused ops of artifacts built before it; PREFILL: a --prefill-engine mode):
+e.g. the paged graph's attention cores side by side (ATTENTION: standard, the default, or gqa,
+kiln build --attention; PREFILL: a --prefill-engine mode):
     bench_engine_modes.py --build smollm2-135m:int4:standard --build smollm2-135m:int4:gqa
 Each artifact's decode graph node count is printed with its results.
 """
@@ -50,7 +50,7 @@ def build_artifact(spec: str, root: Path) -> str:
     source, quant, attention, prefill = (spec.split(":") + ["", "", ""])[:4]
     out = root / spec.replace(":", "-")
     print(f"building {spec} -> {out}", flush=True)
-    return str(build(BuildConfig(source=source, out=out, quant=QuantMode(quant), attention=attention or "gqa",
+    return str(build(BuildConfig(source=source, out=out, quant=QuantMode(quant), attention=attention or "standard",
                                  prefill_engine=prefill, force=True)))
 
 

@@ -66,6 +66,8 @@ def _refuse_unbuildable(config: BuildConfig) -> None:
     """Option combinations a backend cannot build are refused before the passes run, not after."""
     if config.prefill_engine and config.backend != "ort":
         raise ValueError(f"--prefill-engine is an option of the ort backend, not {config.backend!r}")
+    if config.attention != "standard" and config.backend != "ort":
+        raise ValueError(f"--attention {config.attention} is an option of the ort backend, not {config.backend!r}")
     if config.backend == "openvino":
         from kiln.engines.openvino.options import OpenVinoOptions
 

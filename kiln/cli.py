@@ -53,6 +53,9 @@ def main():
 @click.option("--prefill-engine", type=click.Choice(["w8a8", "int8", "int4"]), default=None,
               help="ort backend: a second engine, quantized this way, for calls of 4+ tokens (prefill "
                    "chunks, decode batches); the --quant engine keeps single decodes.")
+@click.option("--attention", type=click.Choice(["standard", "gqa"]), default="standard", show_default=True,
+              help="ort backend: the paged graph's attention core; gqa: ONNX Runtime's GroupQueryAttention "
+                   "(faster prefill and single decodes, slower large decode batches: passes/attention_gqa.py).")
 @click.option("--block-size", default=16, show_default=True, help="KV cache block size in tokens.")
 @click.option("--backend", type=click.Choice(["ort", "openvino", "tensorrt", "ort-cuda"]), default="ort",
               show_default=True,
@@ -63,7 +66,7 @@ def main():
 @click.option("--no-fuse", is_flag=True, help="Skip the fusion passes.")
 @click.option("--no-verify", is_flag=True, help="Skip the numeric check after each pass.")
 @click.option("--force", is_flag=True, help="Overwrite an existing artifact folder.")
-def build(model, out, quant, prefill_engine, block_size, backend, precision, no_fuse, no_verify, force):
+def build(model, out, quant, prefill_engine, attention, block_size, backend, precision, no_fuse, no_verify, force):
     """Build an engine artifact from MODEL: a preset (smollm2-135m, tiny-llama, tiny-qwen2),
     a .gguf file or a Hugging Face checkpoint folder."""
     from kiln.build import build as run_build
@@ -72,7 +75,7 @@ def build(model, out, quant, prefill_engine, block_size, backend, precision, no_
 
     cfg = BuildConfig(source=model, out=out, quant=QuantMode(quant), block_size=block_size,
                       fuse=not no_fuse, verify=not no_verify, force=force, backend=backend,
-                      precision=precision or "", prefill_engine=prefill_engine or "")
+                      precision=precision or "", prefill_engine=prefill_engine or "", attention=attention)
     t0 = time.perf_counter()
     path = _guarded(lambda: run_build(cfg, stage=rich_stage))
     console.print(f"[bold green]built[/] {path} in {time.perf_counter() - t0:.1f} s")

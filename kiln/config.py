@@ -44,7 +44,7 @@ class BuildConfig:
     backend: str = "ort"          # a key of kiln.build.ENGINE_BUILDERS (and of the engine factory)
     precision: str = ""           # GPU backends: fp32 | fp16 | bf16 ("": the backend's default)
     prefill_engine: str = ""      # ORT: a second engine (a QuantMode value, e.g. "w8a8") for calls of many tokens
-    attention: str = "gqa"        # ORT: the paged graph's attention core (passes.kv_io.ATTENTION_CORES; "standard": unfused ops)
+    attention: str = "standard"   # ORT: the paged graph's attention core, a key of passes.kv_io.ATTENTION_CORES
 
 
 class SchedulingPolicy(enum.Enum):

@@ -26,8 +26,9 @@ FUSION_PASSES (the pass stays, tested, for a later re-measure). MergeProjections
 steady; its prefill figure is noise-level either way, and one int8/int4 matmul per group suits
 the quantize pass (which already knows qkv_proj).
 
-Attention: not fused here, in the standard graph. For ORT builds the kv_io pass itself puts
-GroupQueryAttention in place of the core (passes/attention_gqa.py, layout "paged-gqa"): fed the
+Attention: not fused here, in the standard graph. `kiln build --attention gqa` has the kv_io pass
+put GroupQueryAttention in place of the core (passes/attention_gqa.py, layout "paged-gqa"; opt-in,
+its figures are there): fed the
 gathered past as its past_key/past_value and the mask as seqlens_k, rather than an
 already-concatenated K/V with an additive mask, which it cannot take. What the other contrib ops
 offer, for the record (the standard core stays for TensorRT and the other backends):

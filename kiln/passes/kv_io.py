@@ -18,8 +18,9 @@ decoding; every position for perplexity), so prefill does not pay the LM head fo
 Two attention cores, one interface (the `attention` argument; recorded as details()["layout"]):
 - "standard" (layout "paged-gather"): the standard graph's own ops over the gathered past + new K/V,
   standard ONNX only, so TensorRT and the OpenVINO/CUDA rewrites take it;
-- "gqa" (layout "paged-gqa", passes/attention_gqa.py): ONNX Runtime's fused GroupQueryAttention,
-  which runs a chunk with a past only at batch 1 (the ORT planner keeps to that). The graph's
+- "gqa" (layout "paged-gqa", passes/attention_gqa.py; `kiln build --attention gqa`): ONNX Runtime's
+  fused GroupQueryAttention, which runs a chunk with a past only at batch 1 (the ORT planner keeps
+  to that); fewer nodes, faster prefill and single decodes, slower large decode batches. The graph's
   metadata names the core, so an engine plans its calls by the graph it loads; graphs built
   before it existed carry no name and are the standard core, which still loads and runs.
 """
