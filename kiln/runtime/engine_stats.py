@@ -47,6 +47,7 @@ class EngineSnapshot:
     prefill_budget: int = 0             # prefill tokens the last step was allowed
     remaining_tokens: tuple[int, ...] = ()   # running requests' tokens left to max_tokens, ascending
     prefilled_tokens: int = 0           # prompt tokens computed of requests without a first token
+    num_prefilling: int = 0             # running requests without a first token (not decoding yet)
 
     @property
     def target_itl(self) -> float:
@@ -105,4 +106,5 @@ def take_snapshot(core, counters: LoopCounters) -> EngineSnapshot:
         max_num_seqs=sched.config.max_num_seqs, step_costs=sched.step_costs.costs(),
         prefill_budget=sched.last_step_stats.prefill_budget,
         remaining_tokens=tuple(sorted(r.max_tokens - r.num_output_tokens for r in sched.running)),
-        prefilled_tokens=sum(r.num_computed_tokens for r in sched.running if r.num_output_tokens == 0))
+        prefilled_tokens=sum(r.num_computed_tokens for r in sched.running if r.num_output_tokens == 0),
+        num_prefilling=sum(1 for r in sched.running if r.num_output_tokens == 0))

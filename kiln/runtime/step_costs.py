@@ -23,6 +23,7 @@ observe() with measured seconds, and tests feed made-up ones.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 FORGET = 0.95                   # weight of the past per observation (about the last 20 steps count)
 PRIOR_DECODE_SECONDS = 0.02     # until a decode step of that size was seen: a small model on 2 cores
@@ -77,6 +78,29 @@ class StepCosts:
 
     def step_seconds(self, num_decodes: int, num_prefill_tokens: int) -> float:
         return self.decode_seconds(num_decodes) + num_prefill_tokens * self.prefill_seconds_per_token
+
+    def queue_prefill_seconds(self, prompts: Sequence[int], num_decodes: int, max_decodes: int) -> float:
+        """How long until the last of `prompts` (tokens left to prefill, in the scheduler's
+        first-come order) has its first token, while num_decodes streams decode: step by step,
+        each step prefilling its budget across prompt boundaries, and each prompt prefilled
+        joining the decodes (up to max_decodes seats) from the next step on. NOTE: a prompt is
+        a decode load only once it is prefilled; counting the queue as decoding from the start
+        doubles the decode share of every step and halves the budget the prediction assumes."""
+        left = [n for n in prompts if n > 0]
+        seconds, done = 0.0, 0
+        decodes = min(num_decodes + len(prompts) - len(left), max_decodes)
+        while done < len(left):
+            budget = max(self.prefill_budget(decodes), 1)
+            spent, finished = 0, 0
+            while done + finished < len(left) and spent < budget:
+                take = min(left[done + finished], budget - spent)
+                left[done + finished] -= take
+                spent += take
+                finished += left[done + finished] == 0
+            seconds += self.step_seconds(decodes, spent)
+            done += finished
+            decodes = min(decodes + finished, max_decodes)
+        return seconds
 
     def prefill_seconds(self, num_tokens: int, num_decodes: int) -> float:
         """How long prefilling num_tokens takes while num_decodes streams keep decoding: whole

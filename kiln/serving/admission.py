@@ -8,25 +8,33 @@ A request counts as waiting from admission until its first token. Its predicted 
 both read from the engine's step-cost model (kiln/runtime/step_costs.py), so the decode load
 counts: while d streams decode, a step prefills only the chunk that keeps it within the target
 inter-token latency, and takes as long as the model says such a step takes. The streams that
-will decode meanwhile are today's running ones plus every admitted request still waiting (each
-becomes a stream once prefilled). When every seat (max_num_seqs) is taken, the request also waits
-for enough running requests to reach their max_tokens (an upper bound: EOS may come sooner).
-The prediction leans pessimistic on purpose: a refused request can retry, a late one is lost.
+decode meanwhile are today's decoding ones, joined by each waiting prompt once it is prefilled
+(StepCosts.queue_prefill_seconds walks the queue in first-come order, as the scheduler does).
+NOTE: a running request still prefilling is both in the engine's running count and among the
+waiting tickets; it is counted once, as a prompt. When every seat (max_num_seqs) is taken, the
+request also waits for enough running requests to reach their max_tokens (an upper bound: EOS
+may come sooner).
 
 What the model cannot see (the HTTP thread's share of the GIL, attention growing along a long
-prompt, the scheduler's order) is learnt back: every admitted request's first token compares the
-time it took with the time predicted, and the 90th percentile of that ratio (Calibration)
-scales the next predictions.
+prompt, the step in flight when a request arrives) is learnt back: every admitted request's first
+token compares the time it took with the time predicted, and the 90th percentile of that ratio
+(Calibration) scales the next predictions. The calibration can correct a model that is wrong by a
+constant factor, not one whose error depends on the load: a prediction too pessimistic under load
+would refuse requests that would have met the objective (the double-counted decode load did
+this: at 16 chat clients a third of the requests got 429).
 """
-
 from __future__ import annotations
 
+import logging
 import math
 import time
 
 from kiln.config import ServeConfig
 from kiln.runtime.engine_stats import EngineSnapshot
 from kiln.serving.errors import ApiError
+
+# DEBUG: one line per decision and per first token (predicted vs realised), to check the predictor.
+log = logging.getLogger("kiln.serving.admission")
 
 
 class Calibration:
@@ -51,8 +59,8 @@ class Calibration:
 
 
 class Ticket:
-    """An admitted request's place in the waiting count, given back at its first token (which
-    also teaches the calibration) or when it ends without one."""
+    """An admitted request's place among the waiting, given back at its first token (which also
+    teaches the calibration) or when it ends without one."""
 
     def __init__(self, admission: Admission, num_tokens: int, predicted: float):
         self._admission, self.num_tokens, self.predicted = admission, num_tokens, predicted
@@ -60,23 +68,32 @@ class Ticket:
 
     def first_token(self) -> None:
         if self._admission is not None:
-            self._admission.calibration.observe(self.predicted, time.monotonic() - self.admitted_at)
+            realised = time.monotonic() - self.admitted_at
+            log.debug("first token: predicted %.3f s, realised %.3f s", self.predicted, realised)
+            self._admission.calibration.observe(self.predicted, realised)
         self.release()
 
     def release(self) -> None:
         admission, self._admission = self._admission, None
         if admission is not None:
-            admission.pending -= 1
-            admission.pending_tokens -= self.num_tokens
+            del admission.waiting[self]
 
 
 class Admission:
     def __init__(self, config: ServeConfig, client):
         """`client` is the engine client; its snapshot is read (never written) on each request."""
         self.config, self.client = config, client
-        self.pending = 0              # admitted, no first token yet (event-loop thread only)
-        self.pending_tokens = 0
+        # Admitted, no first token yet, in admission order (event-loop thread only).
+        self.waiting: dict[Ticket, None] = {}
         self.calibration = Calibration()
+
+    @property
+    def pending(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def pending_tokens(self) -> int:
+        return sum(t.num_tokens for t in self.waiting)
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -89,19 +106,17 @@ class Admission:
     def modelled_ttft(self, num_prompt_tokens: int) -> float:
         """The step-cost model's TTFT, before calibration."""
         s = self.client.snapshot
-        decodes = min(s.num_running + self.pending, max(s.max_num_seqs, 1))
-        # The waiting prompts' chunks computed so far are done. NOTE: the snapshot may lag a
-        # step behind the tickets; the clamp keeps a stale one from counting work twice as done.
-        ahead = max(self.pending_tokens - s.prefilled_tokens, 0)
-        prefill = s.step_costs.prefill_seconds(ahead + num_prompt_tokens, decodes)
-        return _seat_wait(s, self.pending) + prefill
+        decoding = max(s.num_running - s.num_prefilling, 0)
+        prompts = _left_to_prefill([t.num_tokens for t in self.waiting], s.prefilled_tokens)
+        prefill = s.step_costs.queue_prefill_seconds(prompts + [num_prompt_tokens], decoding,
+                                                     max(s.max_num_seqs, 1))
+        return _seat_wait(s, decoding + self.pending) + prefill
 
     def admit(self, num_prompt_tokens: int) -> Ticket:
         """A ticket, or ApiError(429) naming the bound that refused the request."""
-        predicted = self._check(num_prompt_tokens)
-        self.pending += 1
-        self.pending_tokens += num_prompt_tokens
-        return Ticket(self, num_prompt_tokens, predicted)
+        ticket = Ticket(self, num_prompt_tokens, self._check(num_prompt_tokens))
+        self.waiting[ticket] = None
+        return ticket
 
     def _check(self, n: int) -> float:
         """The predicted TTFT, unless a bound refuses the request."""
@@ -113,17 +128,40 @@ class Admission:
             raise _too_many(f"{self.pending_tokens} prompt tokens are already waiting and this request "
                             f"adds {n} (max {c.max_waiting_tokens})", "max_waiting_tokens", self.predicted_ttft(0))
         ttft = self.predicted_ttft(n)
-        if c.ttft_slo and ttft > c.ttft_slo:
+        refused = bool(c.ttft_slo) and ttft > c.ttft_slo
+        if log.isEnabledFor(logging.DEBUG):
+            self._trace(n, ttft, refused)
+        if refused:
             raise _too_many(f"predicted time to first token {ttft:.2f} s exceeds the "
                             f"{c.ttft_slo:g} s objective", "ttft_slo", ttft - c.ttft_slo)
         return ttft
 
+    def _trace(self, n: int, ttft: float, refused: bool) -> None:
+        s = self.client.snapshot
+        log.debug("%s %d tokens: predicted %.3f s (x%.2f); running %d (%d prefilling), waiting %d "
+                  "with %d tokens (%d prefilled)", "refuse" if refused else "admit", n, ttft,
+                  self.calibration.factor, s.num_running, s.num_prefilling, self.pending,
+                  self.pending_tokens, s.prefilled_tokens)
 
-def _seat_wait(s: EngineSnapshot, pending: int) -> float:
-    """Until a seat frees for a newcomer behind `pending` others: the k-th shortest remaining
-    reply among the running requests, k being how many seats are missing, at a loaded step's
-    pace (a full batch's decode step, stretched to the target ITL by prefill chunks)."""
-    missing = s.num_running + pending + 1 - max(s.max_num_seqs, 1)
+
+def _left_to_prefill(prompts: list[int], prefilled: int) -> list[int]:
+    """The waiting prompts' tokens still to compute: the engine prefills first come first, so
+    the chunks it computed so far belong to the oldest. NOTE: the snapshot may lag a step behind
+    the tickets; the clamp keeps a stale one from counting work twice as done."""
+    left = []
+    for n in prompts:
+        done = min(n, prefilled)
+        prefilled -= done
+        left.append(n - done)
+    return left
+
+
+def _seat_wait(s: EngineSnapshot, occupied: int) -> float:
+    """Until a seat frees for a newcomer behind `occupied` others (decoding or waiting): the k-th
+    shortest remaining reply among the running requests, k being how many seats are missing, at
+    a loaded step's pace (a full batch's decode step, stretched to the target ITL by prefill
+    chunks)."""
+    missing = occupied + 1 - max(s.max_num_seqs, 1)
     if missing <= 0 or not s.remaining_tokens:
         return 0.0
     rounds, k = divmod(missing - 1, len(s.remaining_tokens))

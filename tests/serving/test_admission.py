@@ -18,10 +18,11 @@ COSTS = StepCosts(target_itl=0.1, min_prefill_chunk=8, max_tokens=512,
                   decode_seconds_by_bucket=((4, 0.02), (16, 0.04)), prefill_seconds_per_token=0.001)
 
 
-def engine(num_running=0, max_num_seqs=32, remaining=(), costs=COSTS, prefilled=0):
+def engine(num_running=0, max_num_seqs=32, remaining=(), costs=COSTS, prefilled=0, num_prefilling=0):
     """What Admission reads of the engine client: its latest snapshot."""
     snapshot = EngineSnapshot(num_running=num_running, max_num_seqs=max_num_seqs, step_costs=costs,
-                              remaining_tokens=tuple(sorted(remaining)), prefilled_tokens=prefilled)
+                              remaining_tokens=tuple(sorted(remaining)), prefilled_tokens=prefilled,
+                              num_prefilling=num_prefilling)
     return SimpleNamespace(snapshot=snapshot)
 
 
@@ -49,10 +50,11 @@ def test_idle_prediction_is_the_queue_over_the_prefill_rate():
     assert adm.prefill_tokens_per_second == pytest.approx(1000)
     assert adm.predicted_ttft(400) == pytest.approx(0.4)
     adm.admit(400)
-    # The first request decodes while the next prefill runs: each 100 ms step takes 80 tokens
-    # beside its decode (the bucket of 4 at 20 ms, conservatively) -> 12 full steps for 960 of
-    # the 1,000 tokens queued, then one of 20 ms + 40 tokens.
-    assert adm.predicted_ttft(600) == pytest.approx(12 * 0.1 + 0.02 + 0.04)
+    # Nothing decodes yet: the first step prefills the whole token budget, 400 + 112 of the next
+    # prompt (0.512 s). Then the first request decodes beside the rest: each 100 ms step takes 80
+    # tokens (the bucket of 4 at 20 ms, conservatively) -> 6 steps for 480 of the 488 tokens
+    # left, then one of 20 ms + 8 tokens.
+    assert adm.predicted_ttft(600) == pytest.approx(0.512 + 6 * 0.1 + 0.02 + 0.008)
     error = refusal(adm, 600)
     assert error.code == "ttft_slo" and "exceeds the 1 s objective" in error.message
     assert adm.predicted_ttft(300) < 1.0
@@ -68,15 +70,44 @@ def test_decode_load_raises_the_prediction():
     assert refusal(busy, 700).code == "ttft_slo"
 
 
+def test_a_prompt_still_prefilling_is_not_also_a_decode():
+    """16 clients: 12 streams decode, 4 prompts wait (2 of them already running, mid-prefill).
+    The old prediction counted the 2 twice and all 4 as decoding from the start: 18 decodes,
+    past the largest bucket seen (16), so 80 ms a decode step and 20 prefill tokens a step ->
+    600 tokens in 30 steps, 3 s, refused at a 2 s objective. The engine decodes 12 streams, then
+    up to 16, at 40 ms a step: 60 tokens a step, 10 steps, 1 s."""
+    client = engine(num_running=14, num_prefilling=2)
+    adm = Admission(ServeConfig(ttft_slo=2.0), client)
+    for _ in range(4):
+        adm.admit(100)
+    assert adm.predicted_ttft(200) == pytest.approx(10 * 0.1)
+    assert adm.predicted_ttft(200) == pytest.approx(COSTS.queue_prefill_seconds([100] * 4 + [200], 12, 32))
+    adm.admit(200)
+
+
+def test_waiting_prompts_join_the_decodes_once_prefilled():
+    """Nothing decodes: the first prompt prefills at the idle rate; later prompts share steps with
+    the streams the earlier ones became."""
+    adm = Admission(ServeConfig(ttft_slo=0), engine())
+    adm.admit(512)
+    # Step 1: 512 tokens alone (0.512 s). Then one stream decodes: 80 tokens per 100 ms step.
+    assert adm.predicted_ttft(160) == pytest.approx(0.512 + 2 * 0.1)
+    adm.admit(160)
+    # Two streams now decode beside the third prompt (still the bucket of 4).
+    assert adm.predicted_ttft(80) == pytest.approx(0.512 + 3 * 0.1)
+
+
 def test_chunks_already_prefilled_are_not_counted_again():
     client = engine()
     adm = Admission(ServeConfig(ttft_slo=0), client)
     adm.admit(800)
     before = adm.predicted_ttft(100)
-    client.snapshot = EngineSnapshot(num_running=1, max_num_seqs=32, step_costs=COSTS, prefilled_tokens=600)
-    # 200 tokens left of the first prompt and 100 of the new one, beside one decode.
-    assert adm.predicted_ttft(100) == pytest.approx(COSTS.prefill_seconds(300, 1)) and adm.predicted_ttft(100) < before
+    client.snapshot = EngineSnapshot(num_running=1, num_prefilling=1, max_num_seqs=32, step_costs=COSTS,
+                                     prefilled_tokens=600)
+    # 200 tokens left of the first prompt and 100 of the new one, nothing decoding: one step.
+    assert adm.predicted_ttft(100) == pytest.approx(0.3) and adm.predicted_ttft(100) < before
     client.snapshot = EngineSnapshot(max_num_seqs=32, step_costs=COSTS, prefilled_tokens=5000)   # stale
+    # The first prompt counts as prefilled, so as a decode beside the new one.
     assert adm.predicted_ttft(100) == pytest.approx(COSTS.prefill_seconds(100, 1))
 
 

@@ -53,6 +53,23 @@ def test_prefill_seconds_counts_the_decode_load():
     assert c.prefill_seconds(1000, 16) > 4 * c.prefill_seconds(1000, 0)
 
 
+def test_a_queue_of_prompts_shares_steps_and_each_joins_the_decodes_once_prefilled():
+    c = costs()
+    assert c.queue_prefill_seconds([], 4, 32) == 0
+    assert c.queue_prefill_seconds([90], 4, 32) == pytest.approx(c.prefill_seconds(90, 4))
+    # Nothing decodes: one step of the whole budget ends the first prompt and starts the second
+    # (412 of its 512); then 1 decode, 40 tokens a step: 100 tokens in 2 steps and a 20-token one.
+    assert c.queue_prefill_seconds([100, 512], 0, 32) == pytest.approx(0.512 + 2 * 0.05 + 0.01 + 0.02)
+    # Four prompts of 15 beside 1 decode: 40 tokens a step (two and a half prompts), then 3
+    # decodes (bucket 4, 20 ms: 30 a step) for the last 20 tokens.
+    assert c.queue_prefill_seconds([15] * 4, 1, 32) == pytest.approx(0.05 + 0.02 + 0.02)
+    # Counting the queue as decoding from the start (the old prediction) is slower.
+    assert c.queue_prefill_seconds([15] * 4, 1, 32) < c.prefill_seconds(60, 5)
+    # Prompts already prefilled (0 left) are decodes; seats cap the decodes.
+    assert c.queue_prefill_seconds([0, 0, 0, 30], 1, 32) == pytest.approx(c.prefill_seconds(30, 4))
+    assert c.queue_prefill_seconds([0] * 40 + [8], 0, 16) == pytest.approx(c.prefill_seconds(8, 16))
+
+
 def test_the_model_learns_a_step_law_and_hits_the_target():
     """Made-up engine: 5 ms + 5 ms per decode bucket doubling, 0.5 ms per prefill token."""
     def engine(decodes, prefill):
