@@ -1,9 +1,14 @@
 """The ORT engine with either attention core of the paged graph (passes/kv_io.py): the
-GroupQueryAttention core (the default) and the standard unfused one (what every artifact built
-before it has) give the same logits and write the same pool on one batch that mixes decodes, first
-chunks and chunks continuing a sequence; each records its layout and plans its calls by its core."""
+GroupQueryAttention core (--attention gqa) and the standard unfused one (the default, and what
+every artifact built before it has) give the same logits and write the same pool on one batch that
+mixes decodes, first chunks and chunks continuing a sequence, for tiny-llama and for the family
+variants whose attention differs (windows, softcap, Gemma's scale, q/k norms, partial rotary); each
+records its layout and plans its calls by its core."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,24 +19,32 @@ from kiln.config import BuildConfig
 from kiln.engines.base import PagedBatch
 from kiln.engines.factory import load_engine
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
+from model_checkpoints import write_checkpoint  # noqa: E402  (tests/models' HF checkpoint writer)
+
 # (past_len, new tokens): decodes at and off block edges, first chunks, continuing chunks
 SEQUENCES = [(0, 9), (0, 4), (15, 1), (16, 1), (40, 1), (0, 1), (16, 7), (21, 30), (3, 2)]
+# the variants whose attention core differs from llama's (tests/models/model_checkpoints.py)
+FAMILY_VARIANTS = ["mistral-window", "qwen2-window-some-layers", "qwen3", "gemma2", "gemma3",
+                   "phi3-longrope-partial"]
 
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("attention-cores")
-    return {core: build(BuildConfig(source="tiny-llama", out=root / core, attention=core))
-            for core in ("gqa", "standard")}
+    return _build_both("tiny-llama", tmp_path_factory.mktemp("attention-cores"))
 
 
-def _mixed_batch(block_size: int, num_blocks: int, seed: int = 0) -> PagedBatch:
+def _build_both(source: str, root: Path) -> dict[str, Path]:
+    return {core: build(BuildConfig(source=source, out=root / core, attention=core)) for core in ("gqa", "standard")}
+
+
+def _mixed_batch(block_size: int, num_blocks: int, vocab: int, seed: int = 0) -> PagedBatch:
     rng = np.random.default_rng(seed)
     counts = [-(-(p + n) // block_size) for p, n in SEQUENCES]
     tables = np.split(rng.permutation(num_blocks)[: sum(counts)].astype(np.int64), np.cumsum(counts)[:-1])
     spans = [np.arange(p, p + n, dtype=np.int64) for p, n in SEQUENCES]
     total = sum(n for _, n in SEQUENCES)
-    return PagedBatch(input_ids=rng.integers(0, 256, total).astype(np.int64), positions=np.concatenate(spans),
+    return PagedBatch(input_ids=rng.integers(3, vocab, total).astype(np.int64), positions=np.concatenate(spans),
                       query_lens=np.array([n for _, n in SEQUENCES], np.int64),
                       past_lens=np.array([p for p, _ in SEQUENCES], np.int64), block_tables=tables,
                       slot_mapping=np.concatenate([t[s // block_size] * block_size + s % block_size
@@ -47,19 +60,32 @@ def _run(artifact, pool: np.ndarray, batch: PagedBatch):
     return engine, result, engine.pool.data.copy()
 
 
-def test_both_cores_agree_on_a_mixed_batch(artifacts):
+def _run_both(artifacts: dict[str, Path], vocab: int):
+    """(engine, result, pool after) per core on the same mixed batch over the same random pool."""
     layout = EngineArtifact.load(artifacts["gqa"]).manifest.kv_layout
     num_blocks = 64
-    # a pool of plausible K/V: a first pass of the same batch's tokens would do too; random is harsher
+    # random K/V in the pool: harsher than what the model would write, and any core difference shows
     pool = np.random.default_rng(1).standard_normal((layout.num_layers, 2, layout.num_kv_heads, num_blocks,
                                                       layout.block_size, layout.head_dim)).astype(np.float32)
-    batch = _mixed_batch(layout.block_size, num_blocks)
-    gqa, fused, fused_pool = _run(artifacts["gqa"], pool, batch)
-    standard, unfused, unfused_pool = _run(artifacts["standard"], pool, batch)
-    assert gqa.chunks_with_past_alone and not standard.chunks_with_past_alone
-    np.testing.assert_allclose(fused.logits, unfused.logits, atol=1e-4, rtol=1e-4)
-    np.testing.assert_allclose(fused_pool, unfused_pool, atol=1e-5)
+    batch = _mixed_batch(layout.block_size, num_blocks, vocab)
+    runs = {core: _run(artifacts[core], pool, batch) for core in ("gqa", "standard")}
+    fused_pool = runs["gqa"][2]
+    np.testing.assert_allclose(runs["gqa"][1].logits, runs["standard"][1].logits, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(fused_pool, runs["standard"][2], atol=1e-5)
     assert not np.array_equal(fused_pool, pool)                     # the new tokens' K/V were written
+    return runs
+
+
+@pytest.mark.parametrize("variant", FAMILY_VARIANTS)
+def test_both_cores_agree_for_each_family(variant, tmp_path):
+    checkpoint = write_checkpoint(variant, tmp_path / "checkpoint")
+    _run_both(_build_both(str(checkpoint), tmp_path), vocab=256)
+
+
+def test_both_cores_agree_on_a_mixed_batch(artifacts):
+    runs = _run_both(artifacts, vocab=256)
+    (gqa, fused, _), (standard, unfused, _) = runs["gqa"], runs["standard"]
+    assert gqa.chunks_with_past_alone and not standard.chunks_with_past_alone
     # GQA: the decodes, the two first chunks (9 and 4 tokens: two length groups), the three continuing
     # chunks alone; standard: the decodes and the chunks in length groups [30], [9, 7], [4, 2]
     assert (fused.calls, unfused.calls) == (6, 4)
