@@ -18,6 +18,23 @@ import numpy as np
 from kiln.engines.base import BucketGrid, PagedBatch
 
 MAX_PADDING = 0.25      # a prefill group may waste at most this share of its [B, S] slots
+# The model metadata entry of a graph whose attention core is GroupQueryAttention (written by
+# passes/attention_gqa.py; here so the runtime, which has no onnx, can read it).
+GQA_METADATA = ("kiln.attention", "GroupQueryAttention")
+
+
+def has_gqa_core(metadata: dict[str, str]) -> bool:
+    key, value = GQA_METADATA
+    return metadata.get(key) == value
+
+
+def new_kv_layer_major(new_kv: np.ndarray, num_kv_heads: int, head_dim: int) -> np.ndarray:
+    """new_kv as [2L, kvh, B, S, hd] (a view): the GQA layout returns it token-major,
+    [B, S, 2L·kvh·hd] (one Concat of the flat k/v the attention reads, no per-layer transposes)."""
+    if new_kv.ndim == 5:
+        return new_kv
+    batch, seq, _ = new_kv.shape
+    return new_kv.reshape(batch, seq, -1, num_kv_heads, head_dim).transpose(2, 3, 0, 1, 4)
 
 
 @dataclass

@@ -15,10 +15,8 @@ import onnxruntime as ort
 
 from kiln.engines.base import BucketGrid, EngineResult, KvLayout, PagedBatch, default_threads
 from kiln.engines.kv_pool import KvPool
-from kiln.engines.ort_batching import OrtCall, plan_calls
+from kiln.engines.ort_batching import OrtCall, has_gqa_core, new_kv_layer_major, plan_calls
 from kiln.engines.ort_session import cpu_session, session_options
-from kiln.passes import attention_gqa
-from kiln.passes.kv_io import new_kv_layer_major
 
 
 class OrtEngine:
@@ -73,7 +71,7 @@ class OrtEngine:
 def _gqa_core(sessions: list[tuple[int, ort.InferenceSession]]) -> bool:
     """Whether the engines' attention core is GroupQueryAttention (all of them, or none: one plan
     serves every session)."""
-    cores = {attention_gqa.is_marked(s.get_modelmeta().custom_metadata_map) for _, s in sessions}
+    cores = {has_gqa_core(s.get_modelmeta().custom_metadata_map) for _, s in sessions}
     if len(cores) > 1:
         raise ValueError("the decode and prefill engines have different attention cores; rebuild the artifact")
     return cores.pop()

@@ -59,15 +59,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from kiln.engines.ort_batching import GQA_METADATA
 from kiln.export.graph_builder import INT32, MS_DOMAIN, GraphBuilder
 from kiln.export.spec import ModelSpec
 from kiln.passes.fuse_common import GraphIndex
 
 LAYOUT = "paged-gqa"
-# Model metadata key naming the attention core; the ORT engine plans its calls by it (an artifact
-# without it has the unfused core, which takes any batch).
-ATTENTION_KEY = "kiln.attention"
-ATTENTION_VALUE = "GroupQueryAttention"
 
 
 @dataclass
@@ -180,10 +177,8 @@ def rewire_layers(g: onnx.GraphProto, b: GraphBuilder, spec: ModelSpec, block_si
 
 
 def mark(model: onnx.ModelProto) -> None:
+    """Name the core in the model's metadata: the ORT engine plans its calls by it (a graph without
+    it has the standard core, which takes any batch)."""
     entry = model.metadata_props.add()
-    entry.key, entry.value = ATTENTION_KEY, ATTENTION_VALUE
-
-
-def is_marked(metadata: dict[str, str]) -> bool:
-    return metadata.get(ATTENTION_KEY) == ATTENTION_VALUE
+    entry.key, entry.value = GQA_METADATA
 

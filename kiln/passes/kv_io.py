@@ -5,8 +5,9 @@ After:  past_lens [B], block_tables [B,MB], logits_index [B,K],
         key_cache.{i} / value_cache.{i} [kvh, num_blocks, block_size, hd]   (the runtime's pool, bound
         zero-copy; head-major so the gather needs no transpose) -> logits [B,K,V] and
         new_kv [2L, kvh, B, S, hd] (the new tokens' K/V, layer-major, key before value; the GQA core
-        returns it token-major [B, S, 2L·kvh·hd]: new_kv_layer_major views either as the first), which
-        the runtime scatters into the pool slots of slot_mapping in one vectorised write.
+        returns it token-major, [B, S, 2L·kvh·hd], which engines/ort_batching.new_kv_layer_major
+        views as the first), which the runtime scatters into the pool slots of slot_mapping in one
+        vectorised write.
 
 Each layer gathers its sequences' blocks from the pool and attends over past + new tokens; a key is
 visible to a query iff key_position <= query_position, with past keys beyond past_lens at FAR.
@@ -169,15 +170,6 @@ def _splice(g: onnx.GraphProto, b: GraphBuilder, replaced: set[str], renames: di
     del g.node[:]
     g.node.extend(b.nodes + kept)   # out of order until _toposort
     g.initializer.extend(b.initializers)
-
-
-def new_kv_layer_major(new_kv: np.ndarray, num_kv_heads: int, head_dim: int) -> np.ndarray:
-    """new_kv as [2L, kvh, B, S, hd] (a view): the GQA layout returns it token-major,
-    [B, S, 2L·kvh·hd] (one Concat of the flat k/v the attention reads, no per-layer transposes)."""
-    if new_kv.ndim == 5:
-        return new_kv
-    batch, seq, _ = new_kv.shape
-    return new_kv.reshape(batch, seq, -1, num_kv_heads, head_dim).transpose(2, 3, 0, 1, 4)
 
 
 def _replace_io(g: onnx.GraphProto, b: GraphBuilder, new_kv: str, new_kv_shape: list, spec: ModelSpec) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from kiln.passes.kv_io import new_kv_layer_major
+from kiln.engines.ort_batching import new_kv_layer_major
 from kiln.passes.verify import _session, seeded_feeds
 
 KINDS = ("key", "value")
