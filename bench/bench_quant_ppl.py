@@ -16,12 +16,27 @@ Measured 2026-11-30 (SmolLM2, --fuse; tests/data/perplexity.txt; decode --cpu-ti
 | int4-nooff-k8=qkv_proj+down_proj (former recipe) | 23.921 | +7.77% | 130 | 1222 | 17.5 | Paris |
 | int4-nooff (all 4-bit, integer zero points) | — | +37% | — | 1222 | 16.6 | — |
 
+Measured 2026-11-30 evening (same text; --no-latency for ppl, --no-ppl --cpu-time for decode, one
+run each on a shared machine); the INT4 recipe became int4-search-cal-k8=gate_up_proj+down_proj:
+| variant | ppl | Δppl | weight MB | nodes | decode CPU ms | "capital of France?" |
+| int4-search-nocal (plain squared error) | 25.829 | +16.37% | 107 | 1222 | — | Paris |
+| int4-search-cal | 23.951 | +7.90% | 107 | 1222 | 15.8 (int4 with offsets: 17.9) | Paris |
+| int4-search-cal-bs16 | 23.388 | +5.36% | 131 | 1222 | — | "L'Alle…" |
+| int4-search-cal-o=gate_up_proj | 23.256 | +4.77% | 114 | 1312 | 17.0 | Paris |
+| int4-search-cal-k8=gate_up_proj | — | — | 135 | 1222 | 16.6 | Paris |
+| int4-search-cal-k8=gate_up_proj+down_proj (INT4) | 22.803 | +2.73% | — | 1222 | — | Paris |
+
 Variants: fp32, int8, int4 (the pass's default recipe), plus options joined by '-': sym (symmetric),
 bs16/bs64 (block size), t4/t8 (bits of the embedding and LM head), pure (no linear kept at 8 bits),
 k8=a+b (these node-name segments at 8 bits), off/nooff (4-bit linears with / without a float
 minimum per block, passes/block_offsets.py), nbits/dynamic (how 8-bit linears run: MatMulNBits or
 DynamicQuantizeMatMul, passes/dynamic_int8.py), nb=a+b (these 8-bit linears stay MatMulNBits
-when the rest are dynamic; nb= alone: none), e.g. int4-pure-t4 (everything 4-bit), int4-sym-bs16.
+when the rest are dynamic; nb= alone: none), search (4-bit linears with integer zero points from
+passes/int4_search.py, weighted by a calibration run over kiln/data/calibration.txt as in the
+build; nocal: plain squared error; cal: accepted, the default),
+o=a+b (these 4-bit linears keep block offsets: a mixed split), e.g. int4-pure-t4 (everything
+4-bit), int4-sym-bs16, int4-search-cal-o=gate_up_proj, int4-off-pure (the former INT4 recipe:
+every linear 4-bit with block offsets). --no-latency: perplexity and answers only.
 """
 
 from __future__ import annotations
@@ -48,9 +63,10 @@ QUESTION = "What is the capital of France?"
 def make_pass(variant: str, calibration_ids: list[int] | None = None) -> QuantizePass:
     mode, *opts = variant.split("-")
     kw: dict = {"symmetric": "sym" in opts}
-    if "search" in opts:        # integer zero points; "cal": weighted by calibration moments
+    if "search" in opts:        # integer zero points (the INT4 recipe's rounding)
         kw["int4_rounding"] = "search"
-        kw["calibration_ids"] = calibration_ids if "cal" in opts else None
+    # as the build: calibration tokens given (used by the search only); "nocal": plain squared error
+    kw["calibration_ids"] = None if "nocal" in opts else calibration_ids
     for o in opts:
         if o.startswith("bs"):
             kw["block_size"] = int(o[2:])

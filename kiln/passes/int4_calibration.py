@@ -44,11 +44,13 @@ def linear_inputs(model: onnx.ModelProto) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def linear_input_moments(model: onnx.ModelProto, token_ids: list[int]) -> dict[str, InputMoments]:
-    """{activation name: its moments} from one run of `model` over token_ids (batch 1, no past)."""
+def linear_input_moments(model: onnx.ModelProto, token_ids: list[int],
+                         names: list[str] | None = None) -> dict[str, InputMoments]:
+    """{activation name: its moments} from one run of `model` over token_ids (batch 1, no past), for
+    `names` (default: every linear's input, linear_inputs)."""
     from kiln.eval.perplexity import _empty_cache, make_session
 
-    names = linear_inputs(model)
+    names = linear_inputs(model) if names is None else names
     probe = _with_outputs(model, names)
     sess = make_session(probe)
     ids = np.asarray(token_ids, np.int64)[None]

@@ -30,5 +30,5 @@ def searched_linear(graph: onnx.GraphProto, w: TensorProto, node: onnx.NodeProto
     graph.initializer.extend(fill_tensor(TensorProto(), name, a, weights_dir) for name, a in tables)
     k, n = w.dims
     return helper.make_node("MatMulNBits", inputs, list(node.output),
-                            name=f"{node.name}_Q4", domain=MS_DOMAIN, K=k, N=n, bits=4,
+                            name=f"{node.name or w.name}_Q4", domain=MS_DOMAIN, K=k, N=n, bits=4,
                             block_size=block_size, accuracy_level=4)

@@ -52,34 +52,46 @@ class QuantMode(enum.Enum):
 # The quantize check (passes/verify_quant.py), on the first 512 tokens of kiln/data/check.txt:
 # max |Δlogit| / max |logit| <= rel tolerance, and top-1 agreement with fp32 >= MIN_TOP1.
 # Measured with the default recipes (rel / top-1): SmolLM2 (fused) int8 0.060 / 0.967, int4
-# 0.093 / 0.930; tiny-llama int8 0.019 / 0.969, int4 0.14 / 0.77 (random weights: near-uniform
-# logits, so argmax ties flip easily); tiny-qwen2 int8 0.012, int4 0.094 (top-1 ~1.0: one token
-# dominates). A SmolLM2 int4 graph with one linear's scales shuffled: 0.30 / 0.78 (a middle layer),
-# 0.93 / 0.02 (the first); tiny-llama with every linear's scales shuffled fails both bounds.
+# 0.160 / 0.873 (the block-offset recipe before it: 0.093 / 0.930; all 4-bit searched: 0.281, over
+# the tolerance); tiny-llama int8 0.019 / 0.969, int4 0.091 / 0.918 (random weights: near-uniform
+# logits, so argmax ties flip easily); tiny-qwen2 int8 0.012, int4 0.067 / 1.0 (one token dominates).
+# A SmolLM2 block-offset int4 graph with one linear's scales shuffled: 0.30 / 0.78 (a middle
+# layer), 0.93 / 0.02 (the first); tiny-llama with every linear's scales shuffled fails both bounds.
 # w8a8 (SmolLM2): 0.176 / 0.865 — one activation scale per call rounds harder than MatMulNBits'
 # blocks of 32.
 _REL_TOLERANCE = {QuantMode.NONE: 0.0, QuantMode.INT8: 0.15, QuantMode.INT4: 0.25, QuantMode.W8A8: 0.30}
 MIN_TOP1 = {QuantMode.NONE: 1.0, QuantMode.INT8: 0.90, QuantMode.INT4: 0.70, QuantMode.W8A8: 0.80}
 
 
-# The INT4 recipe: every linear 4-bit with a float minimum per block (passes/block_offsets.py), the
-# embedding and LM head 8-bit. SmolLM2's source is Q4_1 (block 32, float min), which that stores
-# exactly: at accuracy_level 0 the logits equal fp32's; what remains is MatMulNBits' int8
-# activations at level 4, the price of fast decode. Perplexity over fp32 (bench/bench_quant_ppl.py
-# --fuse, tests/data/perplexity.txt): int8 +0.66%; int4 as this recipe +1.6%, with qkv/down kept
-# 8-bit +1.0%; the former recipe (integer zero points; qkv, down and tables 8-bit) +7.8%, all-4-bit
-# with integer zero points +37%. Greedy "What is the capital of France?": this recipe and the former
-# answer Paris, int8 and the qkv/down-8-bit variant start "L'Étoile" (fp32's own first-token margin
-# is 0.08 logits, so any activation rounding can flip it).
+# The INT4 recipe (on the ort backend: recipe_options below): MatMulNBits alone, no side path. The
+# attention's linears (qkv, o) 4-bit with integer zero points from a calibrated search, the MLP
+# (gate_up, down) and the embedding / LM head 8-bit. SmolLM2 perplexity over fp32 +2.73% (the
+# all-4-bit block-offset recipe before it: +1.61% with 360 more nodes; all 4-bit searched: +7.90%),
+# answers Paris; the measured splits and the same-run speed A/B are in int4_search.py.
 _TABLE_BITS = {QuantMode.INT8: 8, QuantMode.INT4: 8, QuantMode.W8A8: 8}
 # NOTE: after MergeProjections, v_proj lives inside qkv_proj: a name listed here keeps the whole
 # fused projection at 8 bits.
-_INT8_LINEARS: dict[QuantMode, tuple[str, ...]] = {QuantMode.INT8: (), QuantMode.INT4: (), QuantMode.W8A8: ()}
+_INT8_LINEARS: dict[QuantMode, tuple[str, ...]] = {
+    QuantMode.INT8: (), QuantMode.INT4: ("gate_up_proj", "gate_proj", "up_proj", "down_proj"), QuantMode.W8A8: ()}
 # How 4-bit linears round (INT4_ROUNDINGS): "block_offsets" (a float minimum per block on a side
 # path, block_offsets.py), "min_max" (onnxruntime's quantizer), "search" (integer zero points from a
 # weighted search, int4_search.py).
 INT4_ROUNDINGS = ("block_offsets", "min_max", "search")
-_INT4_ROUNDING = {QuantMode.INT4: "block_offsets"}
+_INT4_ROUNDING = {QuantMode.INT4: "search"}
+# Backends other than ONNX Runtime on CPU keep the all-4-bit block-offset recipe: TensorRT's
+# weight-only path takes 4-bit blocks only (engines/tensorrt/weights.py turns an 8-bit MatMulNBits
+# into a dense MatMul), and what the CPU recipe avoids (MatMulNBits' slow float zero point, one
+# dispatch per node) was measured on the ORT CPU kernels.
+CPU_RECIPE_BACKENDS = ("ort",)
+
+
+def recipe_options(mode: QuantMode, backend: str) -> dict:
+    """QuantizePass options for `mode` on `backend` beyond the mode's defaults."""
+    if mode is QuantMode.INT4 and backend not in CPU_RECIPE_BACKENDS:
+        return {"int4_rounding": "block_offsets", "int8_linears": ()}
+    return {}
+
+
 # How 8-bit linears run (not the LM head): "dynamic" (the w8a8 mode) = DynamicQuantizeMatMul, int8 per output channel with
 # activations quantized per call (passes/dynamic_int8.py: ~2.7x faster than MatMulNBits from 8 rows
 # up, no slower at 1); "nbits" = MatMulNBits blocks of 32. The LM head stays MatMulNBits: it shares
@@ -132,7 +144,9 @@ class QuantizePass:
         out = onnx.ModelProto()
         out.CopyFrom(model)     # NOTE: a graph of names and offsets when the weights are external
         before = weight_bytes(out.graph)
-        _Rewrite(self, out.graph, weights_dir(out), self._moments(model)).apply()
+        rewrite = _Rewrite(self, out.graph, weights_dir(out))
+        rewrite.moments = self._moments(model, rewrite.searched_inputs())
+        rewrite.apply()
         _ensure_ms_opset(out)
         self._details["weight_bytes_before"] = before
         self._details["weight_bytes_after"] = weight_bytes(out.graph)
@@ -141,20 +155,20 @@ class QuantizePass:
     def details(self) -> dict:
         return dict(self._details)
 
-    def _moments(self, model: onnx.ModelProto) -> dict[str, InputMoments]:
-        if self.int4_rounding != "search" or not self.calibration_ids or self.mode.bits != 4:
+    def _moments(self, model: onnx.ModelProto, inputs: list[str]) -> dict[str, InputMoments]:
+        """Calibration moments of the searched linears' inputs only (the rest need none)."""
+        if not inputs or not self.calibration_ids:
             return {}
         self._details["calibration_tokens"] = len(self.calibration_ids)
-        return linear_input_moments(model, self.calibration_ids)
+        return linear_input_moments(model, self.calibration_ids, inputs)
 
 
 class _Rewrite:
     """One run of the pass over a graph: linears first, then the embedding (it may reuse the head)."""
 
-    def __init__(self, p: QuantizePass, graph: onnx.GraphProto, wdir: Path | None = None,
-                 moments: dict[str, InputMoments] | None = None):
+    def __init__(self, p: QuantizePass, graph: onnx.GraphProto, wdir: Path | None = None):
         self.p, self.graph, self.wdir = p, graph, wdir    # wdir: where external weights are read and written
-        self.moments = moments or {}                      # linear input name -> its calibration moments
+        self.moments: dict[str, InputMoments] = {}        # searched linear input -> its calibration moments
         self.inits = {t.name: t for t in graph.initializer}
         self.head = lm_head_node(graph)
         self.embed = embedding_node(graph, self.inits)
@@ -184,8 +198,17 @@ class _Rewrite:
         names = set(self.quantized)
         return names | ({self.embed.input[0]} if self.embed is not None else set())
 
+    def searched_inputs(self) -> list[str]:
+        """Inputs of the linears the zero-point search will round."""
+        return list(dict.fromkeys(n.input[0] for n in self.graph.node if n.op_type == "MatMul" and not self._is_head(n)
+                                  and _skip_reason(n, self.inits, self.p.block_size) is None
+                                  and self._linear_bits(n) == 4 and self._int4_rounding(n) == "search"))
+
+    def _is_head(self, node: onnx.NodeProto) -> bool:
+        return self.head is not None and node.name == self.head.name and node.output == self.head.output
+
     def _linear(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
-        is_head = self.head is not None and node.name == self.head.name and node.output == self.head.output
+        is_head = self._is_head(node)
         reason = _skip_reason(node, self.inits, self.p.block_size)
         if is_head and not self.p.quantize_lm_head:
             reason = "LM head kept fp32 (quantize_lm_head=False)"

@@ -55,8 +55,8 @@ def shifted_groups(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 class BrokenQuantize(QuantizePass):
-    def __init__(self, mode: QuantMode, breaker):
-        super().__init__(mode)
+    def __init__(self, mode: QuantMode, breaker, **options):
+        super().__init__(mode, **options)
         self.breaker = breaker
 
     def run(self, model: onnx.ModelProto) -> onnx.ModelProto:
@@ -96,7 +96,7 @@ def test_a_build_with_a_broken_quantizer_fails(monkeypatch, tmp_path):
     import kiln.build
     from kiln.config import BuildConfig
 
-    monkeypatch.setattr(kiln.build, "QuantizePass", lambda mode: BrokenQuantize(mode, scrambled_scales))
+    monkeypatch.setattr(kiln.build, "QuantizePass", lambda mode, **kw: BrokenQuantize(mode, scrambled_scales, **kw))
     with pytest.raises(PassCheckError, match="'quantize'.*top-1 agreement with fp32"):
         kiln.build.build(BuildConfig(source="tiny-llama", out=tmp_path / "art", quant=QuantMode.INT4))
     assert not (tmp_path / "art").exists()
@@ -127,7 +127,8 @@ def test_block_offsets_store_a_q4_1_weight_exactly(tiny, offsets, bound):
     (up to MatMulNBits' int8 activations, turned off here); an integer zero point is not."""
     _, model = tiny
     source = with_q4_1_linears(model)
-    p = QuantizePass(QuantMode.INT4, block_offsets=offsets, quantize_embedding=False, quantize_lm_head=False)
+    p = QuantizePass(QuantMode.INT4, block_offsets=offsets, int8_linears=(), quantize_embedding=False,
+                     quantize_lm_head=False)
     out = fp32_activations(p.run(source))
     feeds = seeded_feeds(source)
     ref = logits(source, feeds)

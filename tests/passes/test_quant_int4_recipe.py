@@ -34,9 +34,11 @@ def int4_linears(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
-def test_integer_zero_points_leave_matmul_nbits_alone(tiny_sources, calibration, name):
+def test_the_int4_recipe_is_matmul_nbits_alone(tiny_sources, calibration, name):
+    """The default INT4 recipe: attention 4-bit with searched integer zero points, the MLP and the
+    tables 8-bit; no block-offset side path anywhere."""
     model = build_decoder(tiny_sources[name].spec, tiny_sources[name].weights)
-    p = QuantizePass(QuantMode.INT4, int4_rounding="search", calibration_ids=calibration[name])
+    p = QuantizePass(QuantMode.INT4, calibration_ids=calibration[name])
     check = QuantCheck("quantize", check_token_ids(tiny_sources[name].tokenizer_dir, 512), MIN_TOP1[QuantMode.INT4])
     out, report = run_pass(p, model, check)
     assert side_path_nodes(out) == []
@@ -44,7 +46,8 @@ def test_integer_zero_points_leave_matmul_nbits_alone(tiny_sources, calibration,
     assert len(out.graph.node) - len(model.graph.node) in (0, 1)
     inits = {t.name: t for t in out.graph.initializer}
     linears = int4_linears(out)
-    assert len(linears) == 14                                     # 7 per layer; the LM head is 8-bit
+    assert {n.name.split("/")[-2] for n in linears} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert len(linears) == 8 and d_bits(report) == {4: 8, 8: 7}   # 2 layers; gate, up, down and the head 8-bit
     for n in linears:
         zp = numpy_helper.to_array(inits[n.input[3]])
         k, blocks = (next(a.i for a in n.attribute if a.name == key) for key in ("K", "block_size"))
@@ -55,9 +58,13 @@ def test_integer_zero_points_leave_matmul_nbits_alone(tiny_sources, calibration,
     assert d["top1_agreement"] >= MIN_TOP1[QuantMode.INT4]
 
 
+def d_bits(report) -> dict:
+    return report.details["matmuls_by_bits"]
+
+
 def test_a_mixed_split_keeps_block_offsets_only_where_named(tiny):
     _, model = tiny
-    out = QuantizePass(QuantMode.INT4, int4_rounding="search", offset_linears=("layers.1",)).run(model)
+    out = QuantizePass(QuantMode.INT4, int8_linears=(), offset_linears=("layers.1",)).run(model)
     sides = side_path_nodes(out)
     assert sides and all("/layers.1/" in s for s in sides)
     per_linear = Counter(s.rsplit("/", 1)[0] for s in sides)

@@ -52,9 +52,10 @@ def test_every_linear_and_the_embedding_are_quantized(models, name, mode):
     assert ops(out)["MatMulNBits"] == linears == 15
     assert ops(out)["GatherBlockQuantized"] == 1 and ops(out)["Gather"] == ops(model)["Gather"] - 1
     assert weight_matmuls(out) == []
-    # INT4's recipe: every linear 4-bit (with block offsets), the LM head 8-bit
-    assert report.details["matmuls_by_bits"] == ({8: 15} if mode is QuantMode.INT8 else {4: 14, 8: 1})
-    assert report.details["block_offsets"] == (mode is QuantMode.INT4)
+    # INT4's recipe: attention 4-bit (searched integer zero points), the MLP and the LM head 8-bit
+    assert report.details["matmuls_by_bits"] == ({8: 15} if mode is QuantMode.INT8 else {4: 8, 8: 7})
+    assert report.details["block_offsets"] is False
+    assert ops(out)["MatMul"] == ops(model)["MatMul"] - linears        # no side path: MatMulNBits alone
     assert all(a.i == 4 for n in out.graph.node if n.op_type == "MatMulNBits"
                for a in n.attribute if a.name == "accuracy_level")
     d = report.details
@@ -154,11 +155,11 @@ def test_int4_recipe_keeps_the_tables_at_8_bits(models):
     bits = {n.name: next(a.i for a in n.attribute if a.name == "bits")
             for n in out.graph.node if n.domain == "com.microsoft"}
     assert bits["/model/lm_head_Q8"] == 8 and bits["/model/embed_tokens_Q8"] == 8
-    assert bits["/model/layers.1/mlp/down_proj/MatMul_Q4"] == 4 and bits["/model/layers.0/attn/v_proj/MatMul_Q4"] == 4
+    assert bits["/model/layers.1/mlp/down_proj/MatMul_Q8"] == 8 and bits["/model/layers.0/attn/v_proj/MatMul_Q4"] == 4
 
 
 def test_int8_linears_keep_named_linears_at_8_bits_without_offsets(models):
-    out = QuantizePass(QuantMode.INT4, int8_linears=("down_proj",)).run(models["tiny-qwen2"])
+    out = QuantizePass(QuantMode.INT4, int8_linears=("down_proj",), block_offsets=True).run(models["tiny-qwen2"])
     names = {n.name for n in out.graph.node}
     assert "/model/layers.1/mlp/down_proj/MatMul_Q8" in names
     assert "/model/layers.1/mlp/down_proj/MatMul/block_offset" not in names
@@ -166,7 +167,7 @@ def test_int8_linears_keep_named_linears_at_8_bits_without_offsets(models):
 
 
 def test_int8_linears_match_whole_name_segments(models):
-    p = QuantizePass(QuantMode.INT4, int8_linears=("proj",))      # no segment is exactly "proj"
+    p = QuantizePass(QuantMode.INT4, int8_linears=("proj",))      # no segment is exactly "proj": all 4-bit
     p.run(models["tiny-llama"])
     assert p.details()["matmuls_by_bits"] == {4: 14, 8: 1}
 
@@ -225,7 +226,7 @@ def test_quantizes_the_fused_graph(models, name):
     assert linears == 2 * 4 + 1
     out, report = run_pass(QuantizePass(QuantMode.INT4), model, compare_logits)
     assert weight_matmuls(out) == [] and ops(out)["GatherBlockQuantized"] == 1
-    assert report.details["matmuls_by_bits"] == {4: 8, 8: 1}   # the head stays 8-bit
+    assert report.details["matmuls_by_bits"] == {4: 4, 8: 5}   # qkv, o 4-bit; gate_up, down, the head 8-bit
 
 
 @pytest.mark.parametrize("mode", QUANTIZED)
