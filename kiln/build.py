@@ -145,7 +145,7 @@ def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelS
     fused graph, for calls of PREFILL_MIN_TOKENS tokens or more (prefill chunks, decode batches).
     Both read and write the one KV pool (same kv_io layout); the manifest says which serves what."""
     mode = QuantMode(config.prefill_engine)        # the ort backend: _refuse_unbuildable checked
-    quantize, check = _checked_quantize(src, mode)
+    quantize, check = _checked_quantize(src, mode, config.backend)
     with stage(f"pass {quantize.name} ({mode.value}, prefill engine)"):
         model, report = run_pass(quantize, model, check if config.verify else None)
     prefill = _build_ort(model, src.spec, config, root, stage, folder="ort-prefill")
@@ -178,18 +178,18 @@ def _passes(src: ModelSource, config: BuildConfig) -> list:
         from kiln.passes.fusion import fusion_passes
 
         passes += [(p, compare_logits) for p in fusion_passes(src.spec)]
-    passes.append(_checked_quantize(src, config.quant))
+    passes.append(_checked_quantize(src, config.quant, config.backend))
     return passes
 
 
-def _checked_quantize(src: ModelSource, mode: QuantMode) -> tuple[QuantizePass, Callable]:
+def _checked_quantize(src: ModelSource, mode: QuantMode, backend: str) -> tuple[QuantizePass, Callable]:
     """The quantize pass for `mode` and its check against fp32 on the check text (verify_quant.py)."""
     from kiln.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
-    from kiln.passes.quantize import MIN_TOP1
+    from kiln.passes.quantize import MIN_TOP1, recipe_options
     from kiln.passes.verify_quant import QuantCheck, check_token_ids
 
     calibration = calibration_token_ids(src.tokenizer_dir, min(CALIBRATION_TOKENS, src.spec.max_position_embeddings))
-    quantize = QuantizePass(mode, calibration_ids=calibration)
+    quantize = QuantizePass(mode, calibration_ids=calibration, **recipe_options(mode, backend))
     tokens = check_token_ids(src.tokenizer_dir, min(512, src.spec.max_position_embeddings))
     return quantize, QuantCheck(quantize.name, tokens, MIN_TOP1[mode])
 
