@@ -67,10 +67,11 @@ def test_tensorrt_graph_and_profiles_are_prepared_on_a_cpu(tmp_path, precision, 
     from kiln.engines.tensorrt.build import check_graph_for_tensorrt, prepare_graph
     from kiln.export.decoder_graph import build_decoder
     from kiln.export.sources import load_source
-    from kiln.passes.quantize import QuantizePass, QuantMode
+    from kiln.passes.quantize import QuantizePass, QuantMode, recipe_options
 
     src = load_source("tiny-llama")
-    model = QuantizePass(QuantMode(quant)).run(build_decoder(src.spec, src.weights))
+    options = recipe_options(QuantMode(quant), "tensorrt")        # as the build makes it for this backend
+    model = QuantizePass(QuantMode(quant), **options).run(build_decoder(src.spec, src.weights))
     config = BuildConfig(source="tiny-llama", out=tmp_path / "unused", fuse=False, precision=precision,
                          quant=QuantMode(quant))
     check_graph_for_tensorrt(model, config)
