@@ -173,3 +173,13 @@ def test_the_statistical_check_catches_a_biased_verifier():
     counts[3] = TRIALS
     with pytest.raises(AssertionError):
         _assert_same_distribution(counts, np.exp(LOGITS[0]))
+
+
+def test_runtime_knobs_carry_the_speculative_flags():
+    from kiln.config_options import runtime_config
+
+    assert runtime_config().speculative is None
+    config = runtime_config(speculative="ngram", num_speculative_tokens="3")   # Triton passes text
+    assert config.speculative == SpeculativeConfig(num_speculative_tokens=3)
+    with pytest.raises(ValueError, match="needs --speculative"):
+        runtime_config(num_speculative_tokens=3)
