@@ -1,4 +1,4 @@
-"""Activation statistics of every linear's input, from one fp32 run over a calibration text.
+"""Activation statistics of linear inputs, from one fp32 run over a calibration text.
 
 The int4 search (int4_search.py) weighs each weight's rounding error by how strongly its input
 channel is driven: llama.cpp's importance matrix (E[x²] per input channel), plus the channel means,
@@ -8,6 +8,9 @@ stays a few element-wise passes over each weight.
 
 The text is kiln/data/calibration.txt: neither the perplexity text (tests/data/perplexity.txt, the
 evaluation) nor the quantize check's text (kiln/data/check.txt), so neither figure is fitted.
+NOTE: the run returns every probed activation at once ([tokens, K] floats each); the quantize pass
+probes only the linears it searches (SmolLM2: qkv and o, ~4 MB), so a bigger model costs
+tokens x Σ K x 4 bytes for those, plus one fp32 session like the quantize check's.
 """
 
 from __future__ import annotations
