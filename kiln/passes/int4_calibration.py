@@ -9,8 +9,8 @@ stays a few element-wise passes over each weight.
 The text is kiln/data/calibration.txt: neither the perplexity text (tests/data/perplexity.txt, the
 evaluation) nor the quantize check's text (kiln/data/check.txt), so neither figure is fitted.
 NOTE: the run returns every probed activation at once ([tokens, K] floats each); the quantize pass
-probes only the linears it searches (SmolLM2: qkv and o, ~4 MB), so a bigger model costs
-tokens x Σ K x 4 bytes for those, plus one fp32 session like the quantize check's.
+probes only the linears it searches (SmolLM2: qkv and o, 60 x 920 x 576 floats = 127 MB), so a
+bigger model costs tokens x Σ K x 4 bytes for those, plus one fp32 session like the quantize check's.
 """
 
 from __future__ import annotations
