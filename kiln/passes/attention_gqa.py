@@ -43,6 +43,8 @@ fastest of 3 engine calls; bench/bench_engine_modes.py: best of 2 rounds):
     8 chunks of 4 continuing (past 200)         0.59x                     0.51x   (one call each)
     32 chunks of 13 continuing (past 64)        0.66x                     0.69x   (one call each)
     LLM: TTFT 512 / 1 stream / 32 streams       1.08 / 1.02 / 0.73x       1.05 / 1.13 / 1.05x
+    (a second engine-level run, int8 only, 3 rounds: decode x1 1.23x, x32 0.58x, first chunks 1.17x,
+    8 chunks of 4 0.43x, 32 chunks of 13 0.71x, 4 chunks of 128 1.05x)
 
 Reading: the op itself is no faster than the unfused MatMul/Softmax core at decode (one layer,
 B=32, 304 past tokens: 2.1 against 1.9 ms at best), and in one int4 profile of 32 decodes the
