@@ -5,6 +5,9 @@ A request counts as waiting from admission until its first token. Its predicted 
 
     seat wait  +  time to prefill what is left of the waiting prompts ahead of it, and its own
 
+where a prompt's leading tokens already in the prefix cache count as done (the engine computes
+only the uncached tail; kiln/runtime/prefix_probe.py asks the cache before admission),
+
 both read from the engine's step-cost model (kiln/runtime/step_costs.py), so the decode load
 counts: while d streams decode, a step prefills only the chunk that keeps it within the target
 inter-token latency, and takes as long as the model says such a step takes. The streams that
@@ -28,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 
 from kiln.config import ServeConfig
 from kiln.runtime.engine_stats import EngineSnapshot
@@ -62,9 +66,9 @@ class Ticket:
     """An admitted request's place among the waiting, given back at its first token (which also
     teaches the calibration) or when it ends without one."""
 
-    def __init__(self, admission: Admission, num_tokens: int, predicted: float):
-        self._admission, self.num_tokens, self.predicted = admission, num_tokens, predicted
-        self.admitted_at = time.monotonic()
+    def __init__(self, admission: Admission, num_tokens: int, num_cached: int, predicted: float):
+        self._admission, self.num_tokens, self.num_cached = admission, num_tokens, num_cached
+        self.predicted, self.admitted_at = predicted, time.monotonic()
 
     def first_token(self) -> None:
         if self._admission is not None:
@@ -80,9 +84,11 @@ class Ticket:
 
 
 class Admission:
-    def __init__(self, config: ServeConfig, client):
-        """`client` is the engine client; its snapshot is read (never written) on each request."""
-        self.config, self.client = config, client
+    def __init__(self, config: ServeConfig, client,
+                 cached_prefix: Callable[[Sequence[int]], int] = lambda token_ids: 0):
+        """`client` is the engine client; its snapshot is read (never written) on each request.
+        `cached_prefix(token_ids)`: a prompt's leading tokens the prefix cache holds."""
+        self.config, self.client, self.cached_prefix = config, client, cached_prefix
         # Admitted, no first token yet, in admission order (event-loop thread only).
         self.waiting: dict[Ticket, None] = {}
         self.calibration = Calibration()
@@ -100,25 +106,29 @@ class Admission:
         """Prefill rate with nothing decoding (the step-cost model's token cost)."""
         return 1.0 / self.client.snapshot.step_costs.prefill_seconds_per_token
 
-    def predicted_ttft(self, num_prompt_tokens: int) -> float:
-        return self.calibration.factor * self.modelled_ttft(num_prompt_tokens)
+    def predicted_ttft(self, num_prompt_tokens: int, num_cached: int = 0) -> float:
+        return self.calibration.factor * self.modelled_ttft(num_prompt_tokens, num_cached)
 
-    def modelled_ttft(self, num_prompt_tokens: int) -> float:
+    def modelled_ttft(self, num_prompt_tokens: int, num_cached: int = 0) -> float:
         """The step-cost model's TTFT, before calibration."""
         s = self.client.snapshot
         decoding = max(s.num_running - s.num_prefilling, 0)
-        prompts = _left_to_prefill([t.num_tokens for t in self.waiting], s.prefilled_tokens)
-        prefill = s.step_costs.queue_prefill_seconds(prompts + [num_prompt_tokens], decoding,
-                                                     max(s.max_num_seqs, 1))
+        prompts = _left_to_prefill([(t.num_tokens, t.num_cached) for t in self.waiting], s.prefilled_tokens)
+        prompts.append(num_prompt_tokens - num_cached)
+        prefill = s.step_costs.queue_prefill_seconds(prompts, decoding, max(s.max_num_seqs, 1))
         return _seat_wait(s, decoding + self.pending) + prefill
 
-    def admit(self, num_prompt_tokens: int) -> Ticket:
+    def admit_prompt(self, token_ids: Sequence[int]) -> Ticket:
+        return self.admit(len(token_ids), self.cached_prefix(token_ids))
+
+    def admit(self, num_prompt_tokens: int, num_cached: int = 0) -> Ticket:
         """A ticket, or ApiError(429) naming the bound that refused the request."""
-        ticket = Ticket(self, num_prompt_tokens, self._check(num_prompt_tokens))
+        predicted = self._check(num_prompt_tokens, num_cached)
+        ticket = Ticket(self, num_prompt_tokens, num_cached, predicted)
         self.waiting[ticket] = None
         return ticket
 
-    def _check(self, n: int) -> float:
+    def _check(self, n: int, cached: int) -> float:
         """The predicted TTFT, unless a bound refuses the request."""
         c = self.config
         if c.max_waiting is not None and self.pending >= c.max_waiting:
@@ -127,32 +137,33 @@ class Admission:
         if c.max_waiting_tokens is not None and self.pending_tokens + n > c.max_waiting_tokens:
             raise _too_many(f"{self.pending_tokens} prompt tokens are already waiting and this request "
                             f"adds {n} (max {c.max_waiting_tokens})", "max_waiting_tokens", self.predicted_ttft(0))
-        ttft = self.predicted_ttft(n)
+        ttft = self.predicted_ttft(n, cached)
         refused = bool(c.ttft_slo) and ttft > c.ttft_slo
         if log.isEnabledFor(logging.DEBUG):
-            self._trace(n, ttft, refused)
+            self._trace(n, cached, ttft, refused)
         if refused:
             raise _too_many(f"predicted time to first token {ttft:.2f} s exceeds the "
                             f"{c.ttft_slo:g} s objective", "ttft_slo", ttft - c.ttft_slo)
         return ttft
 
-    def _trace(self, n: int, ttft: float, refused: bool) -> None:
+    def _trace(self, n: int, cached: int, ttft: float, refused: bool) -> None:
         s = self.client.snapshot
-        log.debug("%s %d tokens: predicted %.3f s (x%.2f); running %d (%d prefilling), waiting %d "
-                  "with %d tokens (%d prefilled)", "refuse" if refused else "admit", n, ttft,
+        log.debug("%s %d tokens (%d cached): predicted %.3f s (x%.2f); running %d (%d prefilling), "
+                  "waiting %d with %d tokens (%d prefilled)", "refuse" if refused else "admit", n, cached, ttft,
                   self.calibration.factor, s.num_running, s.num_prefilling, self.pending,
                   self.pending_tokens, s.prefilled_tokens)
 
 
-def _left_to_prefill(prompts: list[int], prefilled: int) -> list[int]:
-    """The waiting prompts' tokens still to compute: the engine prefills first come first, so
-    the chunks it computed so far belong to the oldest. NOTE: the snapshot may lag a step behind
-    the tickets; the clamp keeps a stale one from counting work twice as done."""
+def _left_to_prefill(prompts: list[tuple[int, int]], prefilled: int) -> list[int]:
+    """The waiting prompts' tokens still to compute, from (prompt tokens, cached at admission):
+    the engine prefills first come first, so the tokens it computed so far (prefix hits
+    included) belong to the oldest. NOTE: the snapshot may lag a step behind the tickets; the
+    clamp keeps a stale one from counting work twice as done."""
     left = []
-    for n in prompts:
+    for n, cached in prompts:
         done = min(n, prefilled)
         prefilled -= done
-        left.append(n - done)
+        left.append(n - max(done, cached))
     return left
 
 

@@ -111,6 +111,28 @@ def test_chunks_already_prefilled_are_not_counted_again():
     assert adm.predicted_ttft(100) == pytest.approx(COSTS.prefill_seconds(100, 1))
 
 
+def test_prompt_tokens_in_the_prefix_cache_are_not_prefilled_again():
+    """Prompts the engine has seen (a shared system prompt; the bench's levels share their first
+    requests) prefill only their uncached tail."""
+    seen = list(range(512))
+    adm = Admission(ServeConfig(ttft_slo=0.5), engine(),
+                    cached_prefix=lambda ids: 496 if list(ids) == seen else 0)
+    for _ in range(3):
+        adm.admit_prompt(seen)                       # 16 tokens each left to compute
+    # Counted whole, the 4th would take 4 x 512 tokens: 0.512 s alone, then 1.5 s more beside
+    # the decodes. Cached: 4 x 16 tokens in one idle step.
+    assert adm.predicted_ttft(512, 496) == pytest.approx(0.064)
+    ticket = adm.admit_prompt(seen)
+    assert (ticket.num_tokens, ticket.num_cached) == (512, 496) and adm.pending_tokens == 4 * 512
+    # A new prompt: 64 + 448 in the first (idle) step, then 64 beside 4 decodes.
+    assert adm.predicted_ttft(512) == pytest.approx(0.512 + 0.02 + 0.064)
+    assert refusal(adm, 512).code == "ttft_slo"
+    # Once the engine computed the first prompt (its hits included), it decodes beside 3 x 16.
+    adm.client.snapshot = EngineSnapshot(num_running=1, num_prefilling=1, max_num_seqs=32, step_costs=COSTS,
+                                         prefilled_tokens=512)
+    assert adm.predicted_ttft(16) == pytest.approx(0.02 + 0.064)
+
+
 def test_full_seats_add_the_wait_for_the_shortest_replies():
     full = engine(num_running=4, max_num_seqs=4, remaining=(3, 10, 50, 50))
     adm = Admission(ServeConfig(ttft_slo=5.0), full)

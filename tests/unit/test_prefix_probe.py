@@ -1,0 +1,36 @@
+"""The prefix-cache probe admission control uses: what get_computed_blocks would hit, no state change."""
+
+from kiln.runtime.kv_manager import KVCacheManager
+from kiln.runtime.prefix_probe import cached_prefix_tokens
+from kiln.runtime.request import Request
+from kiln.runtime.sampling_params import SamplingParams
+
+
+def computed(kv, prompt, rid="a"):
+    request = Request(rid, list(prompt), SamplingParams(max_tokens=8))
+    assert kv.allocate_slots(request, len(prompt))
+    request.num_computed_tokens = len(prompt)
+    kv.cache_computed_blocks(request)
+    return request
+
+
+def test_the_probe_counts_the_cached_full_blocks_of_a_prefix():
+    kv = KVCacheManager(num_blocks=16, block_size=4)
+    prompt = list(range(10))                         # blocks [0-3] [4-7] full, [8, 9] partial
+    assert cached_prefix_tokens(kv, prompt) == 0
+    computed(kv, prompt)
+    stats = (kv.prefix_queries, kv.prefix_hits, kv.num_free_blocks)
+    assert cached_prefix_tokens(kv, prompt + [50, 51]) == 8
+    assert cached_prefix_tokens(kv, prompt[:4] + [99] * 8) == 4      # diverges in the second block
+    assert cached_prefix_tokens(kv, [99] + prompt) == 0              # chain hashes: a prefix, not a substring
+    assert cached_prefix_tokens(kv, prompt[:8]) == 4                 # one token short: 7 // 4 blocks
+    assert (kv.prefix_queries, kv.prefix_hits, kv.num_free_blocks) == stats   # nothing changed
+    # It agrees with what the scheduler's lookup would hit.
+    other = Request("b", prompt + [50, 51], SamplingParams(max_tokens=8))
+    assert kv.get_computed_blocks(other)[1] == cached_prefix_tokens(kv, prompt + [50, 51])
+
+
+def test_no_caching_no_hits():
+    kv = KVCacheManager(num_blocks=16, block_size=4, enable_caching=False)
+    computed(kv, list(range(10)))
+    assert cached_prefix_tokens(kv, list(range(12))) == 0
