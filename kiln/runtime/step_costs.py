@@ -22,6 +22,7 @@ observe() with measured seconds, and tests feed made-up ones.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -79,17 +80,20 @@ class StepCosts:
     def step_seconds(self, num_decodes: int, num_prefill_tokens: int) -> float:
         return self.decode_seconds(num_decodes) + num_prefill_tokens * self.prefill_seconds_per_token
 
-    def queue_prefill_seconds(self, prompts: Sequence[int], num_decodes: int, max_decodes: int) -> float:
+    def queue_prefill_seconds(self, prompts: Sequence[int], num_decodes: int, max_decodes: int,
+                              horizon: float = math.inf) -> float:
         """How long until the last of `prompts` (tokens left to prefill, in the scheduler's
         first-come order) has its first token, while num_decodes streams decode: step by step,
         each step prefilling its budget across prompt boundaries, and each prompt prefilled
         joining the decodes (up to max_decodes seats) from the next step on. NOTE: a prompt is
         a decode load only once it is prefilled; counting the queue as decoding from the start
-        doubles the decode share of every step and halves the budget the prediction assumes."""
+        doubles the decode share of every step and halves the budget the prediction assumes.
+        Stops early once past `horizon` seconds (admission needs no more than "too late"; a long
+        queue beside a full batch is thousands of 16-token steps, tens of ms on the event loop)."""
         left = [n for n in prompts if n > 0]
         seconds, done = 0.0, 0
         decodes = min(num_decodes + len(prompts) - len(left), max_decodes)
-        while done < len(left):
+        while done < len(left) and seconds <= horizon:
             budget = max(self.prefill_budget(decodes), 1)
             spent, finished = 0, 0
             while done + finished < len(left) and spent < budget:

@@ -106,17 +106,20 @@ class Admission:
         """Prefill rate with nothing decoding (the step-cost model's token cost)."""
         return 1.0 / self.client.snapshot.step_costs.prefill_seconds_per_token
 
-    def predicted_ttft(self, num_prompt_tokens: int, num_cached: int = 0) -> float:
-        return self.calibration.factor * self.modelled_ttft(num_prompt_tokens, num_cached)
+    def predicted_ttft(self, num_prompt_tokens: int, num_cached: int = 0, horizon: float = math.inf) -> float:
+        """Calibrated; a prediction past `horizon` seconds may stop early (still past it)."""
+        factor = self.calibration.factor
+        return factor * self.modelled_ttft(num_prompt_tokens, num_cached, horizon / factor)
 
-    def modelled_ttft(self, num_prompt_tokens: int, num_cached: int = 0) -> float:
+    def modelled_ttft(self, num_prompt_tokens: int, num_cached: int = 0, horizon: float = math.inf) -> float:
         """The step-cost model's TTFT, before calibration."""
         s = self.client.snapshot
         decoding = max(s.num_running - s.num_prefilling, 0)
         prompts = _left_to_prefill([(t.num_tokens, t.num_cached) for t in self.waiting], s.prefilled_tokens)
         prompts.append(num_prompt_tokens - num_cached)
-        prefill = s.step_costs.queue_prefill_seconds(prompts, decoding, max(s.max_num_seqs, 1))
-        return _seat_wait(s, decoding + self.pending) + prefill
+        seats = _seat_wait(s, decoding + self.pending)
+        return seats + s.step_costs.queue_prefill_seconds(prompts, decoding, max(s.max_num_seqs, 1),
+                                                          horizon - seats)
 
     def admit_prompt(self, token_ids: Sequence[int]) -> Ticket:
         return self.admit(len(token_ids), self.cached_prefix(token_ids))
@@ -137,7 +140,7 @@ class Admission:
         if c.max_waiting_tokens is not None and self.pending_tokens + n > c.max_waiting_tokens:
             raise _too_many(f"{self.pending_tokens} prompt tokens are already waiting and this request "
                             f"adds {n} (max {c.max_waiting_tokens})", "max_waiting_tokens", self.predicted_ttft(0))
-        ttft = self.predicted_ttft(n, cached)
+        ttft = self.predicted_ttft(n, cached, horizon=c.ttft_slo or math.inf)
         refused = bool(c.ttft_slo) and ttft > c.ttft_slo
         if log.isEnabledFor(logging.DEBUG):
             self._trace(n, cached, ttft, refused)

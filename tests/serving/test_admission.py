@@ -143,6 +143,17 @@ def test_full_seats_add_the_wait_for_the_shortest_replies():
     assert adm.predicted_ttft(100) > 1.0
 
 
+def test_a_refusal_stops_predicting_once_past_the_objective():
+    adm = Admission(ServeConfig(ttft_slo=1.0), engine(num_running=4))
+    for _ in range(10):
+        adm.admit(30)                                # 60-80 tokens a step beside 4-14 decodes
+    whole = adm.predicted_ttft(4000)                 # then 60 a step: about 67 steps more
+    assert whole > 6.0
+    error = refusal(adm, 4000)
+    assert error.code == "ttft_slo" and 1 <= int(error.headers["Retry-After"]) <= 7
+    assert 1.0 < adm.predicted_ttft(4000, horizon=1.0) < whole
+
+
 def test_objective_zero_disables_the_prediction_check():
     adm = Admission(ServeConfig(ttft_slo=0), engine())
     adm.admit(100_000)

@@ -68,6 +68,10 @@ def test_a_queue_of_prompts_shares_steps_and_each_joins_the_decodes_once_prefill
     # Prompts already prefilled (0 left) are decodes; seats cap the decodes.
     assert c.queue_prefill_seconds([0, 0, 0, 30], 1, 32) == pytest.approx(c.prefill_seconds(30, 4))
     assert c.queue_prefill_seconds([0] * 40 + [8], 0, 16) == pytest.approx(c.prefill_seconds(8, 16))
+    # A horizon stops the walk once past it: the answer is still past it, never past the whole.
+    whole = c.queue_prefill_seconds([400] * 8, 2, 32)
+    assert 0.5 < c.queue_prefill_seconds([400] * 8, 2, 32, horizon=0.5) < whole
+    assert c.queue_prefill_seconds([400] * 8, 2, 32, horizon=whole) == pytest.approx(whole)
 
 
 def test_the_model_learns_a_step_law_and_hits_the_target():
