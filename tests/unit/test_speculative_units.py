@@ -12,7 +12,7 @@ from kiln.config import SpeculativeConfig, SpeculativeMethod
 from kiln.runtime.request import Request
 from kiln.runtime.sampler import SamplingState, target_weights
 from kiln.runtime.sampling_params import SamplingParams
-from kiln.runtime.speculative.adaptive import MAX_BACKOFF, Acceptance, load_limit
+from kiln.runtime.speculative.adaptive import BATCHED_OFF_RATE, MAX_BACKOFF, Acceptance, load_limit
 from kiln.runtime.speculative.ngram import NgramIndex, NgramProposer
 from kiln.runtime.speculative.speculator import Speculator
 from kiln.runtime.speculative.verify import verify
@@ -183,3 +183,17 @@ def test_runtime_knobs_carry_the_speculative_flags():
     assert config.speculative == SpeculativeConfig(num_speculative_tokens=3)
     with pytest.raises(ValueError, match="needs --speculative"):
         runtime_config(num_speculative_tokens=3)
+
+
+def test_beside_other_decodes_a_middling_acceptance_pauses():
+    alone, batched = Acceptance(), Acceptance()
+    alone.observe(2, 1)                                        # 50%: fine when decoding alone
+    batched.observe(2, 1, off_rate=BATCHED_OFF_RATE)           # not worth its rows in a batch
+    assert alone.proposals(5) == 3 and batched.proposals(5) == 0
+    speculator = Speculator(NgramProposer(1, 2), num_speculative_tokens=5, max_step_tokens=16)
+    a = Request("a", [1, 2, 1, 2], SamplingParams(max_tokens=20))
+    b = Request("b", [3, 4, 3, 4], SamplingParams(max_tokens=20))
+    assert set(speculator.propose([a, b])) == {"a", "b"}
+    speculator.observe("a", 2, 1)
+    speculator.observe("b", 2, 2)
+    assert set(speculator.propose([a, b])) == {"b"}

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kiln.runtime.request import Request
-from kiln.runtime.speculative.adaptive import Acceptance, load_limit
+from kiln.runtime.speculative.adaptive import BATCHED_OFF_RATE, OFF_RATE, Acceptance, load_limit
 
 
 class Proposer(Protocol):
@@ -38,10 +38,12 @@ class Speculator:
         self.k_max, self.max_step_tokens = num_speculative_tokens, max_step_tokens
         self.stats = SpeculationStats()
         self._acceptance: dict[str, Acceptance] = {}
+        self._off_rate = OFF_RATE       # the bar of the step being verified (set when it was proposed)
 
     def propose(self, decoding: Sequence[Request]) -> dict[str, list[int]]:
         """Proposals for the requests decoding this step (request id -> tokens)."""
         limit = load_limit(len(decoding), self.k_max, self.max_step_tokens)
+        self._off_rate = OFF_RATE if len(decoding) <= 1 else BATCHED_OFF_RATE
         if limit == 0:
             return {}
         asks = []
@@ -59,7 +61,7 @@ class Speculator:
         self.stats.verifications += 1
         self.stats.proposed += proposed
         self.stats.accepted += accepted
-        self._record(request_id).observe(proposed, accepted)
+        self._record(request_id).observe(proposed, accepted, self._off_rate)
 
     def forget(self, request_id: str) -> None:
         self._acceptance.pop(request_id, None)
