@@ -45,6 +45,15 @@ nodes each), "8-bit" ones are MatMulNBits 8-bit (no extra node); the rest search
     int8 (all MatMulNBits 8-bit)                            +0.66%  1222        17.3     "L'Étoile"
 (ms: decode CPU time of the fused graph, 1 thread, bench_quant_ppl.py --no-ppl --cpu-time, one
 run.) The recipe's MLP is 8-bit: 75% of the linear weights, 148 MB of weights against 121 MB.
+Same-run artifact A/B, block offsets (old) vs this recipe (new), SmolLM2, best of 5 interleaved
+rounds on a shared 2-core machine (bench/bench_engine_modes.py old new --rounds 5; both built
+with the same code, --attention standard):
+    decode graph nodes 1499 -> 1139; TTFT 512: 827 -> 650 ms (1.27x); 1 stream: 92.0 -> 93.6 tok/s
+    (1.02x; round by round the two are within noise: medians 89.3 and 86.8); 32 streams: 436 -> 487
+    tok/s (1.12x). Build: 23.6 s -> 34.8 s (the quantize pass 1.1 -> 7.1 s: calibration + search).
+At one stream the 360 nodes saved pay for the MLP's doubled weight bytes, no more; the all-4-bit
+search (107 MB, 15.8 against 17.9 ms of decode CPU) would be faster, but is +7.90% and fails the
+build's logit check (0.281 > 0.25).
 """
 
 from __future__ import annotations
