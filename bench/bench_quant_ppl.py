@@ -24,7 +24,7 @@ run each on a shared machine); the INT4 recipe became int4-search-cal-k8=gate_up
 | int4-search-cal-bs16 | 23.388 | +5.36% | 131 | 1222 | — | "L'Alle…" |
 | int4-search-cal-o=gate_up_proj | 23.256 | +4.77% | 114 | 1312 | 17.0 | Paris |
 | int4-search-cal-k8=gate_up_proj | — | — | 135 | 1222 | 16.6 | Paris |
-| int4-search-cal-k8=gate_up_proj+down_proj (INT4, = int4) | 22.803 | +2.73% | 148 | 1222 | — | Paris |
+| int4-search-cal-k8=gate_up_proj+down_proj (INT4, = int4) | 22.803 | +2.73% | 148 | 1222 | 16.6 (int4-off-pure 17.4, same run) | Paris |
 
 Variants: fp32, int8, int4 (the pass's default recipe), plus options joined by '-': sym (symmetric),
 bs16/bs64 (block size), t4/t8 (bits of the embedding and LM head), pure (no linear kept at 8 bits),
