@@ -108,7 +108,8 @@ def parse(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: few tokens, one repetition")
     ap.add_argument("--kiln", default="ort:int4,ort:int8,ort:fp32,openvino:int8,openvino:int4",
-                    help="kiln artifacts as BACKEND:QUANT, comma-separated (e.g. ort:int8,openvino:int8)")
+                    help="kiln artifacts as BACKEND:QUANT[+PREFILL][@ATTENTION], comma-separated "
+                         "(e.g. ort:int8,ort:int8+w8a8@gqa,openvino:int8)")
     ap.add_argument("--genai", default="int4,fp32", help="onnxruntime-genai precisions ('' for none)")
     ap.add_argument("--openvino", default="int8,int4,fp32", help="OpenVINO GenAI precisions ('' for none)")
     ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True, help="HF transformers fp32")

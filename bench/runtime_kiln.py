@@ -115,19 +115,21 @@ def _build_kiln(out: Path, backend: str, quant: str, marker: Path) -> None:
     from kiln.passes.base import PassCheckError
     from kiln.passes.quantize import QuantMode
 
-    # QUANT may name a prefill engine: int8+w8a8 (engines per bucket range, `--prefill-engine`)
+    # QUANT may name a prefill engine, int8+w8a8 (engines per bucket range, `--prefill-engine`),
+    # and an attention core, int8+w8a8@gqa (`--attention`)
+    quant, _, attention = quant.partition("@")
     weights, _, prefill = quant.partition("+")
     mode = QuantMode.NONE if weights == "fp32" else QuantMode(weights)
     with console.status(f"building kiln {backend} {quant}") as status:
         try:
-            build(_build_config(out, backend, mode, True, prefill), stage=lambda name: _stage(status, name))
+            build(_build_config(out, backend, mode, True, prefill, attention), stage=lambda name: _stage(status, name))
         except PassCheckError as e:
             # NOTE: speed does not depend on the check; the agreement line shows what quality is left.
             marker.write_text(str(e))
-            build(_build_config(out, backend, mode, False, prefill), stage=lambda name: _stage(status, name))
+            build(_build_config(out, backend, mode, False, prefill, attention), stage=lambda name: _stage(status, name))
 
 
-def _build_config(out: Path, backend: str, mode, verify: bool, prefill_engine: str = ""):
+def _build_config(out: Path, backend: str, mode, verify: bool, prefill_engine: str = "", attention: str = ""):
     from dataclasses import fields
 
     from kiln.build import BuildConfig
@@ -139,6 +141,8 @@ def _build_config(out: Path, backend: str, mode, verify: bool, prefill_engine: s
         extra["backend"] = backend
     if prefill_engine:
         extra["prefill_engine"] = prefill_engine
+    if attention:
+        extra["attention"] = attention
     return BuildConfig("smollm2-135m", out, quant=mode, verify=verify, **extra)
 
 

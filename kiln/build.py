@@ -6,7 +6,7 @@ import hashlib
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, ContextManager
 
@@ -143,12 +143,15 @@ def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelS
                         root: Path, stage: StageFn) -> BuiltEngines:
     """Engines per bucket range: a second ORT engine, quantized `config.prefill_engine` from the same
     fused graph, for calls of PREFILL_MIN_TOKENS tokens or more (prefill chunks, decode batches).
-    Both read and write the one KV pool (same kv_io layout); the manifest says which serves what."""
+    Both read and write the one KV pool; the manifest says which serves what. The prefill engine
+    keeps the standard attention core whatever --attention says: GroupQueryAttention is faster for
+    the decode engine's single decodes but slower for decode batches and continuing chunks
+    (passes/attention_gqa.py), which are this engine's calls."""
     mode = QuantMode(config.prefill_engine)        # the ort backend: _refuse_unbuildable checked
     quantize, check = _checked_quantize(src, mode, config.backend)
     with stage(f"pass {quantize.name} ({mode.value}, prefill engine)"):
         model, report = run_pass(quantize, model, check if config.verify else None)
-    prefill = _build_ort(model, src.spec, config, root, stage, folder="ort-prefill")
+    prefill = _build_ort(model, src.spec, replace(config, attention="standard"), root, stage, folder="ort-prefill")
     reports = [{**report.to_dict(), "name": f"{quantize.name} (prefill engine, {mode.value})"},
                *({**r, "name": f"{r['name']} (prefill engine)"} for r in prefill.pass_reports)]
     main = {**built.engines[0], "serves": {"max_tokens": PREFILL_MIN_TOKENS - 1}}

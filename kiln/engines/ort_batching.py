@@ -46,6 +46,12 @@ class OrtCall:
     logit_rows: np.ndarray             # per output logits row [b, k] ...
     logit_order: np.ndarray            # ... its place in the batch's logits_indices order
     padded: int
+    seqs: list[int]                    # the batch's sequences in this call, one per row
+
+    def batches_chunks_with_past(self) -> bool:
+        """Whether the call holds several chunks (S > 1) and a past buffer (block tables of width
+        > 0, whatever the past lengths): what a GroupQueryAttention core refuses."""
+        return len(self.seqs) > 1 and self.feeds["input_ids"].shape[1] > 1 and self.feeds["block_tables"].shape[1] > 0
 
 
 def group_by_length(lens: np.ndarray) -> list[list[int]]:
@@ -80,14 +86,25 @@ def call_groups(batch: PagedBatch, chunks_with_past_alone: bool = False) -> list
 
 def plan_calls(batch: PagedBatch, grid: BucketGrid, block_size: int,
                chunks_with_past_alone: bool = False) -> list[OrtCall]:
-    starts = batch.seq_starts
-    owner = np.searchsorted(starts, batch.logits_indices, side="right") - 1   # seq of each logit
+    starts, owner = _logit_owners(batch)
     calls = []
     for group in call_groups(batch, chunks_with_past_alone):
         for i in range(0, len(group), grid.max_batch):
             calls.append(_call(batch, group[i:i + grid.max_batch], grid, block_size, starts, owner,
                                min_table_width=0 if chunks_with_past_alone else 1))
     return calls
+
+
+def one_call_per_sequence(batch: PagedBatch, call: OrtCall, grid: BucketGrid, block_size: int) -> list[OrtCall]:
+    """The call's sequences, each in a call of its own (what a GroupQueryAttention engine takes of
+    a call that batches chunks with a past buffer)."""
+    starts, owner = _logit_owners(batch)
+    return [_call(batch, [s], grid, block_size, starts, owner, min_table_width=1) for s in call.seqs]
+
+
+def _logit_owners(batch: PagedBatch) -> tuple[np.ndarray, np.ndarray]:
+    starts = batch.seq_starts
+    return starts, np.searchsorted(starts, batch.logits_indices, side="right") - 1   # seq of each logit
 
 
 def _call(batch, seqs, grid, bs, starts, owner, min_table_width: int) -> OrtCall:
@@ -117,4 +134,4 @@ def _call(batch, seqs, grid, bs, starts, owner, min_table_width: int) -> OrtCall
              "logits_index": logits_index}
     return OrtCall(feeds, np.concatenate(rows), np.concatenate(cols), np.concatenate(slots),
                    np.asarray(logit_rows, np.int64).reshape(-1, 2), np.asarray(order, np.int64),
-                   bucket.batch * bucket.seq - int(lens.sum()))
+                   bucket.batch * bucket.seq - int(lens.sum()), [int(s) for s in seqs])

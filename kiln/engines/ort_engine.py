@@ -3,7 +3,10 @@
 The graph gathers each sequence's past K/V from the paged pool (passes/kv_io.py) and returns the
 new tokens' K/V, which this engine scatters into their pool slots in one vectorised write. The
 graph's metadata names its attention core; a GroupQueryAttention core takes a chunk with a past
-only at batch 1, and the call planner keeps to that (engines/ort_batching.py).
+only at batch 1, and the call planner keeps to that (engines/ort_batching.py). An artifact whose
+decode engine has that core and whose prefill engine the standard one (the ORT default with
+--prefill-engine) is planned for the standard core, and the few calls that reach the decode engine
+with several chunks (speculative verifications of 2-3 sequences) run one sequence each.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import onnxruntime as ort
 
 from kiln.engines.base import BucketGrid, EngineResult, KvLayout, PagedBatch, default_threads
 from kiln.engines.kv_pool import KvPool
-from kiln.engines.ort_batching import OrtCall, has_gqa_core, new_kv_layer_major, plan_calls
+from kiln.engines.ort_batching import OrtCall, has_gqa_core, new_kv_layer_major, one_call_per_sequence, plan_calls
 from kiln.engines.ort_session import cpu_session, session_options
 
 
@@ -34,7 +37,9 @@ class OrtEngine:
         if prefill is not None:
             self.sessions.append((prefill[0], cpu_session(str(prefill[1]), opts)))
         self.calls_by_engine = [0] * len(self.sessions)
-        self.chunks_with_past_alone = _gqa_core(self.sessions)
+        self.gqa = [has_gqa_core(s.get_modelmeta().custom_metadata_map) for _, s in self.sessions]
+        # the planner keeps GroupQueryAttention's rule for every call only when every engine has the core
+        self.chunks_with_past_alone = all(self.gqa)
         self.pool: KvPool | None = None
 
     def io_spec(self) -> dict[str, list]:
@@ -49,29 +54,32 @@ class OrtEngine:
         calls = plan_calls(batch, self.buckets, self.kv_layout.block_size, self.chunks_with_past_alone)
         proposals = batch.proposal_slots()
         logits = None
+        runs = []
         for call in calls:
-            rows = self._run(call, int(np.isin(call.slots, proposals).sum()) if proposals.size else 0)
+            index = self._engine_for(call, proposals)
+            if self.gqa[index] and call.batches_chunks_with_past():
+                runs += [(part, index) for part in one_call_per_sequence(batch, call, self.buckets,
+                                                                        self.kv_layout.block_size)]
+            else:
+                runs.append((call, index))
+        for call, index in runs:
+            rows = self._run(call, index)
             if logits is None:
                 logits = np.empty((len(batch.logits_indices), rows.shape[-1]), np.float32)
             logits[call.logit_order] = rows
-        return EngineResult(logits, sum(c.padded for c in calls), len(calls))
+        return EngineResult(logits, sum(c.padded for c, _ in runs), len(runs))
 
-    def _run(self, call: OrtCall, num_proposed: int = 0) -> np.ndarray:
-        # NOTE: proposals (speculative decoding) do not count: a verification runs on the engine
-        # that serves its decode, whose rounding non-speculative greedy output has.
-        tokens = len(call.rows) - num_proposed
-        index = max(i for i, (min_tokens, _) in enumerate(self.sessions) if tokens >= min_tokens)
+    def _engine_for(self, call: OrtCall, proposals: np.ndarray) -> int:
+        """The last engine whose minimum the call's tokens reach. NOTE: proposals (speculative
+        decoding) do not count: a verification runs on the engine that serves its decode, whose
+        rounding non-speculative greedy output has."""
+        tokens = len(call.rows) - (int(np.isin(call.slots, proposals).sum()) if proposals.size else 0)
+        return max(i for i, (min_tokens, _) in enumerate(self.sessions) if tokens >= min_tokens)
+
+    def _run(self, call: OrtCall, index: int) -> np.ndarray:
         self.calls_by_engine[index] += 1
         logits, new_kv = self.sessions[index][1].run(["logits", "new_kv"], call.feeds | self.pool.feeds)
         layer_major = new_kv_layer_major(new_kv, self.kv_layout.num_kv_heads, self.kv_layout.head_dim)
         self.pool.write(layer_major, call.rows, call.cols, call.slots)
         return logits[call.logit_rows[:, 0], call.logit_rows[:, 1]]
 
-
-def _gqa_core(sessions: list[tuple[int, ort.InferenceSession]]) -> bool:
-    """Whether the engines' attention core is GroupQueryAttention (all of them, or none: one plan
-    serves every session)."""
-    cores = {has_gqa_core(s.get_modelmeta().custom_metadata_map) for _, s in sessions}
-    if len(cores) > 1:
-        raise ValueError("the decode and prefill engines have different attention cores; rebuild the artifact")
-    return cores.pop()

@@ -39,14 +39,19 @@ def _build_both(source: str, root: Path) -> dict[str, Path]:
 
 
 def _mixed_batch(block_size: int, num_blocks: int, vocab: int, seed: int = 0) -> PagedBatch:
+    return _batch(SEQUENCES, block_size, num_blocks, vocab, seed)
+
+
+def _batch(sequences, block_size: int, num_blocks: int, vocab: int, seed: int = 0) -> PagedBatch:
+    """(past_len, new tokens) per sequence, over blocks in shuffled order; logits at every token."""
     rng = np.random.default_rng(seed)
-    counts = [-(-(p + n) // block_size) for p, n in SEQUENCES]
+    counts = [-(-(p + n) // block_size) for p, n in sequences]
     tables = np.split(rng.permutation(num_blocks)[: sum(counts)].astype(np.int64), np.cumsum(counts)[:-1])
-    spans = [np.arange(p, p + n, dtype=np.int64) for p, n in SEQUENCES]
-    total = sum(n for _, n in SEQUENCES)
+    spans = [np.arange(p, p + n, dtype=np.int64) for p, n in sequences]
+    total = sum(n for _, n in sequences)
     return PagedBatch(input_ids=rng.integers(3, vocab, total).astype(np.int64), positions=np.concatenate(spans),
-                      query_lens=np.array([n for _, n in SEQUENCES], np.int64),
-                      past_lens=np.array([p for p, _ in SEQUENCES], np.int64), block_tables=tables,
+                      query_lens=np.array([n for _, n in sequences], np.int64),
+                      past_lens=np.array([p for p, _ in sequences], np.int64), block_tables=tables,
                       slot_mapping=np.concatenate([t[s // block_size] * block_size + s % block_size
                                                    for t, s in zip(tables, spans)]),
                       logits_indices=np.arange(total, dtype=np.int64))
@@ -103,3 +108,39 @@ def test_unknown_core_is_refused():
 
     with pytest.raises(ValueError, match="attention core"):
         KvIoPass(load_source("tiny-llama").spec, attention="flash")
+
+
+# Two decodes and two speculative verifications (a token and one proposal each): every call has
+# fewer than 4 tokens that are not proposals, so all of them reach a hybrid artifact's decode engine.
+SMALL_CALLS = [(15, 1), (16, 1), (20, 2), (33, 2)]
+PROPOSED = [0, 0, 1, 1]
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """--attention gqa with a prefill engine: GroupQueryAttention for the decode engine only."""
+    out = tmp_path_factory.mktemp("attention-hybrid") / "gqa+fp32-prefill"
+    return build(BuildConfig(source="tiny-llama", out=out, attention="gqa", prefill_engine="none"))
+
+
+def test_a_prefill_engine_keeps_the_standard_core(hybrid):
+    passes = EngineArtifact.load(hybrid).manifest.passes
+    layouts = {p["name"]: p["details"]["layout"] for p in passes if p["name"].startswith("kv_io")}
+    assert layouts == {"kv_io": "paged-gqa", "kv_io (prefill engine)": "paged-gather"}
+
+
+def test_hybrid_engine_runs_batched_chunks_on_its_gqa_engine_one_per_call(hybrid, artifacts):
+    """The hybrid's calls are planned for the standard core; a call that batches chunks with a past
+    and reaches the GroupQueryAttention engine (which refuses it whole) runs one sequence per call."""
+    layout = EngineArtifact.load(hybrid).manifest.kv_layout
+    num_blocks = 32
+    pool = np.random.default_rng(2).standard_normal((layout.num_layers, 2, layout.num_kv_heads, num_blocks,
+                                                      layout.block_size, layout.head_dim)).astype(np.float32)
+    batch = _batch(SMALL_CALLS, layout.block_size, num_blocks, vocab=256)
+    batch.num_proposed = np.array(PROPOSED, np.int64)
+    engine, mixed, mixed_pool = _run(hybrid, pool, batch)
+    _, alone, alone_pool = _run(artifacts["standard"], pool, batch)
+    assert not engine.chunks_with_past_alone and engine.gqa == [True, False]
+    assert engine.calls_by_engine == [3, 0] and mixed.calls == 3     # the decodes, then each verification
+    np.testing.assert_allclose(mixed.logits, alone.logits, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(mixed_pool, alone_pool, atol=1e-5)
