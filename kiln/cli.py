@@ -55,7 +55,8 @@ def main():
                    "chunks, decode batches); the --quant engine keeps single decodes.")
 @click.option("--attention", type=click.Choice(["standard", "gqa"]), default="standard", show_default=True,
               help="ort backend: the paged graph's attention core; gqa: ONNX Runtime's GroupQueryAttention "
-                   "(faster prefill and single decodes, slower large decode batches: passes/attention_gqa.py).")
+                   "(faster prefill and single decodes, slower large decode batches: passes/attention_gqa.py); "
+                   "with --prefill-engine only the decode engine takes it.")
 @click.option("--block-size", default=16, show_default=True, help="KV cache block size in tokens.")
 @click.option("--backend", type=click.Choice(["ort", "openvino", "tensorrt", "ort-cuda"]), default="ort",
               show_default=True,
