@@ -24,7 +24,7 @@ def _llm(artifact, speculative=True, **sched):
     max_blocks = sched.pop("max_kv_blocks", None)
     return LLM(artifact, RuntimeConfig(kv_cache_memory=256 << 20, max_kv_blocks=max_blocks,
                                        scheduler=SchedulerConfig(**sched),
-                                       speculative=SpeculativeConfig() if speculative else None))
+                                       speculative=SpeculativeConfig(max_decodes=8) if speculative else None))
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from kiln.passes.quantize import QuantMode
 from kiln.runtime.speculative.draft import DraftProposer
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-NGRAM = SpeculativeConfig(num_speculative_tokens=4, ngram_min=1)
+NGRAM = SpeculativeConfig(num_speculative_tokens=4, ngram_min=1, max_decodes=64)   # batches speculate too
 
 
 def _prompts():
@@ -214,7 +214,7 @@ def int8_draft(tmp_path_factory):
 @pytest.mark.parametrize("sched", [dict(), dict(max_kv_blocks=14, max_num_batched_tokens=32)],
                          ids=["batch", "preemption"])
 def test_draft_model_greedy_output_is_the_non_speculative_one(tiny_llama_artifact, int8_draft, plain, sched):
-    draft = SpeculativeConfig(SpeculativeMethod.DRAFT, 4, draft_path=int8_draft)
+    draft = SpeculativeConfig(SpeculativeMethod.DRAFT, 4, draft_path=int8_draft, max_decodes=64)
     llm = _llm(tiny_llama_artifact, speculative=draft, **dict(sched))
     outs = llm.generate(_prompts(), GREEDY)
     assert [o.token_ids for o in outs] == plain

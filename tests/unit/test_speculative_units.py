@@ -68,6 +68,8 @@ def test_acceptance_shrinks_k_then_pauses_with_doubling_backoff_and_recovers():
 
 def test_load_limit_turns_speculation_off_for_big_batches():
     assert [load_limit(d, 5, 16) for d in (0, 1, 2, 4, 8, 9, 16)] == [0, 5, 5, 3, 1, 0, 0]
+    assert [load_limit(d, 5, 16, max_decodes=1) for d in (1, 2)] == [5, 0]
+    assert SpeculativeConfig().max_decodes == 1                  # the default: single streams only
 
 
 def test_speculator_never_proposes_past_max_tokens_nor_for_logprobs_requests():

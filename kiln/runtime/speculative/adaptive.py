@@ -48,8 +48,8 @@ class Acceptance:
         return max(1, math.ceil(k_max * self.rate))
 
 
-def load_limit(num_decodes: int, k_max: int, max_step_tokens: int) -> int:
-    """Proposals per request when num_decodes requests decode in the step."""
-    if num_decodes <= 0:
+def load_limit(num_decodes: int, k_max: int, max_step_tokens: int, max_decodes: int | None = None) -> int:
+    """Proposals per request when num_decodes requests decode in the step (none past max_decodes)."""
+    if num_decodes <= 0 or (max_decodes is not None and num_decodes > max_decodes):
         return 0
     return max(0, min(k_max, max_step_tokens // num_decodes - 1))

@@ -18,4 +18,4 @@ def make_speculator(config: SpeculativeConfig | None, artifact, runtime: Runtime
         from kiln.runtime.speculative.draft import DraftProposer
 
         proposer = DraftProposer.load(config.draft_path, artifact, runtime, kv_tokens)
-    return Speculator(proposer, config.num_speculative_tokens, config.max_step_tokens)
+    return Speculator(proposer, config.num_speculative_tokens, config.max_step_tokens, config.max_decodes)

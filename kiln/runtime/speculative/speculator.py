@@ -33,16 +33,17 @@ class SpeculationStats:
 
 
 class Speculator:
-    def __init__(self, proposer: Proposer, num_speculative_tokens: int, max_step_tokens: int):
+    def __init__(self, proposer: Proposer, num_speculative_tokens: int, max_step_tokens: int,
+                 max_decodes: int | None = None):
         self.proposer = proposer
-        self.k_max, self.max_step_tokens = num_speculative_tokens, max_step_tokens
+        self.k_max, self.max_step_tokens, self.max_decodes = num_speculative_tokens, max_step_tokens, max_decodes
         self.stats = SpeculationStats()
         self._acceptance: dict[str, Acceptance] = {}
         self._off_rate = OFF_RATE       # the bar of the step being verified (set when it was proposed)
 
     def propose(self, decoding: Sequence[Request]) -> dict[str, list[int]]:
         """Proposals for the requests decoding this step (request id -> tokens)."""
-        limit = load_limit(len(decoding), self.k_max, self.max_step_tokens)
+        limit = load_limit(len(decoding), self.k_max, self.max_step_tokens, self.max_decodes)
         self._off_rate = OFF_RATE if len(decoding) <= 1 else BATCHED_OFF_RATE
         if limit == 0:
             return {}
