@@ -50,7 +50,9 @@ def test_smollm2_json_schema_replies_validate(client, name, sampling, stream):
 def test_smollm2_json_mode_and_no_tools(client):
     out = client.chat.completions.create(model="smollm2", max_tokens=200, temperature=0,
                                          response_format={"type": "json_object"},
-                                         messages=[{"role": "user", "content": "Give the capital of France as JSON."}])
+                                         messages=[{"role": "user", "content": 'What is the capital of France? Answer as JSON: '
+                                                                                '{"capital": "..."}'}])
+    assert out.choices[0].finish_reason == "stop", out.choices[0].message.content
     assert isinstance(json.loads(out.choices[0].message.content), dict)
     with pytest.raises(openai.BadRequestError, match="does not support tools"):
         client.chat.completions.create(model="smollm2", max_tokens=5, messages=[{"role": "user", "content": "x"}],
