@@ -95,7 +95,7 @@ def target_rows(summaries: list[Summary]) -> list[Row]:
     by_spec = {s.system: s for s in summaries if s.error is None}
     rows = []
     for k in (s for s in summaries if s.is_kiln and s.error is None):
-        weights = k.quant.split("+")[0]          # int8+w8a8: an int8 artifact with a w8a8 prefill engine
+        weights = k.quant.split("@")[0].split("+")[0]     # int8+w8a8@gqa: int8, a w8a8 prefill engine, GQA decode
         for t in (t for t in TARGETS if t.kiln_quant == TARGET_QUANT.get(weights, weights)):
             rows.append(_ratio_row(t, k, by_spec.get(t.peer)))
         rows.append(Row("chat answer names Paris", k.name, None, "", None, "", 1, True, "Paris" in k.chat))
