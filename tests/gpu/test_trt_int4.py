@@ -15,14 +15,15 @@ from kiln.engines.tensorrt.weights import int4_weight_only
 from kiln.export.decoder_graph import build_decoder
 from kiln.export.sources import load_source
 from kiln.passes.kv_io import KvIoPass
-from kiln.passes.quantize import QuantizePass, QuantMode
+from kiln.passes.quantize import QuantizePass, QuantMode, recipe_options
 from kiln.passes.verify_paged import fp32_activations
 
 
 @pytest.fixture(scope="module")
 def int4_paged():
     src = load_source("tiny-llama")
-    return src.spec, KvIoPass(src.spec, 16).run(QuantizePass(QuantMode.INT4).run(build_decoder(src.spec, src.weights)))
+    return src.spec, KvIoPass(src.spec, 16).run(
+        QuantizePass(QuantMode.INT4, **recipe_options(QuantMode.INT4, "tensorrt")).run(build_decoder(src.spec, src.weights)))
 
 
 def test_rewrite_leaves_only_standard_ops(int4_paged):

@@ -52,5 +52,5 @@ def split_rows(call: OrtCall, rows: int) -> list[OrtCall]:
         feeds = {k: v[lo:hi] for k, v in call.feeds.items()}
         parts.append(OrtCall(feeds, call.rows[tokens] - lo, call.cols[tokens], call.slots[tokens],
                              call.logit_rows[logits] - [lo, 0], call.logit_order[logits],
-                             (hi - lo) * feeds["input_ids"].shape[1] - int(tokens.sum())))
+                             (hi - lo) * feeds["input_ids"].shape[1] - int(tokens.sum()), call.seqs[lo:hi]))
     return parts
