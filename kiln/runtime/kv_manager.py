@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kiln.runtime.block_pool import Block, BlockPool
@@ -65,17 +65,30 @@ class KVCacheManager:
         """The longest run of cached full blocks that prefixes the request's tokens."""
         if not self.enable_caching:
             return [], 0
-        # Capped one token short: the last token must be computed to produce logits.
-        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits = self._cached_run(self._hashes(request), request.num_tokens)
+        self.prefix_queries += request.num_tokens
+        self.prefix_hits += len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+        """What get_computed_blocks would hit for a prompt of these tokens, read without changing
+        any state (admission control asks before the request exists). NOTE: called from the HTTP
+        event loop while the engine thread steps: the pool's hash map may change under it (a dict
+        lookup is atomic), so the answer may be a step old; admission's calibration absorbs that."""
+        if not self.enable_caching:
+            return 0
+        return len(self._cached_run(_chain_hashes(token_ids, self.block_size), len(token_ids))) * self.block_size
+
+    def _cached_run(self, hashes: Iterable[int], num_tokens: int) -> list[Block]:
+        """The cached blocks of the leading hashes, up to the first miss. Capped one token short:
+        the last token must be computed to produce logits."""
         hits = []
-        for block_hash in self._hashes(request)[:max_blocks]:
+        for _, block_hash in zip(range((num_tokens - 1) // self.block_size), hashes):
             block = self.pool.get_cached_block(block_hash)
             if block is None:
                 break
             hits.append(block)
-        self.prefix_queries += request.num_tokens
-        self.prefix_hits += len(hits) * self.block_size
-        return hits, len(hits) * self.block_size
+        return hits
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Sequence[Block] = ()) -> bool:
@@ -164,3 +177,11 @@ class KVCacheManager:
             parent = entry.hashes[-1] if entry.hashes else None
             entry.hashes.append(hash_block_tokens(parent, tokens[i * size:(i + 1) * size]))
         return entry.hashes
+
+
+def _chain_hashes(token_ids: Sequence[int], block_size: int) -> Iterator[int]:
+    """Chain hashes of the full blocks of token_ids, computed as they are read."""
+    parent = None
+    for i in range(len(token_ids) // block_size):
+        parent = hash_block_tokens(parent, token_ids[i * block_size:(i + 1) * block_size])
+        yield parent

@@ -6,7 +6,7 @@ A request counts as waiting from admission until its first token. Its predicted 
     seat wait  +  time to prefill what is left of the waiting prompts ahead of it, and its own
 
 where a prompt's leading tokens already in the prefix cache count as done (the engine computes
-only the uncached tail; kiln/runtime/prefix_probe.py asks the cache before admission),
+only the uncached tail; KVCacheManager.cached_prefix_tokens asks the cache before admission),
 
 both read from the engine's step-cost model (kiln/runtime/step_costs.py), so the decode load
 counts: while d streams decode, a step prefills only the chunk that keeps it within the target

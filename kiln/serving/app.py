@@ -16,7 +16,6 @@ from starlette.routing import Route
 
 from kiln.config import ServeConfig
 from kiln.runtime.engine_client import EngineClient, EngineError
-from kiln.runtime.prefix_probe import cached_prefix_tokens
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.admission import Admission
 from kiln.serving.console import console_routes
@@ -49,7 +48,7 @@ class Server:
     def start(self) -> None:
         c = self.config
         self.client.step_listeners.append(self.metrics.observe_step)
-        admission = Admission(c, self.client, partial(cached_prefix_tokens, self.llm.core.kv))
+        admission = Admission(c, self.client, self.llm.core.kv.cached_prefix_tokens)
         cache = ResponseCache(c.cache_max_entries, c.cache_max_bytes, c.cache_ttl) if c.response_cache else None
         self.generations = Generations(self.client, admission, self.metrics, cache, c.request_timeout)
         self.metrics.watch(self.client, admission, self.generations)

@@ -1,7 +1,7 @@
-"""The prefix-cache probe admission control uses: what get_computed_blocks would hit, no state change."""
+"""KVCacheManager.cached_prefix_tokens, the probe admission control uses: what get_computed_blocks
+would hit, no state change."""
 
 from kiln.runtime.kv_manager import KVCacheManager
-from kiln.runtime.prefix_probe import cached_prefix_tokens
 from kiln.runtime.request import Request
 from kiln.runtime.sampling_params import SamplingParams
 
@@ -17,20 +17,20 @@ def computed(kv, prompt, rid="a"):
 def test_the_probe_counts_the_cached_full_blocks_of_a_prefix():
     kv = KVCacheManager(num_blocks=16, block_size=4)
     prompt = list(range(10))                         # blocks [0-3] [4-7] full, [8, 9] partial
-    assert cached_prefix_tokens(kv, prompt) == 0
+    assert kv.cached_prefix_tokens(prompt) == 0
     computed(kv, prompt)
     stats = (kv.prefix_queries, kv.prefix_hits, kv.num_free_blocks)
-    assert cached_prefix_tokens(kv, prompt + [50, 51]) == 8
-    assert cached_prefix_tokens(kv, prompt[:4] + [99] * 8) == 4      # diverges in the second block
-    assert cached_prefix_tokens(kv, [99] + prompt) == 0              # chain hashes: a prefix, not a substring
-    assert cached_prefix_tokens(kv, prompt[:8]) == 4                 # one token short: 7 // 4 blocks
+    assert kv.cached_prefix_tokens(prompt + [50, 51]) == 8
+    assert kv.cached_prefix_tokens(prompt[:4] + [99] * 8) == 4      # diverges in the second block
+    assert kv.cached_prefix_tokens([99] + prompt) == 0              # chain hashes: a prefix, not a substring
+    assert kv.cached_prefix_tokens(prompt[:8]) == 4                 # one token short: 7 // 4 blocks
     assert (kv.prefix_queries, kv.prefix_hits, kv.num_free_blocks) == stats   # nothing changed
     # It agrees with what the scheduler's lookup would hit.
     other = Request("b", prompt + [50, 51], SamplingParams(max_tokens=8))
-    assert kv.get_computed_blocks(other)[1] == cached_prefix_tokens(kv, prompt + [50, 51])
+    assert kv.get_computed_blocks(other)[1] == kv.cached_prefix_tokens(prompt + [50, 51])
 
 
 def test_no_caching_no_hits():
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_caching=False)
     computed(kv, list(range(10)))
-    assert cached_prefix_tokens(kv, list(range(12))) == 0
+    assert kv.cached_prefix_tokens(list(range(12))) == 0
