@@ -48,6 +48,9 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> P
                 model, report = run_pass(p, model, check if config.verify else None)
                 reports.append(report.to_dict())
         built = engine_builder(model, src.spec, config, writer.tmp, stage)
+        if _engine_quantizes(config) and config.verify:
+            with stage("check the engine's quantization"):
+                reports.append(_check_engine_quant(built, model, src, config, writer.tmp).to_dict())
         if config.prefill_engine:
             built = _add_prefill_engine(built, unquantized, src, config, writer.tmp, stage)
         reports += built.pass_reports
@@ -180,9 +183,31 @@ def _passes(src: ModelSource, config: BuildConfig) -> list:
     if config.fuse:
         from kiln.passes.fusion import fusion_passes
 
-        passes += [(p, compare_logits) for p in fusion_passes(src.spec)]
-    passes.append(_checked_quantize(src, config.quant, config.backend))
+        passes += [(p, compare_logits) for p in fusion_passes(src.spec, config.backend)]
+    if not _engine_quantizes(config):
+        passes.append(_checked_quantize(src, config.quant, config.backend))
     return passes
+
+
+def _engine_quantizes(config: BuildConfig) -> bool:
+    """The backend compresses the fp32 graph's weights itself (openvino int8: NNCF per channel, faster
+    in OpenVINO than kiln's MatMulNBits blocks), so kiln's quantize pass does not run."""
+    if config.backend != "openvino":
+        return False
+    from kiln.engines.openvino.options import OpenVinoOptions
+
+    return OpenVinoOptions.for_quant(config.quant).compresses_weights
+
+
+def _check_engine_quant(built: BuiltEngines, fp32_model: onnx.ModelProto, src: ModelSource, config: BuildConfig,
+                        root: Path):
+    """The quantize pass's check, run on the compiled engine (engines/openvino/quant_check.py)."""
+    from kiln.engines.openvino.quant_check import check_compressed_engine
+    from kiln.passes.verify_quant import check_token_ids
+
+    tokens = check_token_ids(src.tokenizer_dir, min(512, src.spec.max_position_embeddings))
+    return check_compressed_engine(root, built.engines[0], src.spec, config.buckets, built.kv_layout, fp32_model,
+                                   tokens, config.quant)
 
 
 def _checked_quantize(src: ModelSource, mode: QuantMode, backend: str) -> tuple[QuantizePass, Callable]:

@@ -59,7 +59,7 @@ class QuantMode(enum.Enum):
 # layer), 0.93 / 0.02 (the first); tiny-llama with every linear's scales shuffled fails both bounds.
 # w8a8 (SmolLM2): 0.176 / 0.865 — one activation scale per call rounds harder than MatMulNBits'
 # blocks of 32.
-_REL_TOLERANCE = {QuantMode.NONE: 0.0, QuantMode.INT8: 0.15, QuantMode.INT4: 0.25, QuantMode.W8A8: 0.30}
+REL_TOLERANCE = {QuantMode.NONE: 0.0, QuantMode.INT8: 0.15, QuantMode.INT4: 0.25, QuantMode.W8A8: 0.30}
 MIN_TOP1 = {QuantMode.NONE: 1.0, QuantMode.INT8: 0.90, QuantMode.INT4: 0.70, QuantMode.W8A8: 0.80}
 
 
@@ -134,7 +134,7 @@ class QuantizePass:
         self.quantize_embedding, self.quantize_lm_head = quantize_embedding, quantize_lm_head
         self.table_bits = table_bits or _TABLE_BITS.get(mode)
         self.int8_linears = tuple(_INT8_LINEARS.get(mode, ()) if int8_linears is None else int8_linears)
-        self.rel_tolerance = _REL_TOLERANCE[mode]
+        self.rel_tolerance = REL_TOLERANCE[mode]
         self._details: dict = {"mode": mode.value}
 
     def run(self, model: onnx.ModelProto) -> onnx.ModelProto:

@@ -94,6 +94,13 @@ def test_all_fusions_in_order(tiny, checks):
     checks.same_outputs(model, out)
 
 
+def test_openvino_builds_skip_the_rotary_fusion(tiny):
+    """OpenVINO fuses the plain rotary pattern itself (passes/fusion.py: SKIPPED_BY_BACKEND)."""
+    spec, _ = tiny
+    kept = [type(p) for p in fusion_passes(spec, "openvino")]
+    assert FuseRotary not in kept and kept == [c for c in FUSION_PASSES if c is not FuseRotary]
+
+
 @pytest.mark.parametrize("cls", ALL_FUSIONS)
 def test_a_plain_graph_is_left_unchanged(cls, plain_graph):
     p = cls()

@@ -16,7 +16,7 @@ def standard_graph(source: str, quant: QuantMode = QuantMode.NONE):
 
     src = load_source(source)
     model = build_decoder(src.spec, src.weights)
-    passes = [CleanupPass(), *fusion_passes(src.spec)]
+    passes = [CleanupPass(), *fusion_passes(src.spec, "openvino")]
     if quant is not QuantMode.NONE:
         passes.append(QuantizePass(quant))
     for p in passes:

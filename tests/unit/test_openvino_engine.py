@@ -150,14 +150,15 @@ def test_kv_cache_is_recorded_and_allocated(setup):
 
 @pytest.fixture(scope="module")
 def int8_setup(tmp_path_factory):
-    """tiny-llama with NNCF int8 weights, bf16 compute and the plugin's u8 KV cache."""
+    """tiny-llama with NNCF int8 weights, bf16 compute and the plugin's u8 KV cache (the int4 build's
+    compute and cache; int8 builds take f32 compute and an f16 cache: test_openvino_runtime.py)."""
     from kiln.engines.openvino.options import OpenVinoOptions
-    from kiln.passes.quantize import QuantMode
 
     spec, model = standard_graph("tiny-llama")
     root = tmp_path_factory.mktemp("ov-int8")
-    record = compile_openvino(model, spec, root / "engines" / "openvino", OpenVinoOptions.for_quant(QuantMode.INT8),
-                              root=root)[0]
+    options = OpenVinoOptions(inference_precision="bf16", kv_cache_precision="u8", weights="int8_asym",
+                              dynamic_quantization_group_size=32)
+    record = compile_openvino(model, spec, root / "engines" / "openvino", options, root=root)[0]
     return spec, record, root, KvLayout(**record["kv_layout"]), DenseReference(spec, model)
 
 

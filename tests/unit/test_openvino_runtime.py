@@ -107,3 +107,51 @@ def test_loading_an_openvino_engine_needs_no_build_dependencies():
     code = "import sys, kiln.engines.openvino.loader; print(sorted(m for m in ('onnx', 'nncf') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def ov_tiny_llama_int8(tmp_path_factory):
+    """`kiln build tiny-llama --quant int8 --backend openvino`: NNCF weights, checked on the engine."""
+    from kiln.passes.quantize import QuantMode
+
+    out = tmp_path_factory.mktemp("ov-int8") / "tiny-llama"
+    return build(BuildConfig(source="tiny-llama", out=out, quant=QuantMode.INT8, backend="openvino"))
+
+
+def test_int8_build_checks_the_compiled_engine(ov_tiny_llama_int8):
+    """The weights are NNCF's, so kiln's ONNX quantize pass does not run; its check runs on the
+    compiled engine and its figures reach the manifest's quant record."""
+    manifest = json.loads((ov_tiny_llama_int8 / "manifest.json").read_text())
+    names = [p["name"] for p in manifest["passes"]]
+    assert "quantize" not in names and "quantize (openvino int8_asym)" in names
+    quant = manifest["quant"]
+    assert quant["mode"] == "int8" and quant["weights"] == "int8_asym"
+    assert quant["top1_agreement"] >= quant["min_top1_agreement"] == 0.9
+    assert quant["perplexity"] > 0 and quant["perplexity_fp32"] > 0
+    engine = manifest["engines"][0]
+    assert engine["options"]["kv_cache_precision"] == "f16" and engine["kv_cache"]["element_type"] == "f16"
+
+
+def test_int8_engine_serves_close_to_fp32(ov_tiny_llama_int8, ov_tiny_llama):
+    """f16 cache, f32 compute: greedy tokens of the int8 engine mostly follow the fp32 engine's."""
+    got = [o.token_ids for o in _llm(ov_tiny_llama_int8).generate(_prompts(), GREEDY)]
+    want = [o.token_ids for o in _llm(ov_tiny_llama).generate(_prompts(), GREEDY)]
+    first = [g[0] == w[0] for g, w in zip(got, want)]
+    assert sum(first) >= len(first) - 1
+
+
+def test_engine_quant_check_refuses_beyond_tolerance(ov_tiny_llama_int8):
+    """Held to fp32's own thresholds (exact agreement, no logit error) the int8 engine fails."""
+    from kiln.artifact import EngineArtifact
+    from kiln.engines.openvino.quant_check import check_compressed_engine
+    from kiln.export.decoder_graph import build_decoder
+    from kiln.export.sources import load_source
+    from kiln.passes.base import PassCheckError
+    from kiln.passes.quantize import QuantMode
+
+    m = EngineArtifact.load(ov_tiny_llama_int8).manifest
+    src = load_source("tiny-llama")
+    tokens = np.random.default_rng(3).integers(0, m.spec.vocab_size, 40).tolist()
+    with pytest.raises(PassCheckError, match="numeric check"):
+        check_compressed_engine(ov_tiny_llama_int8, m.engines[0], m.spec, m.buckets, m.kv_layout,
+                                build_decoder(src.spec, src.weights), tokens, QuantMode.NONE)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # kiln.passes imports onnx, a build-time dependency; loading 
 
 # OpenVINO element type name -> numpy dtype of the cache tensors the plugin allocates.
 KV_DTYPES = {"f32": np.float32, "f16": np.float16, "u8": np.uint8}
+WEIGHTS_INT8 = "int8_asym"      # NNCF, per output channel, from the fp32 graph (weights.py)
 
 
 @dataclass(frozen=True)
@@ -34,15 +35,28 @@ class OpenVinoOptions:
     @classmethod
     def for_quant(cls, quant: QuantMode) -> "OpenVinoOptions":
         # fp32 keeps f32 compute and an f32 cache, so HF parity tolerances hold; quantized weights
-        # have already given up exactness, and u8 KV + bf16 compute is what the plugin is fastest at.
+        # have already given up exactness. Measured on SmolLM2 (engine-level, 2 threads, same-run
+        # ratios to NNCF int8 + bf16 compute + u8 KV + activation groups of 32, the int8 choice before):
+        #   NNCF per-channel int8 instead of kiln's MatMulNBits int8 (blocks of 32): 1 decode 0.88x,
+        #     32 decodes 0.95x, a 512-token prefill 0.97x
+        #   + f32 compute, f16 KV, activation groups of 128 (INT8 below): 32 decodes past 64 0.81x,
+        #     past 512 ~0.70x (the u8 cache's per-token dequantization is the cost), 1 decode 0.92x,
+        #     prefill 512 ~1.0x; f32 compute reads the cache as f32/f16/u8, bf16 compute only bf16/u8
+        #   perplexity through the compiled engine (tests/data/perplexity.txt, 512-token windows),
+        #     fp32 26.32: MatMulNBits int8 +0.81%, NNCF int8 +0.96%, INT8 below +1.34% (groups of
+        #     64: +1.08% and 0.85x at 32 decodes; 192: +1.70%, 0.79x; per token: +4.7%)
         if quant.value == "none":
             return cls()
-        if quant.value not in ("int8", "int4"):
-            raise ValueError(f"the openvino backend has no {quant.value} mode; use --quant int8 (OpenVINO "
-                             f"quantizes activations itself: dynamic quantization, recorded in the artifact)")
-        weights = {"int8": "int8_asym", "int4": "int4_sym_g32"}[quant.value]
-        return cls(inference_precision="bf16", kv_cache_precision="u8", weights=weights,
-                   dynamic_quantization_group_size=32)
+        if quant.value == "int8":
+            return cls(inference_precision="f32", kv_cache_precision="f16", weights=WEIGHTS_INT8,
+                       dynamic_quantization_group_size=128)
+        if quant.value == "int4":
+            # kiln's own 4-bit MatMulNBits (the block-offset recipe: exact on a Q4_1 source), which
+            # the plugin reads as it is; activations in groups of 32, the weights' block
+            return cls(inference_precision="bf16", kv_cache_precision="u8", weights="none",
+                       dynamic_quantization_group_size=32)
+        raise ValueError(f"the openvino backend has no {quant.value} mode; use --quant int8 (OpenVINO "
+                         f"quantizes activations itself: dynamic quantization, recorded in the artifact)")
 
     @property
     def compresses_weights(self) -> bool:
