@@ -31,6 +31,7 @@ PRIOR_DECODE_SECONDS = 0.02     # until a decode step of that size was seen: a s
 PRIOR_PREFILL_SECONDS_PER_TOKEN = 1e-3
 MIN_SPREAD = 2048.0             # tokens^2: chunk sizes must vary this much before a slope is fitted
 MIN_SECONDS_PER_TOKEN = 1e-5
+MIN_SLOPE_SHARE = 0.25          # the fitted slope's floor, as a fraction of the idle steps' seconds per token
 
 
 def batch_bucket(num_decodes: int) -> int:
@@ -162,13 +163,24 @@ class StepCostModel:
 
     @property
     def prefill_seconds_per_token(self) -> float:
+        idle = self._idle_share()
         spread = sum(f.var for f in self.fits.values())
         if spread >= MIN_SPREAD:
-            return max(sum(f.cov for f in self.fits.values()) / spread, MIN_SECONDS_PER_TOKEN)
+            # NOTE: a slope fitted from a few steps can come out near zero or negative (an engine's
+            # first call at a new shape is slow: OpenVINO prepares kernels per shape); clamped to
+            # 1e-5 s/token, it told admission that 700 queued tokens take 0.07 s, and those
+            # requests waited 1-8 s. A token costs at least a fraction of the idle steps' share.
+            slope = sum(f.cov for f in self.fits.values()) / spread
+            return max(slope, MIN_SLOPE_SHARE * (idle or 0.0), MIN_SECONDS_PER_TOKEN)
+        return idle or PRIOR_PREFILL_SECONDS_PER_TOKEN
+
+    def _idle_share(self) -> float | None:
+        """Seconds per token of the prefill-only steps (fixed costs included: an upper bound on
+        the slope); None before any."""
         idle = self.fits.get(0)
         if idle is not None and idle.mean_tokens > 0:
             return idle.mean_seconds / idle.mean_tokens
-        return PRIOR_PREFILL_SECONDS_PER_TOKEN
+        return None
 
     def costs(self) -> StepCosts:
         if self._snapshot is None:

@@ -151,10 +151,14 @@ class Admission:
 
     def _trace(self, n: int, cached: int, ttft: float, refused: bool) -> None:
         s = self.client.snapshot
+        decoding = max(s.num_running - s.num_prefilling, 0)
+        costs = s.step_costs
         log.debug("%s %d tokens (%d cached): predicted %.3f s (x%.2f); running %d (%d prefilling), "
-                  "waiting %d with %d tokens (%d prefilled)", "refuse" if refused else "admit", n, cached, ttft,
+                  "waiting %d with %d tokens (%d prefilled); model: %.2f ms/prefill token, decode step "
+                  "%.1f ms, prefill budget %d", "refuse" if refused else "admit", n, cached, ttft,
                   self.calibration.factor, s.num_running, s.num_prefilling, self.pending,
-                  self.pending_tokens, s.prefilled_tokens)
+                  self.pending_tokens, s.prefilled_tokens, 1e3 * costs.prefill_seconds_per_token,
+                  1e3 * costs.decode_seconds(decoding), costs.prefill_budget(decoding))
 
 
 def _left_to_prefill(prompts: list[tuple[int, int]], prefilled: int) -> list[int]:

@@ -130,6 +130,20 @@ def test_until_chunks_vary_the_token_cost_is_the_idle_prefills_share():
     assert model.costs().decode_seconds(4) == pytest.approx(0.05 - 40 * 0.0005)
 
 
+def test_a_slope_from_cold_steps_cannot_make_prefill_free():
+    """The first calls at new shapes are slow (shape-specific kernels): a 100-token prompt in 0.3 s,
+    then 256-token chunks in 0.13 s fit a negative slope. Before, the clamp to 1e-5 s a token
+    predicted 700 queued tokens in ~0.07 s; the floor keeps a quarter of the idle share."""
+    model = StepCostModel(target_itl=0.05, itl_stretch=1.5, min_prefill_chunk=16, max_tokens=256)
+    model.observe(0, 100, 0.30)
+    model.observe(0, 256, 0.13)
+    model.observe(0, 256, 0.13)
+    idle_share = model.fits[0].mean_seconds / model.fits[0].mean_tokens
+    assert sum(f.var for f in model.fits.values()) >= 2048           # enough spread: a slope is fitted
+    assert model.prefill_seconds_per_token == pytest.approx(0.25 * idle_share)
+    assert model.costs().queue_prefill_seconds([700], 1, 16) > 0.2
+
+
 def test_costs_snapshot_is_refreshed_after_each_observation():
     model = StepCostModel(target_itl=0.05)
     first = model.costs()
