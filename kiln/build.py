@@ -69,6 +69,9 @@ def _refuse_unbuildable(config: BuildConfig) -> None:
     """Option combinations a backend cannot build are refused before the passes run, not after."""
     if config.prefill_engine and config.backend != "ort":
         raise ValueError(f"--prefill-engine is an option of the ort backend, not {config.backend!r}")
+    if config.kv_dtype != "float32" and config.backend != "ort":
+        raise ValueError(f"--kv-dtype is an option of the ort backend; {config.backend!r} chooses its own KV "
+                         "cache precision (recorded in the artifact)")
     if config.attention != "standard" and config.backend != "ort":
         raise ValueError(f"--attention {config.attention} is an option of the ort backend, not {config.backend!r}")
     if config.backend == "openvino":
@@ -97,16 +100,18 @@ EngineBuilder = Callable[[onnx.ModelProto, ModelSpec, BuildConfig, Path, StageFn
 def _build_ort(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig, root: Path,
                stage: StageFn, folder: str = "ort") -> BuiltEngines:
     """Paged IO in the graph (a gather from the runtime's pool), then ORT's offline optimization."""
-    kv_io = KvIoPass(spec, config.block_size, attention=config.attention)   # NOTE: checked at fp32 activations (verify_paged.py)
+    # NOTE: checked at fp32 activations (verify_paged.py)
+    kv_io = KvIoPass(spec, config.block_size, attention=config.attention, kv_dtype=config.kv_dtype)
     with stage(f"pass {kv_io.name}"):
-        check = (lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size)) if config.verify else None
+        check = (lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size, kv_dtype=config.kv_dtype)
+                 if config.verify else None)
         model, report = run_pass(kv_io, model, check)
     with stage("compile ONNX Runtime engine"):
         engine, weights = compile_ort(model, root / "engines" / folder)
     record = {"backend": "ort", **file_record(root, engine), "io": _io_shapes(model)}
     if weights is not None:
         record["weights"] = file_record(root, weights)
-    layout = KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size)
+    layout = KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size, dtype=config.kv_dtype)
     return BuiltEngines([record], layout, [report.to_dict()])
 
 

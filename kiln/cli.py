@@ -57,6 +57,9 @@ def main():
               help="ort backend: the paged graph's attention core; gqa: ONNX Runtime's GroupQueryAttention "
                    "(faster prefill and single decodes, slower large decode batches: passes/attention_gqa.py); "
                    "with --prefill-engine only the decode engine takes it.")
+@click.option("--kv-dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="ort backend: the KV cache's element type; fp16 halves its memory (logits move by ~1e-3 "
+                   "of their range; attention still computes in fp32).")
 @click.option("--block-size", default=16, show_default=True, help="KV cache block size in tokens.")
 @click.option("--backend", type=click.Choice(["ort", "openvino", "tensorrt", "ort-cuda"]), default="ort",
               show_default=True,
@@ -67,7 +70,8 @@ def main():
 @click.option("--no-fuse", is_flag=True, help="Skip the fusion passes.")
 @click.option("--no-verify", is_flag=True, help="Skip the numeric check after each pass.")
 @click.option("--force", is_flag=True, help="Overwrite an existing artifact folder.")
-def build(model, out, quant, prefill_engine, attention, block_size, backend, precision, no_fuse, no_verify, force):
+def build(model, out, quant, prefill_engine, attention, kv_dtype, block_size, backend, precision, no_fuse, no_verify,
+          force):
     """Build an engine artifact from MODEL: a preset (smollm2-135m, tiny-llama, tiny-qwen2),
     a .gguf file or a Hugging Face checkpoint folder."""
     from kiln.build import build as run_build
@@ -76,7 +80,8 @@ def build(model, out, quant, prefill_engine, attention, block_size, backend, pre
 
     cfg = BuildConfig(source=model, out=out, quant=QuantMode(quant), block_size=block_size,
                       fuse=not no_fuse, verify=not no_verify, force=force, backend=backend,
-                      precision=precision or "", prefill_engine=prefill_engine or "", attention=attention)
+                      precision=precision or "", prefill_engine=prefill_engine or "", attention=attention,
+                      kv_dtype={"fp32": "float32", "fp16": "float16"}[kv_dtype])
     t0 = time.perf_counter()
     path = _guarded(lambda: run_build(cfg, stage=rich_stage))
     console.print(f"[bold green]built[/] {path} in {time.perf_counter() - t0:.1f} s")

@@ -45,6 +45,7 @@ class BuildConfig:
     precision: str = ""           # GPU backends: fp32 | fp16 | bf16 ("": the backend's default)
     prefill_engine: str = ""      # ORT: a second engine (a QuantMode value, e.g. "w8a8") for calls of many tokens
     attention: str = "standard"   # ORT: the paged graph's attention core, a key of passes.kv_io.ATTENTION_CORES
+    kv_dtype: str = "float32"     # ORT: the KV pool's element type, a key of passes.kv_io.KV_DTYPES
 
 
 class SchedulingPolicy(enum.Enum):

@@ -19,7 +19,7 @@ DEFAULT_BACKEND = "ort"
 def _load_ort(artifact: EngineArtifact, record: dict, threads: int | None) -> Engine:
     from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidGraph, InvalidProtobuf, NoSuchFile
 
-    from kiln.engines.ort_engine import OrtEngine
+    from kiln.engines.ort_engine import KvDtypeMismatch, OrtEngine
 
     m = artifact.manifest
     # NOTE: a second ort record is the prefill engine (engines per bucket range: build.py)
@@ -27,6 +27,8 @@ def _load_ort(artifact: EngineArtifact, record: dict, threads: int | None) -> En
                     if e["backend"] == "ort" and "min_tokens" in e.get("serves", {})), None)
     try:
         return OrtEngine(artifact.path / record["file"], m.buckets, m.kv_layout, threads, prefill)
+    except KvDtypeMismatch as e:
+        raise ArtifactError(f"{artifact.path}: {e}; rebuild it with `kiln build`") from None
     except (Fail, InvalidGraph, InvalidProtobuf, NoSuchFile) as e:
         # e.g. model.onnx.data (the record's "weights", checked with the manifest) gone since
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

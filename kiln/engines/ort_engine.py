@@ -37,6 +37,7 @@ class OrtEngine:
         if prefill is not None:
             self.sessions.append((prefill[0], cpu_session(str(prefill[1]), opts)))
         self.calls_by_engine = [0] * len(self.sessions)
+        _check_pool_dtype(self.sessions, kv_layout)
         self.gqa = [has_gqa_core(s.get_modelmeta().custom_metadata_map) for _, s in self.sessions]
         # the planner keeps GroupQueryAttention's rule for every call only when every engine has the core
         self.chunks_with_past_alone = all(self.gqa)
@@ -83,3 +84,18 @@ class OrtEngine:
         self.pool.write(layer_major, call.rows, call.cols, call.slots)
         return logits[call.logit_rows[:, 0], call.logit_rows[:, 1]]
 
+
+class KvDtypeMismatch(ValueError):
+    """The graph reads a KV pool of another element type than the manifest's layout says."""
+
+
+ORT_TENSOR_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)"}
+
+
+def _check_pool_dtype(sessions: list, kv_layout: KvLayout) -> None:
+    want = ORT_TENSOR_TYPES.get(kv_layout.dtype, kv_layout.dtype)
+    for _, session in sessions:
+        cache = next((i for i in session.get_inputs() if i.name == "key_cache.0"), None)
+        if cache is not None and cache.type != want:
+            raise KvDtypeMismatch(f"the engine graph reads a {cache.type} KV pool, but the manifest's KV layout "
+                                  f"is {kv_layout.dtype}")

@@ -62,7 +62,7 @@ import numpy as np
 import onnx
 
 from kiln.engines.ort_batching import GQA_METADATA
-from kiln.export.graph_builder import INT32, MS_DOMAIN, GraphBuilder
+from kiln.export.graph_builder import FLOAT, INT32, MS_DOMAIN, GraphBuilder
 from kiln.export.spec import ModelSpec
 from kiln.passes.fuse_common import GraphIndex
 
@@ -97,11 +97,14 @@ def shared_inputs(b: GraphBuilder, spec: ModelSpec, block_size: int, pool: str =
     return SharedInputs(token_index, seqlens, total)
 
 
-def gather_past(b: GraphBuilder, spec: ModelSpec, layer: int, kind: str, shared: SharedInputs) -> str:
-    """[B, kvh, MB·bs, hd]: the call's past K or V of one layer, read from its pool."""
+def gather_past(b: GraphBuilder, spec: ModelSpec, layer: int, kind: str, shared: SharedInputs,
+                half_pool: bool = False) -> str:
+    """[B, kvh, MB·bs, hd]: the call's past K or V of one layer, read from its pool (fp16 pools are
+    gathered at half the bytes, then widened for the fp32 core)."""
     with b.scope("model"), b.scope(f"layers.{layer}"), b.scope("attn"):
         flat = b.op("Reshape", [f"{kind}_cache.{layer}", b.const([-1, spec.head_dim])], f"{kind}_pool_rows")
-        return b.op("Gather", [flat, shared.token_index], f"past_{kind}s", axis=0)
+        past = b.op("Gather", [flat, shared.token_index], f"past_{kind}s_pool", axis=0)
+        return b.op("Cast", [past], f"past_{kind}s", to=FLOAT) if half_pool else past
 
 
 def attention_node(b: GraphBuilder, spec: ModelSpec, layer: int, q: str, k: str, v: str,
@@ -161,7 +164,7 @@ def _input_of(idx: GraphIndex, node_name: str) -> str:
 
 
 def rewire_layers(g: onnx.GraphProto, b: GraphBuilder, spec: ModelSpec, block_size: int,
-                  weights_dir=None) -> tuple[dict[str, str], list[str]]:
+                  weights_dir=None, half_pool: bool = False) -> tuple[dict[str, str], list[str]]:
     """Add the shared inputs, each layer's past gather and GroupQueryAttention to b. Returns the
     renames that point each o_proj at its layer's new core (the old core is then unreachable) and
     the new tokens' flat K and V of every layer [B,S,kvh·hd], layer by layer, key before value."""
@@ -172,7 +175,7 @@ def rewire_layers(g: onnx.GraphProto, b: GraphBuilder, spec: ModelSpec, block_si
         site = core_site(idx, spec, i)
         with b.scope("model"), b.scope(f"layers.{i}"), b.scope("attn"):
             q, k, v = (flat_heads(idx, b, t, f"{n}_flat") for t, n in ((site.q, "q"), (site.k, "k"), (site.v, "v")))
-        past = (gather_past(b, spec, i, "key", shared), gather_past(b, spec, i, "value", shared))
+        past = (gather_past(b, spec, i, "key", shared, half_pool), gather_past(b, spec, i, "value", shared, half_pool))
         renames[site.output] = attention_node(b, spec, i, q, k, v, past, shared, site.scale)
         new_kv += [k, v]
     return renames, new_kv

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper
 
 from kiln.export.decoder_graph import (FAR, FINAL_HIDDEN, KEY_POSITIONS, QUERY_POSITIONS, new_kv_name,
                                        past_transpose_name)
@@ -40,24 +40,36 @@ from kiln.passes import attention_gqa
 
 KV_KINDS = ("key", "value")
 ATTENTION_CORES = {"standard": "paged-gather", "gqa": attention_gqa.LAYOUT}     # core -> layout name
+# pool dtype -> (ONNX element type, the paged graph's tolerance against the dense one). fp16: past
+# K/V rounded to 11 significant bits (relative 2^-11 each) before attention reads them; measured on
+# tiny-llama and SmolLM2 the logits move by ~1e-3 of their range, so 1e-2 bounds it with room.
+KV_DTYPES = {"float32": (TensorProto.FLOAT, 1e-4), "float16": (TensorProto.FLOAT16, 1e-2)}
 
 
 class KvIoPass:
     name = "kv_io"
 
-    def __init__(self, spec: ModelSpec, block_size: int = 16, rel_tolerance: float = 1e-4,
-                 attention: str = "standard"):
+    def __init__(self, spec: ModelSpec, block_size: int = 16, rel_tolerance: float | None = None,
+                 attention: str = "standard", kv_dtype: str = "float32"):
         if attention not in ATTENTION_CORES:
             raise ValueError(f"kv_io: unknown attention core {attention!r}; one of {', '.join(ATTENTION_CORES)}")
-        self.attention = attention
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_io: unknown KV dtype {kv_dtype!r}; one of {', '.join(KV_DTYPES)}")
+        self.attention, self.kv_dtype = attention, kv_dtype
+        if rel_tolerance is None:
+            rel_tolerance = KV_DTYPES[kv_dtype][1]
         # NOTE: quantized graphs are held to this tolerance too: verify_paged.compare_paged runs both
         # graphs with fp32 activations (MatMulNBits' int8 activations would turn the paged attention's
         # other summation order into whole rounding steps).
         self.spec, self.block_size, self.rel_tolerance = spec, block_size, rel_tolerance
         self._rewired = 0
 
+    @property
+    def _half(self) -> bool:
+        return self.kv_dtype == "float16"
+
     def details(self) -> dict:
-        return {"layout": ATTENTION_CORES[self.attention], "block_size": self.block_size,
+        return {"layout": ATTENTION_CORES[self.attention], "block_size": self.block_size, "kv_dtype": self.kv_dtype,
                 "pool_shape": ["kv_heads", "num_blocks", "block_size", "head_dim"],
                 "layers_rewired": self._rewired}
 
@@ -71,7 +83,7 @@ class KvIoPass:
         replaced = {FINAL_HIDDEN}
         if self.attention == "gqa":
             # NOTE: the old core, the mask and the dense past become unreachable and are pruned.
-            core, new_kv_parts = attention_gqa.rewire_layers(g, b, self.spec, self.block_size)
+            core, new_kv_parts = attention_gqa.rewire_layers(g, b, self.spec, self.block_size, half_pool=self._half)
             renames |= core
             with b.scope("model"), b.scope("new_kv"):
                 new_kv = b.op("Concat", new_kv_parts, "Concat", axis=-1)
@@ -109,7 +121,8 @@ class KvIoPass:
         b.input("logits_index", INT64, ["batch", "logits_positions"])
         for i in range(s.num_layers):
             for kind in KV_KINDS:
-                b.input(f"{kind}_cache.{i}", FLOAT, [s.num_kv_heads, "num_blocks", self.block_size, s.head_dim])
+                b.input(f"{kind}_cache.{i}", KV_DTYPES[self.kv_dtype][0],
+                        [s.num_kv_heads, "num_blocks", self.block_size, s.head_dim])
 
     # key_positions: [past slots: j if j < past_len else FAR | new tokens: past_len + s]
     # query_positions: past_len + s
@@ -129,6 +142,8 @@ class KvIoPass:
     def _gather_past(self, b: GraphBuilder, i: int, kind: str) -> str:
         with b.scope("model"), b.scope(f"layers.{i}"), b.scope("attn"):
             blocks = b.op("Gather", [f"{kind}_cache.{i}", "block_tables"], f"gather_{kind}_blocks", axis=1)
+            if self._half:      # gathered at half the bytes, widened for the fp32 core
+                blocks = b.op("Cast", [blocks], f"widen_{kind}_blocks", to=FLOAT)
             return b.op("Reshape", [blocks, b.const([0, 0, -1, self.spec.head_dim])], f"past_{kind}s")
 
     # hidden [B,S,H] ─ GatherElements(axis=1, logits_index expanded to [B,K,H]) ─ [B,K,H]

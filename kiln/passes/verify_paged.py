@@ -50,14 +50,15 @@ def _dequantized_matmul(node: onnx.NodeProto) -> list[onnx.NodeProto]:
             onnx.helper.make_node("MatMul", [x, w], list(node.output), name=f"{node.name}/fp32_matmul")]
 
 
-def _pool_from_past(feeds: dict, num_layers: int, past_lens: np.ndarray, block_size: int, seed: int):
+def _pool_from_past(feeds: dict, num_layers: int, past_lens: np.ndarray, block_size: int, seed: int,
+                    dtype: str = "float32"):
     past0 = feeds["past_key_values.0.key"]
     batch, kvh, past, hd = past0.shape
     per_seq = -(-past // block_size)
     num_blocks = batch * per_seq + 3
     order = np.random.default_rng(seed).permutation(num_blocks)
     tables = order[: batch * per_seq].reshape(batch, per_seq)
-    pool = np.zeros((num_layers, 2, kvh, num_blocks, block_size, hd), np.float32)
+    pool = np.zeros((num_layers, 2, kvh, num_blocks, block_size, hd), dtype)
     for b in range(batch):
         n = int(past_lens[b])
         slots = np.arange(n)
@@ -78,8 +79,9 @@ def _run_rows(session, feeds: dict, batch: int, kv_heads: int, head_dim: int) ->
 
 
 def compare_paged(before: onnx.ModelProto, after: onnx.ModelProto, num_layers: int, block_size: int,
-                  seed: int = 0) -> tuple[float, float]:
-    """(max abs error, relative error) over logits and new K/V."""
+                  seed: int = 0, kv_dtype: str = "float32") -> tuple[float, float]:
+    """(max abs error, relative error) over logits and new K/V; the past K/V reach the paged graph
+    through a pool of kv_dtype (rounded there, as the runtime's pool rounds them)."""
     before, after = fp32_activations(before), fp32_activations(after)
     feeds = seeded_feeds(before, seed=seed)
     dense = _session(before)
@@ -89,7 +91,7 @@ def compare_paged(before: onnx.ModelProto, after: onnx.ModelProto, num_layers: i
     batch, seq = feeds["input_ids"].shape
     past = mask.shape[1] - seq
     past_lens = mask[:, :past].sum(1)     # left padding drops out: the pool holds only real tokens
-    pool, tables = _pool_from_past(feeds, num_layers, past_lens, block_size, seed)
+    pool, tables = _pool_from_past(feeds, num_layers, past_lens, block_size, seed, kv_dtype)
     paged_feeds = {"input_ids": feeds["input_ids"], "position_ids": feeds["position_ids"],
                    "past_lens": past_lens.astype(np.int64), "block_tables": tables.astype(np.int64),
                    "logits_index": np.tile(np.arange(seq), (batch, 1))}
