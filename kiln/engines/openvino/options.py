@@ -45,6 +45,7 @@ class OpenVinoOptions:
         #   all of it with kiln's rotary fusion left out (passes/fusion.py), against the previous
         #   choice in one run: 1 decode 0.83x, 8 decodes 0.83x, 32 decodes 0.80x (past 512: 0.62x),
         #   prefill 512 0.96x; perplexity +1.16% against +0.81%
+        #   (bench/bench_openvino_calls.py; bench/kv_pool_perplexity.py for perplexity)
         #   perplexity through the compiled engine (tests/data/perplexity.txt, 512-token windows),
         #     fp32 26.32: MatMulNBits int8 +0.81%, NNCF int8 +0.96%, INT8 below +1.34% (groups of
         #     64: +1.08% and 0.85x at 32 decodes; 192: +1.70%, 0.79x; per token: +4.7%)
