@@ -35,20 +35,16 @@ class OpenVinoOptions:
     @classmethod
     def for_quant(cls, quant: QuantMode) -> "OpenVinoOptions":
         # fp32 keeps f32 compute and an f32 cache, so HF parity tolerances hold; quantized weights
-        # have already given up exactness. Measured on SmolLM2 (engine-level, 2 threads, same-run
-        # ratios to NNCF int8 + bf16 compute + u8 KV + activation groups of 32, the int8 choice before):
-        #   NNCF per-channel int8 instead of kiln's MatMulNBits int8 (blocks of 32): 1 decode 0.88x,
-        #     32 decodes 0.95x, a 512-token prefill 0.97x
-        #   + f32 compute, f16 KV, activation groups of 128 (INT8 below): 32 decodes past 64 0.81x,
-        #     past 512 ~0.70x (the u8 cache's per-token dequantization is the cost), 1 decode 0.92x,
-        #     prefill 512 ~1.0x; f32 compute reads the cache as f32/f16/u8, bf16 compute only bf16/u8
-        #   all of it with kiln's rotary fusion left out (passes/fusion.py), against the previous
-        #   choice in one run: 1 decode 0.83x, 8 decodes 0.83x, 32 decodes 0.80x (past 512: 0.62x),
-        #   prefill 512 0.96x; perplexity +1.16% against +0.81%
-        #   (bench/bench_openvino_calls.py; bench/kv_pool_perplexity.py for perplexity)
-        #   perplexity through the compiled engine (tests/data/perplexity.txt, 512-token windows),
-        #     fp32 26.32: MatMulNBits int8 +0.81%, NNCF int8 +0.96%, INT8 below +1.34% (groups of
-        #     64: +1.08% and 0.85x at 32 decodes; 192: +1.70%, 0.79x; per token: +4.7%)
+        # have already given up exactness. int8, measured on SmolLM2 (2 threads, engine calls, one
+        # run; bench/bench_openvino_calls.py, perplexity by bench/kv_pool_perplexity.py, fp32 26.32):
+        # against the choice before (kiln's MatMulNBits int8 blocks, bf16 compute, u8 KV, activation
+        # groups of 32, kiln's rotary fusion), this one takes 0.83x the time for 1 or 8 decodes,
+        # 0.80x for 32 (0.62x at 512 tokens of context: the u8 cache's per-token dequantization is
+        # the cost), 0.96x for a 512-token prefill; perplexity +1.16% against +0.81%. Parts of it:
+        # NNCF per-channel weights alone 1 decode 0.88x, 32 decodes 0.95x; bf16 compute reads the
+        # cache only as bf16/u8, f32 compute also as f16/f32; activation groups of 64 / 128 / 192:
+        # +1.08% / +1.34% / +1.70% perplexity, 32 decodes 0.85x / 0.81x / 0.79x; per token +4.7%.
+        # On MatMulNBits' blocks of 32, groups above 32 fall off the fast path (32 decodes 1.96x).
         if quant.value == "none":
             return cls()
         if quant.value == "int8":
