@@ -111,8 +111,14 @@ def _build_ort(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig, roo
     record = {"backend": "ort", **file_record(root, engine), "io": _io_shapes(model)}
     if weights is not None:
         record["weights"] = file_record(root, weights)
-    layout = KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size, dtype=config.kv_dtype)
+    layout = KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size, dtype=config.kv_dtype,
+                      block_bytes=_int8_block_bytes(spec, config.block_size) if config.kv_dtype == "int8" else 0)
     return BuiltEngines([record], layout, [report.to_dict()])
+
+
+def _int8_block_bytes(spec: ModelSpec, block_size: int) -> int:
+    """An int8 pool's block: the values and one fp32 scale per token and head (engines/kv_pool.py)."""
+    return spec.num_layers * 2 * spec.num_kv_heads * block_size * (spec.head_dim + 4)
 
 
 def _build_openvino(model: onnx.ModelProto, spec: ModelSpec, config: BuildConfig, root: Path,

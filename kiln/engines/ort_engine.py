@@ -89,7 +89,7 @@ class KvDtypeMismatch(ValueError):
     """The graph reads a KV pool of another element type than the manifest's layout says."""
 
 
-ORT_TENSOR_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)"}
+ORT_TENSOR_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int8": "tensor(int8)"}
 
 
 def _check_pool_dtype(sessions: list, kv_layout: KvLayout) -> None:

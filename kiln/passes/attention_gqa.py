@@ -98,13 +98,21 @@ def shared_inputs(b: GraphBuilder, spec: ModelSpec, block_size: int, pool: str =
 
 
 def gather_past(b: GraphBuilder, spec: ModelSpec, layer: int, kind: str, shared: SharedInputs,
-                half_pool: bool = False) -> str:
-    """[B, kvh, MB·bs, hd]: the call's past K or V of one layer, read from its pool (fp16 pools are
-    gathered at half the bytes, then widened for the fp32 core)."""
+                pool_dtype: str = "float32") -> str:
+    """[B, kvh, MB·bs, hd]: the call's past K or V of one layer, read from its pool. An fp16 pool is
+    gathered at half the bytes and widened for the fp32 core; an int8 one also gathers each token's
+    scale ([kvh, NB, bs, 1] beside the pool: engines/kv_pool.py) and multiplies it back."""
     with b.scope("model"), b.scope(f"layers.{layer}"), b.scope("attn"):
         flat = b.op("Reshape", [f"{kind}_cache.{layer}", b.const([-1, spec.head_dim])], f"{kind}_pool_rows")
         past = b.op("Gather", [flat, shared.token_index], f"past_{kind}s_pool", axis=0)
-        return b.op("Cast", [past], f"past_{kind}s", to=FLOAT) if half_pool else past
+        if pool_dtype == "float32":
+            return past
+        wide = b.op("Cast", [past], f"past_{kind}s_wide", to=FLOAT)
+        if pool_dtype != "int8":
+            return wide
+        scale_rows = b.op("Reshape", [f"{kind}_scale.{layer}", b.const([-1, 1])], f"{kind}_scale_rows")
+        scales = b.op("Gather", [scale_rows, shared.token_index], f"past_{kind}_scales", axis=0)
+        return b.op("Mul", [wide, scales], f"past_{kind}s")
 
 
 def attention_node(b: GraphBuilder, spec: ModelSpec, layer: int, q: str, k: str, v: str,
@@ -164,7 +172,7 @@ def _input_of(idx: GraphIndex, node_name: str) -> str:
 
 
 def rewire_layers(g: onnx.GraphProto, b: GraphBuilder, spec: ModelSpec, block_size: int,
-                  weights_dir=None, half_pool: bool = False) -> tuple[dict[str, str], list[str]]:
+                  weights_dir=None, pool_dtype: str = "float32") -> tuple[dict[str, str], list[str]]:
     """Add the shared inputs, each layer's past gather and GroupQueryAttention to b. Returns the
     renames that point each o_proj at its layer's new core (the old core is then unreachable) and
     the new tokens' flat K and V of every layer [B,S,kvh·hd], layer by layer, key before value."""
@@ -175,7 +183,7 @@ def rewire_layers(g: onnx.GraphProto, b: GraphBuilder, spec: ModelSpec, block_si
         site = core_site(idx, spec, i)
         with b.scope("model"), b.scope(f"layers.{i}"), b.scope("attn"):
             q, k, v = (flat_heads(idx, b, t, f"{n}_flat") for t, n in ((site.q, "q"), (site.k, "k"), (site.v, "v")))
-        past = (gather_past(b, spec, i, "key", shared, half_pool), gather_past(b, spec, i, "value", shared, half_pool))
+        past = tuple(gather_past(b, spec, i, kind, shared, pool_dtype) for kind in ("key", "value"))
         renames[site.output] = attention_node(b, spec, i, q, k, v, past, shared, site.scale)
         new_kv += [k, v]
     return renames, new_kv

@@ -43,7 +43,10 @@ ATTENTION_CORES = {"standard": "paged-gather", "gqa": attention_gqa.LAYOUT}     
 # pool dtype -> (ONNX element type, the paged graph's tolerance against the dense one). fp16: past
 # K/V rounded to 11 significant bits (relative 2^-11 each) before attention reads them; measured on
 # tiny-llama and SmolLM2 the logits move by ~1e-3 of their range, so 1e-2 bounds it with room.
-KV_DTYPES = {"float32": (TensorProto.FLOAT, 1e-4), "float16": (TensorProto.FLOAT16, 1e-2)}
+# int8: each token's head rounded to 1/254 of its largest value (engines/kv_pool.py); SmolLM2's
+# logits move by ~1e-2 of their range.
+KV_DTYPES = {"float32": (TensorProto.FLOAT, 1e-4), "float16": (TensorProto.FLOAT16, 1e-2),
+             "int8": (TensorProto.INT8, 5e-2)}
 
 
 class KvIoPass:
@@ -64,10 +67,6 @@ class KvIoPass:
         self.spec, self.block_size, self.rel_tolerance = spec, block_size, rel_tolerance
         self._rewired = 0
 
-    @property
-    def _half(self) -> bool:
-        return self.kv_dtype == "float16"
-
     def details(self) -> dict:
         return {"layout": ATTENTION_CORES[self.attention], "block_size": self.block_size, "kv_dtype": self.kv_dtype,
                 "pool_shape": ["kv_heads", "num_blocks", "block_size", "head_dim"],
@@ -83,7 +82,8 @@ class KvIoPass:
         replaced = {FINAL_HIDDEN}
         if self.attention == "gqa":
             # NOTE: the old core, the mask and the dense past become unreachable and are pruned.
-            core, new_kv_parts = attention_gqa.rewire_layers(g, b, self.spec, self.block_size, half_pool=self._half)
+            core, new_kv_parts = attention_gqa.rewire_layers(g, b, self.spec, self.block_size,
+                                                             pool_dtype=self.kv_dtype)
             renames |= core
             with b.scope("model"), b.scope("new_kv"):
                 new_kv = b.op("Concat", new_kv_parts, "Concat", axis=-1)
@@ -123,6 +123,8 @@ class KvIoPass:
             for kind in KV_KINDS:
                 b.input(f"{kind}_cache.{i}", KV_DTYPES[self.kv_dtype][0],
                         [s.num_kv_heads, "num_blocks", self.block_size, s.head_dim])
+                if self.kv_dtype == "int8":     # one scale per token and head (engines/kv_pool.py)
+                    b.input(f"{kind}_scale.{i}", FLOAT, [s.num_kv_heads, "num_blocks", self.block_size, 1])
 
     # key_positions: [past slots: j if j < past_len else FAR | new tokens: past_len + s]
     # query_positions: past_len + s
@@ -142,8 +144,11 @@ class KvIoPass:
     def _gather_past(self, b: GraphBuilder, i: int, kind: str) -> str:
         with b.scope("model"), b.scope(f"layers.{i}"), b.scope("attn"):
             blocks = b.op("Gather", [f"{kind}_cache.{i}", "block_tables"], f"gather_{kind}_blocks", axis=1)
-            if self._half:      # gathered at half the bytes, widened for the fp32 core
+            if self.kv_dtype != "float32":      # gathered at a fraction of the bytes, widened for the fp32 core
                 blocks = b.op("Cast", [blocks], f"widen_{kind}_blocks", to=FLOAT)
+            if self.kv_dtype == "int8":
+                scales = b.op("Gather", [f"{kind}_scale.{i}", "block_tables"], f"gather_{kind}_scales", axis=1)
+                blocks = b.op("Mul", [blocks, scales], f"scale_{kind}_blocks")
             return b.op("Reshape", [blocks, b.const([0, 0, -1, self.spec.head_dim])], f"past_{kind}s")
 
     # hidden [B,S,H] ─ GatherElements(axis=1, logits_index expanded to [B,K,H]) ─ [B,K,H]

@@ -15,10 +15,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from kiln.engines.kv_pool import quantize_rows
 from kiln.engines.ort_batching import new_kv_layer_major
 from kiln.passes.verify import _session, seeded_feeds
 
 KINDS = ("key", "value")
+POOL_INPUTS = ("key_cache.", "value_cache.", "key_scale.", "value_scale.")   # shared by all rows
 
 
 def fp32_activations(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -50,15 +52,14 @@ def _dequantized_matmul(node: onnx.NodeProto) -> list[onnx.NodeProto]:
             onnx.helper.make_node("MatMul", [x, w], list(node.output), name=f"{node.name}/fp32_matmul")]
 
 
-def _pool_from_past(feeds: dict, num_layers: int, past_lens: np.ndarray, block_size: int, seed: int,
-                    dtype: str = "float32"):
+def _pool_from_past(feeds: dict, num_layers: int, past_lens: np.ndarray, block_size: int, seed: int):
     past0 = feeds["past_key_values.0.key"]
     batch, kvh, past, hd = past0.shape
     per_seq = -(-past // block_size)
     num_blocks = batch * per_seq + 3
     order = np.random.default_rng(seed).permutation(num_blocks)
     tables = order[: batch * per_seq].reshape(batch, per_seq)
-    pool = np.zeros((num_layers, 2, kvh, num_blocks, block_size, hd), dtype)
+    pool = np.zeros((num_layers, 2, kvh, num_blocks, block_size, hd), np.float32)
     for b in range(batch):
         n = int(past_lens[b])
         slots = np.arange(n)
@@ -69,10 +70,26 @@ def _pool_from_past(feeds: dict, num_layers: int, past_lens: np.ndarray, block_s
     return pool, tables
 
 
+def _pool_feeds(pool: np.ndarray, kv_dtype: str) -> dict[str, np.ndarray]:
+    """The pool as the runtime would hold it (engines/kv_pool.py): cast, or int8 values + scales."""
+    scales = None
+    if kv_dtype == "int8":
+        pool, scales = quantize_rows(pool)
+    else:
+        pool = pool.astype(kv_dtype)
+    feeds = {}
+    for layer in range(pool.shape[0]):
+        for k, kind in enumerate(KINDS):
+            feeds[f"{kind}_cache.{layer}"] = pool[layer, k]
+            if scales is not None:
+                feeds[f"{kind}_scale.{layer}"] = scales[layer, k]
+    return feeds
+
+
 def _run_rows(session, feeds: dict, batch: int, kv_heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
     """(logits, new_kv [2L,kvh,B,S,hd]) of the paged graph, one sequence per run: a chunk with a
     past is what a GroupQueryAttention core (passes/attention_gqa.py) takes only at batch 1."""
-    per_row = [session.run(["logits", "new_kv"], {k: v if k.startswith(("key_cache.", "value_cache.")) else v[b:b + 1]
+    per_row = [session.run(["logits", "new_kv"], {k: v if k.startswith(POOL_INPUTS) else v[b:b + 1]
                                                   for k, v in feeds.items()}) for b in range(batch)]
     new_kv = [new_kv_layer_major(r[1], kv_heads, head_dim) for r in per_row]
     return np.concatenate([r[0] for r in per_row]), np.concatenate(new_kv, axis=2)
@@ -91,13 +108,11 @@ def compare_paged(before: onnx.ModelProto, after: onnx.ModelProto, num_layers: i
     batch, seq = feeds["input_ids"].shape
     past = mask.shape[1] - seq
     past_lens = mask[:, :past].sum(1)     # left padding drops out: the pool holds only real tokens
-    pool, tables = _pool_from_past(feeds, num_layers, past_lens, block_size, seed, kv_dtype)
+    pool, tables = _pool_from_past(feeds, num_layers, past_lens, block_size, seed)
     paged_feeds = {"input_ids": feeds["input_ids"], "position_ids": feeds["position_ids"],
                    "past_lens": past_lens.astype(np.int64), "block_tables": tables.astype(np.int64),
                    "logits_index": np.tile(np.arange(seq), (batch, 1))}
-    for layer in range(num_layers):
-        paged_feeds[f"key_cache.{layer}"] = pool[layer, 0]
-        paged_feeds[f"value_cache.{layer}"] = pool[layer, 1]
+    paged_feeds |= _pool_feeds(pool, kv_dtype)
     logits, new_kv = _run_rows(_session(after), paged_feeds, batch, *feeds["past_key_values.0.key"].shape[1::2])
     err = float(np.abs(logits - ref["logits"]).max())
     for layer in range(num_layers):

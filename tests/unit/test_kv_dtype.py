@@ -1,4 +1,5 @@
-"""`kiln build --kv-dtype fp16` (ort backend): an fp16 KV pool, half the bytes, the same tokens."""
+"""`kiln build --kv-dtype fp16|int8` (ort backend): a reduced-precision KV pool, fewer bytes, (nearly)
+the same tokens."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from kiln.artifact import ArtifactError, EngineArtifact
 from kiln.build import build
 from kiln.config import BuildConfig
 from kiln.engines.factory import load_engine
+from kiln.engines.kv_pool import quantize_rows
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 PROMPTS = [np.random.default_rng(s).integers(0, 256, n).tolist() for s, n in enumerate([3, 17, 40, 100])]
@@ -23,7 +25,7 @@ def artifacts(tmp_path_factory):
     root = tmp_path_factory.mktemp("kv-dtype")
     return {(dtype, attention): build(BuildConfig(source="tiny-llama", out=root / f"{dtype}-{attention}",
                                                   kv_dtype=dtype, attention=attention))
-            for dtype in ("float32", "float16") for attention in ("standard", "gqa")}
+            for dtype in ("float32", "float16", "int8") for attention in ("standard", "gqa")}
 
 
 def _llm(path):
@@ -41,6 +43,37 @@ def test_fp16_pool_halves_the_bytes_and_keeps_the_tokens(artifacts, attention):
     got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
     want = [o.token_ids for o in _llm(full).generate(PROMPTS, GREEDY)]
     assert got == want
+
+
+@pytest.mark.parametrize("attention", ["standard", "gqa"])
+def test_int8_pool_takes_a_quarter_and_stays_close(artifacts, attention):
+    """int8 values + one fp32 scale per token and head: (head_dim + 4) / (4 head_dim) of fp32's bytes.
+    The random-weight model's logits are near-uniform, so a rounded K/V may flip a near-tie: the
+    first tokens (one prefill each) must agree, and the log-probabilities stay close."""
+    full, small = artifacts["float32", attention], artifacts["int8", attention]
+    m = EngineArtifact.load(small).manifest
+    hd = m.spec.head_dim
+    assert m.kv_layout.dtype == "int8"
+    assert m.kv_layout.bytes_per_token * 4 * hd == EngineArtifact.load(full).manifest.kv_layout.bytes_per_token * (hd + 4)
+    llm = _llm(small)
+    pool = llm.core.runner.engine.pool
+    assert pool.data.dtype == np.int8 and pool.scales.dtype == np.float32
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=1)
+    got, want = llm.generate(PROMPTS, params), _llm(full).generate(PROMPTS, params)
+    assert [g.token_ids[0] for g in got] == [w.token_ids[0] for w in want]
+    # the second token: the first one decoded over the prompt's K/V read back from the pool
+    diffs = [abs(g.logprobs[1].token_logprob - w.logprobs[1].token_logprob)
+             for g, w in zip(got, want) if g.token_ids[:2] == w.token_ids[:2]]
+    assert diffs and 0 < max(diffs) < 0.25
+
+
+def test_int8_rows_round_to_half_a_step_of_their_own_largest_value():
+    x = np.random.default_rng(0).normal(size=(3, 5, 16)).astype(np.float32) * np.array([1e-3, 1, 100])[:, None, None]
+    x[0, 0] = 0
+    values, scales = quantize_rows(x)
+    assert values.dtype == np.int8 and scales.shape == (3, 5, 1) and scales[0, 0, 0] == 1.0
+    assert np.all(np.abs(values.astype(np.float32) * scales - x) <= scales / 2 + 1e-7)
+    assert np.abs(values).max() == 127
 
 
 def test_the_pool_is_what_moves_the_logits(artifacts):
