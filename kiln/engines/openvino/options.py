@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kiln.engines.openvino.weights import WeightCompression
+
 if TYPE_CHECKING:  # kiln.passes imports onnx, a build-time dependency; loading does not need it
     from kiln.passes.quantize import QuantMode
 
 # OpenVINO element type name -> numpy dtype of the cache tensors the plugin allocates.
 KV_DTYPES = {"f32": np.float32, "f16": np.float16, "u8": np.uint8}
-WEIGHTS_INT8 = "int8_asym"      # NNCF, per output channel, from the fp32 graph (weights.py)
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class OpenVinoOptions:
         if quant.value == "none":
             return cls()
         if quant.value == "int8":
-            return cls(inference_precision="f32", kv_cache_precision="f16", weights=WEIGHTS_INT8,
+            return cls(inference_precision="f32", kv_cache_precision="f16", weights=WeightCompression.INT8.value,
                        dynamic_quantization_group_size=128)
         if quant.value == "int4":
             # kiln's own 4-bit MatMulNBits (the block-offset recipe: exact on a Q4_1 source), which
