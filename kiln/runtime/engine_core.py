@@ -56,6 +56,7 @@ class EngineCore:
         self.runner = ModelRunner(self.engine, self.kv, config.seed)
         self.stats = EngineStats()
         self._last_step: tuple[float, float] | None = None     # (start, own seconds), for the cycle
+        self._engine_seconds = 0.0                              # the debug step trace's last reading
 
     def _scheduler_config(self):
         """The user's scheduler knobs, clipped to what the artifact can run."""
@@ -115,6 +116,12 @@ class EngineCore:
         start, own = self._last_step
         cycle = now - start
         self.scheduler.observe_step(cycle if cycle <= own + MAX_CYCLE_OVERHEAD else own)
+        if log.isEnabledFor(logging.DEBUG):
+            s, engine = self.scheduler.last_step_stats, self.runner.stats.engine_seconds
+            log.debug("step: %d decodes, %d prefill tokens (budget %d): engine %.1f ms, own %.1f ms, cycle %.1f ms",
+                      s.num_decodes, s.num_prefill_tokens, s.prefill_budget, (engine - self._engine_seconds) * 1e3,
+                      own * 1e3, cycle * 1e3)
+            self._engine_seconds = engine
         self._last_step = None
 
     def _deltas(self, out, before: dict[str, int], runner_out, now: float) -> list[RequestDelta]:

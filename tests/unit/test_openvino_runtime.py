@@ -123,9 +123,9 @@ def test_int8_build_checks_the_compiled_engine(ov_tiny_llama_int8):
     compiled engine and its figures reach the manifest's quant record."""
     manifest = json.loads((ov_tiny_llama_int8 / "manifest.json").read_text())
     names = [p["name"] for p in manifest["passes"]]
-    assert "quantize" not in names and "quantize (openvino int8_asym)" in names
+    assert "quantize" not in names and "quantize (openvino int8_sym)" in names
     quant = manifest["quant"]
-    assert quant["mode"] == "int8" and quant["weights"] == "int8_asym"
+    assert quant["mode"] == "int8" and quant["weights"] == "int8_sym"
     assert quant["top1_agreement"] >= quant["min_top1_agreement"] == 0.9
     assert quant["perplexity"] > 0 and quant["perplexity_fp32"] > 0
     engine = manifest["engines"][0]
