@@ -7,7 +7,8 @@ openvino int8 choice in kiln/engines/openvino/options.py was measured.
 Each artifact may carry overrides after `@`: OpenVinoOptions fields (inference_precision,
 kv_cache_precision, dynamic_quantization_group_size) and raw CPU plugin properties prefixed with
 `+` (`+PERFORMANCE_HINT=THROUGHPUT`). A shape B,PAST,T is B sequences of PAST cached tokens taking T
-new tokens each (1 = a decode); calls alternate between the variants, the first two of each are
+new tokens each (1 = a decode), and shapes joined by `+` share one call (a mixed step: decodes
+beside a prefill chunk, `15,300,1+1,300,28`); calls alternate between the variants, the first two of each are
 dropped, and the median is printed with its ratio to the first variant's.
 """
 
@@ -59,15 +60,28 @@ def bind_caches(compiled: ov.CompiledModel, num_blocks: int) -> tuple[ov.InferRe
     return request, keep, _block_shape(cache_inputs(compiled)[1])[1]
 
 
-def batch_for(num_seqs: int, past: int, new: int, block_size: int) -> PagedBatch:
-    per_seq = -(-(past + new) // block_size)
-    positions = np.tile(np.arange(past, past + new), num_seqs)
-    tables = [np.arange(b * per_seq, (b + 1) * per_seq) for b in range(num_seqs)]
-    slots = np.concatenate([t[np.arange(past, past + new) // block_size] * block_size
-                            + np.arange(past, past + new) % block_size for t in tables])
-    return PagedBatch(input_ids=np.full(num_seqs * new, 100, np.int64), positions=positions,
-                      query_lens=np.full(num_seqs, new), past_lens=np.full(num_seqs, past), block_tables=tables,
-                      slot_mapping=slots, logits_indices=np.arange(new - 1, num_seqs * new, new))
+def batch_for(groups: list[tuple[int, int, int]], block_size: int) -> tuple[PagedBatch, int]:
+    """One call's batch of (num_seqs, past, new) groups, each sequence on blocks of its own; returns
+    it and the blocks it spans."""
+    seqs = [(past, new) for num_seqs, past, new in groups for _ in range(num_seqs)]
+    tables, first = [], 0
+    for past, new in seqs:
+        count = -(-(past + new) // block_size)
+        tables.append(np.arange(first, first + count))
+        first += count
+    slots = np.concatenate([t[np.arange(p, p + n) // block_size] * block_size + np.arange(p, p + n) % block_size
+                            for t, (p, n) in zip(tables, seqs)])
+    ends = np.cumsum([n for _, n in seqs])
+    batch = PagedBatch(input_ids=np.full(int(ends[-1]), 100, np.int64),
+                       positions=np.concatenate([np.arange(p, p + n) for p, n in seqs]),
+                       query_lens=np.array([n for _, n in seqs]), past_lens=np.array([p for p, _ in seqs]),
+                       block_tables=tables, slot_mapping=slots, logits_indices=ends - 1)
+    return batch, first
+
+
+def parse_shape(shape: str) -> list[tuple[int, int, int]]:
+    """"B,PAST,T" or groups joined by "+" (a mixed step: "15,300,1+1,300,28")."""
+    return [tuple(map(int, group.split(","))) for group in shape.split("+")]
 
 
 def main() -> None:
@@ -78,14 +92,15 @@ def main() -> None:
     args = ap.parse_args()
     compiled = {v: compile_variant(v, args.threads) for v in args.variants}
     for shape in args.shapes:
-        num_seqs, past, new = map(int, shape.split(","))
+        groups = parse_shape(shape)
         runs = {}
         for variant, model in compiled.items():
-            request, keep, block_size = bind_caches(model, num_seqs * (-(-(past + new) // 16)))
-            feeds = paged_feeds(batch_for(num_seqs, past, new, block_size), block_size,
-                                num_seqs * (-(-(past + new) // 16)))
-            runs[variant] = (request, keep, feeds, [])
-        for _ in range(8 if new > 64 else 25):
+            block_size = _block_shape(cache_inputs(model)[1])[1]
+            batch, num_blocks = batch_for(groups, block_size)
+            request, keep, _ = bind_caches(model, num_blocks)
+            runs[variant] = (request, keep, paged_feeds(batch, block_size, num_blocks), [])
+        tokens = sum(b * t for b, _, t in groups)
+        for _ in range(8 if tokens > 64 else 25):
             for request, _, feeds, times in runs.values():
                 t0 = time.perf_counter()
                 request.infer(feeds, share_inputs=True)
@@ -93,7 +108,7 @@ def main() -> None:
         base = statistics.median(runs[args.variants[0]][3][2:])
         for variant, (*_, times) in runs.items():
             median = statistics.median(times[2:])
-            print(f"B={num_seqs:2d} past={past:4d} T={new:4d}  {median * 1e3:7.1f} ms  {median / base:5.3f}x  {variant}")
+            print(f"{shape:>20}  {median * 1e3:7.1f} ms  {median / base:5.3f}x  {variant}")
 
 
 if __name__ == "__main__":
