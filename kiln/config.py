@@ -71,10 +71,6 @@ class SchedulerConfig:
     # (4 clients); chat goodput at 16 / 32 clients 89 / 93 % at 2.0, 89 / 91 % at 1.8 (1.5: 74 %).
     itl_stretch: float = 1.8
     min_prefill_chunk: int = 16
-    # Seconds from arrival to first token the scheduler defends (`kiln serve` sets its TTFT objective:
-    # Scheduler.set_ttft_target): a step whose prefill pace would bring a first token past URGENT_SHARE of it may take
-    # the whole target_itl, the stretch aside (kiln/runtime/step_costs.py). 0 = never.
-    ttft_target: float = 0.0
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "min_prefill_chunk"):
@@ -84,8 +80,6 @@ class SchedulerConfig:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0 = no cap)")
         if not 0 <= self.target_itl < float("inf"):
             raise ValueError(f"target_itl must be a finite number of seconds >= 0 (0 = off), got {self.target_itl}")
-        if not 0 <= self.ttft_target < float("inf"):
-            raise ValueError(f"ttft_target must be a finite number of seconds >= 0 (0 = off), got {self.ttft_target}")
         if not (self.itl_stretch == 0 or 1 <= self.itl_stretch < float("inf")):
             raise ValueError(f"itl_stretch must be 0 (off) or a finite factor >= 1, got {self.itl_stretch}")
 

@@ -33,7 +33,6 @@ class EngineSnapshot:
     steps: int = 0
     scheduled_sequences: int = 0        # summed over steps: / steps = the mean batch size
     preemptions: int = 0
-    urgent_steps: int = 0               # steps allowed past the ITL stretch to keep a first token in time
     kv_evictions: int = 0
     kv_allocation_failures: int = 0
     prefix_cache_queries: int = 0       # prompt tokens looked up
@@ -57,10 +56,6 @@ class EngineSnapshot:
     @property
     def itl_stretch(self) -> float:
         return self.step_costs.itl_stretch
-
-    @property
-    def ttft_target(self) -> float:
-        return self.step_costs.ttft_target
 
     @property
     def prefill_seconds_per_token(self) -> float:
@@ -104,7 +99,6 @@ def take_snapshot(core, counters: LoopCounters) -> EngineSnapshot:
         kv_blocks_total=kv.num_blocks, kv_blocks_used=kv.num_blocks - kv.num_free_blocks,
         kv_bytes_per_block=core.plan.bytes_per_block, steps=counters.steps,
         scheduled_sequences=counters.scheduled_sequences, preemptions=sched.num_preemptions,
-        urgent_steps=sched.num_urgent_steps,
         kv_evictions=kv.pool.evictions, kv_allocation_failures=kv.allocation_failures,
         prefix_cache_queries=kv.prefix_queries, prefix_cache_hits=kv.prefix_hits,
         engine_failures=counters.engine_failures, finished=dict(counters.finished),

@@ -8,8 +8,6 @@ ones' KV back (num_computed_tokens, and blocks that hold only rejected slots).""
 
 from __future__ import annotations
 
-import itertools
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -17,7 +15,7 @@ from kiln.config import SchedulerConfig, SchedulingPolicy
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request, RequestStatus
 from kiln.runtime.speculative.speculator import Speculator
-from kiln.runtime.step_costs import URGENT_SHARE, StepCostModel, StepCosts
+from kiln.runtime.step_costs import StepCostModel
 
 
 @dataclass
@@ -64,7 +62,6 @@ class StepStats:
     num_proposed_tokens: int = 0    # proposals those decodes verify
     num_prefill_tokens: int = 0
     prefill_budget: int = 0         # the prefill tokens this step was allowed
-    prefill_urgent: bool = False    # allowed past the ITL stretch: a first token was at risk (step_costs)
 
 
 @dataclass
@@ -93,18 +90,10 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []            # oldest admission first
         self.num_preemptions = 0
-        self.num_urgent_steps = 0
         self.last_step_stats = StepStats()
         self._finished_ids: list[str] = []
         self.step_costs = StepCostModel(config.target_itl, config.min_prefill_chunk,
-                                        config.max_num_batched_tokens, config.itl_stretch, config.ttft_target)
-
-    def set_ttft_target(self, seconds: float) -> None:
-        """Defend a first-token time from now on (the server's TTFT objective; 0 = off)."""
-        if not 0 <= seconds < float("inf"):
-            raise ValueError(f"the TTFT target must be a finite number of seconds >= 0, got {seconds}")
-        self.step_costs.ttft_target = seconds
-        self.step_costs.invalidate()
+                                        config.max_num_batched_tokens, config.itl_stretch)
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -135,37 +124,17 @@ class Scheduler:
 
     # -- one step -----------------------------------------------------------------------------
 
-    def schedule(self, now: float | None = None) -> SchedulerOutput:
-        """`now`: time.monotonic() (Request.arrival_time's clock) unless a test gives it."""
+    def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(finished_request_ids=self._finished_ids)
         self._finished_ids = []
-        costs, decodes = self.step_costs.costs(), self._num_decodes()
-        urgent = self._first_token_at_risk(costs, decodes, time.monotonic() if now is None else now)
-        prefill_budget = costs.prefill_budget(decodes, urgent)
+        prefill_budget = self.step_costs.costs().prefill_budget(self._num_decodes())
         budget = _Budget(self.config.max_num_batched_tokens, prefill_budget)
         self._schedule_running(out, budget, self._proposals())
         if not out.preempted_request_ids:
             self._schedule_waiting(out, budget)
         out.num_running, out.num_waiting = len(self.running), len(self.waiting)
-        self.num_urgent_steps += urgent
-        self._record_stats(out, prefill_budget, urgent)
+        self._record_stats(out, prefill_budget)
         return out
-
-    def _first_token_at_risk(self, costs: StepCosts, num_decodes: int, now: float) -> bool:
-        """Whether, at the ITL-bounded prefill pace, a prompt's first token would come later than
-        URGENT_SHARE of the TTFT target after its arrival; each prompt waits for the ones ahead
-        of it (running ones first, then the queue, as they are scheduled). A waiting prompt's
-        prefix-cache hits are not known yet: counted as work (the safe side)."""
-        if costs.ttft_target <= 0:
-            return False
-        deadline, queued = URGENT_SHARE * costs.ttft_target, 0
-        for request in itertools.chain(self.running, self.waiting):
-            if request.num_output_tokens:
-                continue        # has its first token (a preempted request is recomputing)
-            queued += request.num_tokens - request.num_computed_tokens
-            if now + costs.prefill_seconds(queued, num_decodes) > request.arrival_time + deadline:
-                return True
-        return False
 
     def observe_step(self, seconds: float) -> None:
         """The last scheduled step took `seconds`: refine the step-cost model."""
@@ -270,7 +239,7 @@ class Scheduler:
         out.scheduled.append(ScheduledRequest(request, n, proposed))
         out.num_scheduled_tokens += n
 
-    def _record_stats(self, out: SchedulerOutput, prefill_budget: int, urgent: bool) -> None:
+    def _record_stats(self, out: SchedulerOutput, prefill_budget: int) -> None:
         prefills = sum(1 for s in out.scheduled
                        if s.request.num_computed_tokens < s.request.num_prompt_tokens)
         decodes = sum(1 for s in out.scheduled if s.num_new_tokens == 1 + len(s.proposed) and _is_decode(s.request))
@@ -281,7 +250,7 @@ class Scheduler:
             num_prefill_chunks=prefills, num_preempted=len(out.preempted_request_ids),
             num_decodes=decodes, num_proposed_tokens=proposed,
             num_prefill_tokens=out.num_scheduled_tokens - decodes - proposed,
-            prefill_budget=prefill_budget, prefill_urgent=urgent)
+            prefill_budget=prefill_budget)
 
     # -- results ------------------------------------------------------------------------------
 

@@ -8,11 +8,7 @@ step within the target inter-token latency,
     step_target(d)    = min(target_itl, itl_stretch * decode_seconds(d))
 
 tokens, at least `min_prefill_chunk` so waiting prompts always progress, and the whole token
-budget when nothing is decoding (no stream to protect). With a TTFT target (the server's TTFT
-objective), a step may be "urgent": when, at that ITL-bounded pace, some prompt's first token would
-come later than URGENT_SHARE of the target after it arrived, the step takes the budget of target_itl
-alone (the stretch no longer binds), so running streams pay a longer step instead of waiting
-prompts missing the objective they were admitted under. The absolute target bounds the ITL a
+budget when nothing is decoding (no stream to protect). The absolute target bounds the ITL a
 crowd sees; the stretch bounds how much slower a newcomer's prefill makes a few running streams
 (a 2x stretch: their tokens come at most twice as far apart while a prompt is prefilled).
 Admission control reads the same model to predict how long a queue of prompts takes to prefill
@@ -36,7 +32,6 @@ PRIOR_PREFILL_SECONDS_PER_TOKEN = 1e-3
 MIN_SPREAD = 2048.0             # tokens^2: chunk sizes must vary this much before a slope is fitted
 MIN_SECONDS_PER_TOKEN = 1e-5
 MIN_SLOPE_SHARE = 0.25          # the fitted slope's floor, as a fraction of the idle steps' seconds per token
-URGENT_SHARE = 0.8              # of the TTFT target: a first token predicted later than this hurries prefill
 
 
 def batch_bucket(num_decodes: int) -> int:
@@ -53,7 +48,6 @@ class StepCosts:
     itl_stretch: float = 0.0                    # 0: no bound relative to the decode step
     decode_seconds_by_bucket: tuple[tuple[int, float], ...] = ()
     prefill_seconds_per_token: float = PRIOR_PREFILL_SECONDS_PER_TOKEN
-    ttft_target: float = 0.0                    # 0: no step is ever urgent
 
     def decode_seconds(self, num_decodes: int) -> float:
         """A decode-only step of num_decodes sequences: the nearest bucket seen, scaled linearly
@@ -70,38 +64,25 @@ class StepCosts:
         bucket, seconds = max(below)
         return seconds * want / bucket
 
-    def prefill_budget(self, num_decodes: int, urgent: bool = False) -> int:
+    def prefill_budget(self, num_decodes: int) -> int:
         """Prefill tokens one step may take while num_decodes streams decode."""
         room = max(self.max_tokens - num_decodes, 0)
         if self.target_itl <= 0 or num_decodes == 0:
             return room
-        spare = self.step_target(num_decodes, urgent) - self.decode_seconds(num_decodes)
+        spare = self.step_target(num_decodes) - self.decode_seconds(num_decodes)
         tokens = int(spare / self.prefill_seconds_per_token) if spare > 0 else 0
         return min(room, max(tokens, self.min_prefill_chunk))
 
-    def step_target(self, num_decodes: int, urgent: bool = False) -> float:
+    def step_target(self, num_decodes: int) -> float:
         """How long a step beside num_decodes streams may take (when the policy is on)."""
-        if urgent or not self.itl_stretch:
-            return self.target_itl
-        return min(self.target_itl, self.itl_stretch * self.decode_seconds(num_decodes))
+        decode = self.decode_seconds(num_decodes)
+        return min(self.target_itl, self.itl_stretch * decode) if self.itl_stretch else self.target_itl
 
     def step_seconds(self, num_decodes: int, num_prefill_tokens: int) -> float:
         return self.decode_seconds(num_decodes) + num_prefill_tokens * self.prefill_seconds_per_token
 
-    def queue_ttft(self, prompts: Sequence[int], num_decodes: int, max_decodes: int,
-                   horizon: float = math.inf) -> float:
-        """queue_prefill_seconds at the pace the scheduler keeps: the ITL-bounded one, unless the
-        last prompt's first token would then come later than URGENT_SHARE of the TTFT target;
-        the scheduler then hurries (urgent steps) and it comes near that point, or at the urgent
-        pace when even that is later. (Admission predicts this for a newcomer: it arrives now.)"""
-        paced = self.queue_prefill_seconds(prompts, num_decodes, max_decodes, horizon)
-        deadline = URGENT_SHARE * self.ttft_target
-        if self.ttft_target <= 0 or paced <= deadline:
-            return paced
-        return max(self.queue_prefill_seconds(prompts, num_decodes, max_decodes, horizon, urgent=True), deadline)
-
     def queue_prefill_seconds(self, prompts: Sequence[int], num_decodes: int, max_decodes: int,
-                              horizon: float = math.inf, urgent: bool = False) -> float:
+                              horizon: float = math.inf) -> float:
         """How long until the last of `prompts` (tokens left to prefill, in the scheduler's
         first-come order) has its first token, while num_decodes streams decode: step by step,
         each step prefilling its budget across prompt boundaries, and each prompt prefilled
@@ -114,7 +95,7 @@ class StepCosts:
         seconds, done = 0.0, 0
         decodes = min(num_decodes + len(prompts) - len(left), max_decodes)
         while done < len(left) and seconds <= horizon:
-            budget = max(self.prefill_budget(decodes, urgent), 1)
+            budget = max(self.prefill_budget(decodes), 1)
             spent, finished = 0, 0
             while done + finished < len(left) and spent < budget:
                 take = min(left[done + finished], budget - spent)
@@ -126,12 +107,12 @@ class StepCosts:
             decodes = min(decodes + finished, max_decodes)
         return seconds
 
-    def prefill_seconds(self, num_tokens: int, num_decodes: int, urgent: bool = False) -> float:
+    def prefill_seconds(self, num_tokens: int, num_decodes: int) -> float:
         """How long prefilling num_tokens takes while num_decodes streams keep decoding: whole
         steps of the prefill budget, each as long as the model says such a step takes."""
         if num_tokens <= 0:
             return 0.0
-        per_step = max(self.prefill_budget(num_decodes, urgent), 1)
+        per_step = max(self.prefill_budget(num_decodes), 1)
         full, rest = divmod(num_tokens, per_step)
         seconds = full * self.step_seconds(num_decodes, per_step)
         return seconds + (self.step_seconds(num_decodes, rest) if rest else 0.0)
@@ -171,7 +152,6 @@ class StepCostModel:
     min_prefill_chunk: int = 32
     max_tokens: int = 512
     itl_stretch: float = 0.0
-    ttft_target: float = 0.0
     fits: dict[int, _Fit] = field(default_factory=dict)
     _snapshot: StepCosts | None = None
 
@@ -179,10 +159,6 @@ class StepCostModel:
         if num_decodes == 0 and num_prefill_tokens == 0:
             return
         self.fits.setdefault(batch_bucket(num_decodes), _Fit()).add(num_prefill_tokens, seconds)
-        self._snapshot = None
-
-    def invalidate(self) -> None:
-        """A setting changed: the next costs() is computed afresh."""
         self._snapshot = None
 
     @property
@@ -212,5 +188,5 @@ class StepCostModel:
             decode = tuple((b, max(f.mean_seconds - c * f.mean_tokens, 0.0))
                            for b, f in sorted(self.fits.items()) if b > 0)
             self._snapshot = StepCosts(self.target_itl, self.min_prefill_chunk, self.max_tokens,
-                                       self.itl_stretch, decode, c, self.ttft_target)
+                                       self.itl_stretch, decode, c)
         return self._snapshot

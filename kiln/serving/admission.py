@@ -10,10 +10,7 @@ only the uncached tail; KVCacheManager.cached_prefix_tokens asks the cache befor
 
 both read from the engine's step-cost model (kiln/runtime/step_costs.py), so the decode load
 counts: while d streams decode, a step prefills only the chunk that keeps it within the target
-inter-token latency, and takes as long as the model says such a step takes. The server gives the
-scheduler this objective too (SchedulerConfig.ttft_target): when that pace would bring a first
-token too late, the scheduler hurries prefill past the ITL stretch, and the prediction follows
-(StepCosts.queue_ttft), so a queue that the hurried pace clears in time is admitted. The streams that
+inter-token latency, and takes as long as the model says such a step takes. The streams that
 decode meanwhile are today's decoding ones, joined by each waiting prompt once it is prefilled
 (StepCosts.queue_prefill_seconds walks the queue in first-come order, as the scheduler does).
 NOTE: a running request still prefilling is both in the engine's running count and among the
@@ -121,7 +118,8 @@ class Admission:
         prompts = _left_to_prefill([(t.num_tokens, t.num_cached) for t in self.waiting], s.prefilled_tokens)
         prompts.append(num_prompt_tokens - num_cached)
         seats = _seat_wait(s, decoding + self.pending)
-        return seats + s.step_costs.queue_ttft(prompts, decoding, max(s.max_num_seqs, 1), horizon - seats)
+        return seats + s.step_costs.queue_prefill_seconds(prompts, decoding, max(s.max_num_seqs, 1),
+                                                          horizon - seats)
 
     def admit_prompt(self, token_ids: Sequence[int]) -> Ticket:
         return self.admit(len(token_ids), self.cached_prefix(token_ids))

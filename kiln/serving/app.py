@@ -48,8 +48,6 @@ class Server:
     def start(self) -> None:
         c = self.config
         self.client.step_listeners.append(self.metrics.observe_step)
-        # The scheduler defends the objective admission promises (step_costs.py: urgent steps).
-        self.llm.core.scheduler.set_ttft_target(c.ttft_slo)
         admission = Admission(c, self.client, self.llm.core.kv.cached_prefix_tokens)
         cache = ResponseCache(c.cache_max_entries, c.cache_max_bytes, c.cache_ttl) if c.response_cache else None
         self.generations = Generations(self.client, admission, self.metrics, cache, c.request_timeout)

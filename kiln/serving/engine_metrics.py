@@ -28,8 +28,6 @@ GAUGES = (
                  "Step time decode-aware chunked prefill aims for while streams decode (0 = off)."),
     EngineMetric("kiln_itl_stretch", "itl_stretch",
                  "How many decode-only steps' time a step with prefill may take (0 = no such bound)."),
-    EngineMetric("kiln_ttft_target_seconds", "ttft_target",
-                 "First-token time the scheduler defends by hurrying prefill past the stretch (0 = off)."),
     EngineMetric("kiln_prefill_token_budget", "prefill_budget",
                  "Prefill tokens the last engine step was allowed beside its decodes."),
     EngineMetric("kiln_step_decode_seconds", "decode_step_seconds",
@@ -44,9 +42,6 @@ COUNTERS = (
     EngineMetric("kiln_scheduled_sequences_total", "scheduled_sequences",
                  "Sequences scheduled, summed over steps (divided by steps: the mean batch size)."),
     EngineMetric("kiln_preemptions_total", "preemptions", "Requests preempted (freed and recomputed)."),
-    EngineMetric("kiln_prefill_urgent_steps_total", "urgent_steps",
-                 "Steps whose prefill went past the ITL stretch because a first token was at risk of "
-                 "missing the TTFT objective."),
     EngineMetric("kiln_kv_evictions_total", "kv_evictions", "Cached KV blocks evicted for reuse."),
     EngineMetric("kiln_kv_allocation_failures_total", "kv_allocation_failures",
                  "KV block allocations that did not fit."),

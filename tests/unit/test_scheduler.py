@@ -322,55 +322,6 @@ def test_prefill_chunks_shrink_while_streams_decode_and_grow_back_when_they_end(
     assert chunks(timed_step())["b"] == 200 - first["b"]         # nothing decodes: the whole rest
 
 
-def test_a_prompt_near_its_ttft_target_gets_the_urgent_budget_past_the_stretch():
-    """A made-up engine: 10 ms a decode step, 1 ms a prefill token. Stretch 1.5: beside a decode,
-    a step may take 15 ms, 5 tokens (the floor, min_prefill_chunk, is 4); urgent: the 50 ms target,
-    40 tokens. A 400-token prompt at 5 tokens a step needs 80 steps (1.2 s): past 0.8 x 1 s."""
-    sched = make_scheduler(num_blocks=256, block_size=16, max_num_batched_tokens=256, target_itl=0.05,
-                           itl_stretch=1.5, min_prefill_chunk=4)
-    now = 100.0
-
-    def timed_step():
-        out = sched.schedule(now=now)
-        sched.update(out, RunnerOutput({s.request.request_id: 7 for s in out.scheduled if s.samples_token}))
-        s = sched.last_step_stats
-        sched.observe_step((0.01 if s.num_decodes else 0.0) + 0.001 * s.num_prefill_tokens)
-        return out
-
-    a = make_request("a", n_prompt=8, max_tokens=500, arrival=now)
-    sched.add_request(a)
-    for _ in range(30):
-        timed_step()
-    warm = make_request("warm", n_prompt=200, max_tokens=1, start=500, arrival=now)
-    sched.add_request(warm)
-    while not warm.is_finished:
-        timed_step()
-    late = make_request("late", n_prompt=400, max_tokens=2, start=900, arrival=now)
-    sched.add_request(late)
-    assert chunks(timed_step())["late"] <= 5 and not sched.last_step_stats.prefill_urgent   # no target yet
-    sched.set_ttft_target(1.0)
-    assert 38 <= chunks(timed_step())["late"] <= 41 and sched.last_step_stats.prefill_urgent
-    assert sched.num_urgent_steps == 1
-    assert make_scheduler(ttft_target=1.0).step_costs.costs().ttft_target == 1.0   # the config sets it too
-    with pytest.raises(ValueError):
-        sched.set_ttft_target(float("nan"))
-
-
-def test_a_prompt_with_time_to_spare_keeps_the_stretch_budget():
-    sched = make_scheduler(num_blocks=64, block_size=16, target_itl=0.05, itl_stretch=1.5, min_prefill_chunk=4,
-                           ttft_target=10.0)
-    a = make_request("a", n_prompt=8, max_tokens=100, arrival=0.0)
-    sched.add_request(a)
-    out = sched.schedule(now=0.0)
-    sched.update(out, RunnerOutput({"a": 7}))
-    sched.add_request(make_request("b", n_prompt=100, max_tokens=2, start=900, arrival=0.0))
-    sched.schedule(now=0.0)
-    assert not sched.last_step_stats.prefill_urgent and sched.num_urgent_steps == 0
-    sched.add_request(make_request("c", n_prompt=100, max_tokens=2, start=1500, arrival=-9.0))   # 9 s in
-    sched.schedule(now=0.0)
-    assert sched.last_step_stats.prefill_urgent
-
-
 def test_presets_and_overrides():
     latency = SchedulerConfig.preset("latency")
     throughput = SchedulerConfig.preset("throughput", max_num_seqs=8)

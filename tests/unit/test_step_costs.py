@@ -2,7 +2,7 @@
 
 import pytest
 
-from kiln.runtime.step_costs import PRIOR_DECODE_SECONDS, URGENT_SHARE, StepCostModel, StepCosts, batch_bucket
+from kiln.runtime.step_costs import PRIOR_DECODE_SECONDS, StepCostModel, StepCosts, batch_bucket
 
 
 def costs(**kw):
@@ -42,27 +42,6 @@ def test_the_stretch_bounds_a_step_relative_to_the_decode_step():
     assert c.prefill_budget(1) == 10               # (0.02 - 0.01) / 0.001
     assert c.step_target(16) == 0.05               # 2 x 40 ms: the absolute target binds
     assert c.prefill_budget(16) == 10
-
-
-def test_an_urgent_step_takes_the_absolute_target_whatever_the_stretch():
-    c = costs(itl_stretch=2.0)
-    assert c.step_target(1, urgent=True) == 0.05
-    assert c.prefill_budget(1, urgent=True) == 40              # (0.05 - 0.01) / 0.001, not 10
-    assert c.prefill_seconds(400, 1) == pytest.approx(40 * 0.02)             # 10 tokens a step
-    assert c.prefill_seconds(400, 1, urgent=True) == pytest.approx(10 * 0.05)  # 40 tokens a step
-    assert c.prefill_budget(0, urgent=True) == 512             # nothing decodes: the whole budget anyway
-
-
-def test_queue_ttft_is_the_paced_time_unless_the_scheduler_would_hurry():
-    c = costs(itl_stretch=2.0, ttft_target=0.9)
-    deadline = URGENT_SHARE * 0.9
-    paced, hurried = c.queue_prefill_seconds([400], 1, 32), c.queue_prefill_seconds([400], 1, 32, urgent=True)
-    assert paced > deadline > hurried                          # 40 steps of 20 ms against 10 of 50
-    assert c.queue_ttft([400], 1, 32) == pytest.approx(deadline)   # hurried once the paced time is too late
-    assert c.queue_ttft([100], 1, 32) == pytest.approx(c.queue_prefill_seconds([100], 1, 32))
-    slow = costs(itl_stretch=2.0, ttft_target=0.9, prefill_seconds_per_token=0.004)
-    assert slow.queue_ttft([400], 1, 32) == pytest.approx(slow.queue_prefill_seconds([400], 1, 32, urgent=True))
-    assert costs(itl_stretch=2.0).queue_ttft([400], 1, 32) == pytest.approx(paced)   # no target: no hurry
 
 
 def test_prefill_seconds_counts_the_decode_load():
