@@ -33,11 +33,22 @@ def _summary(art: EngineArtifact, context_len: int, memory_bytes: int) -> Table:
         ("capacity", _capacity_line(kv, context_len, memory_bytes)),
         ("max context", str(m.generation.get("max_model_len"))),
         ("eos token ids", str(m.generation.get("eos_token_ids"))),
-        ("toolchain", ", ".join(f"{k} {v}" for k, v in m.versions.items())),
+        ("toolchain", _toolchain_line(m)),
     ]
     for k, v in rows:
         t.add_row(k, escape(v))
     return t
+
+
+# Engine records name the toolchain their engine was compiled with (the loader refuses another release).
+ENGINE_TOOLCHAINS = ("openvino", "tensorrt")
+
+
+def _toolchain_line(m) -> str:
+    versions = dict(m.versions)
+    for record in m.engines:
+        versions.update({k: record[k] for k in ENGINE_TOOLCHAINS if k in record})
+    return ", ".join(f"{k} {v}" for k, v in versions.items())
 
 
 _CHECK_KEYS = ("check_text", "check_tokens", "top1_agreement", "min_top1_agreement", "perplexity", "perplexity_fp32")

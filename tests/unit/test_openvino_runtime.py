@@ -99,6 +99,19 @@ def test_recorded_cache_other_than_plugin_refused(ov_tiny_llama, tmp_path):
         LLM(art)
 
 
+def test_inspect_names_the_openvino_release_the_engine_was_compiled_with(ov_tiny_llama):
+    import openvino as ov
+    from rich.console import Console
+
+    from kiln.artifact import EngineArtifact
+    from kiln.inspect_view import render_manifest
+
+    console = Console(width=400, record=True)
+    console.print(render_manifest(EngineArtifact.load(ov_tiny_llama), 1024, 1 << 30))
+    toolchain = next(line for line in console.export_text().splitlines() if "toolchain" in line)
+    assert f"openvino {ov.get_version()}" in toolchain and "onnxruntime" in toolchain
+
+
 def test_loading_an_openvino_engine_needs_no_build_dependencies():
     """The runtime install has no onnx: the loader must not import it (nor kiln.passes)."""
     import subprocess
