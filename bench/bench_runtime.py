@@ -12,6 +12,11 @@ single-stream decode tokens/s (13-token prompt); 8-way and 32-way end-to-end tok
 capital of France?". Prints every system's medians, the engine-speed issue's ratios with target
 met/missed, writes bench/results/runtime.json and runtime.png, and, where kiln misses a target,
 profiles where its time goes (runtime_profile.py). Benchmarks, not tests: nothing asserts a time.
+
+`--rounds N` runs the whole sequence N times, every other round in reverse order, and takes each
+system's medians over all its rounds' repetitions; it also prints each target's ratio round by
+round. This machine's speed drifts over minutes (a peer's 32-way figure moved 787-948 tok/s
+between runs an hour apart), so one pass can put a ratio on either side of its target.
 """
 
 from __future__ import annotations
@@ -90,6 +95,28 @@ def run_system(spec: str, plan: Path, cache: Path, setup_only: bool = False) -> 
     return json.loads(out.read_text())
 
 
+def merge_rounds(rounds: list[dict]) -> dict:
+    """One worker result from several rounds' results: every workload's repetitions pooled (the
+    summary's medians then run over all of them); a failed round fails the system."""
+    failed = next((r for r in rounds if "error" in r), None)
+    if failed is not None:
+        return failed
+    merged = {**rounds[0], "runs": {w: list(rs) for w, rs in rounds[0]["runs"].items()}}
+    for r in rounds[1:]:
+        for workload, reps in r["runs"].items():
+            merged["runs"].setdefault(workload, []).extend(reps)
+    return merged
+
+
+def print_round_ratios(specs: list[str], rounds: dict[str, list[dict]], tokenizer) -> None:
+    per_round = [target_rows([summarize(rounds[s][i], tokenizer) for s in specs]) for i in range(len(rounds[specs[0]]))]
+    for rows in zip(*per_round):
+        ratios = [r.ratio for r in rows]
+        if all(x is not None for x in ratios):
+            console.print(f"{rows[0].metric}, {rows[0].kiln_name} / {rows[0].peer_name} by round: "
+                          + " ".join(f"{x:.2f}×" for x in ratios))
+
+
 def profile(args, rows, plan: Path) -> dict:
     """Per-op profiles of kiln's engine (next to onnxruntime-genai's where it is the peer), in a process of its own."""
     cases = sorted({c for r in rows if args.profile == "always" or r.met is False for c in r.cases
@@ -123,6 +150,8 @@ def parse(argv) -> argparse.Namespace:
                     help="build and export every system's model into the cache, measure nothing")
     ap.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
                     help="profile where kiln's time goes: only for missed targets by default")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every system this many times (alternating order) and pool the repetitions")
     return ap.parse_args(argv)
 
 
@@ -131,10 +160,14 @@ def main(argv=None) -> None:
     sizes = SIZES["quick" if args.quick else "full"]
     args.cache.mkdir(parents=True, exist_ok=True)
     plan, tokenizer = write_plan(args, sizes, ensure_hf_dir(args.cache))
-    specs, load_start, results = systems(args), os.getloadavg(), {}
-    for i, spec in enumerate(specs, 1):
-        console.rule(f"[{i}/{len(specs)}] {spec}")
-        results[spec] = run_system(spec, plan, args.cache, args.setup_only)
+    specs, load_start, rounds = systems(args), os.getloadavg(), {}
+    for round_no in range(1 if args.setup_only else max(args.rounds, 1)):
+        order = specs if round_no % 2 == 0 else specs[::-1]
+        for i, spec in enumerate(order, 1):
+            label = f" (round {round_no + 1}/{args.rounds})" if args.rounds > 1 else ""
+            console.rule(f"[{i}/{len(specs)}] {spec}{label}")
+            rounds.setdefault(spec, []).append(run_system(spec, plan, args.cache, args.setup_only))
+    results = {spec: merge_rounds(rs) for spec, rs in rounds.items()}
     if args.setup_only:
         for spec, r in results.items():
             console.print(f"{spec}: " + (r["error"] if "error" in r else f"ready (setup {r['setup_s']:.0f} s)"))
@@ -144,6 +177,8 @@ def main(argv=None) -> None:
     rows = target_rows(summaries)
     print_systems(summaries)
     print_targets(rows)
+    if args.rounds > 1:
+        print_round_ratios(specs, rounds, tokenizer)
     same = agreement(summaries)
     if same:
         print_agreement(same, sizes.decode_tokens)

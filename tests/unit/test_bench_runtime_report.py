@@ -74,3 +74,14 @@ def test_agreement_counts_shared_greedy_prefix_against_kiln_fp32():
     same = runtime_report.agreement([runtime_report.summarize(b, tok), runtime_report.summarize(a, tok)])
     assert list(same) == ["kiln ort fp32", "genai fp32"]                 # the reference first
     assert same["genai fp32"] == 3
+
+
+def test_rounds_pool_their_repetitions_and_a_failed_round_fails_the_system():
+    bench_runtime = pytest.importorskip("bench_runtime")
+    tok = FakeTokenizer()
+    slow, fast = result("kiln:ort:int8", 0.3, 1.1, 2.0, True), result("kiln:ort:int8", 0.1, 0.6, 1.0, True)
+    merged = bench_runtime.merge_rounds([slow, fast, fast])
+    assert len(merged["runs"]["32-way"]) == 3 and len(slow["runs"]["32-way"]) == 1    # inputs untouched
+    assert runtime_report.summarize(merged, tok).metrics["ttft_ms"] == pytest.approx(100)   # median of 300, 100, 100
+    failed = {"system": "kiln:ort:int8", "error": "worker exited 1"}
+    assert bench_runtime.merge_rounds([slow, failed]) is failed
