@@ -169,9 +169,11 @@ def triton_repo(artifact, out, instances, max_queue, name, print_command, **runt
 @click.option("--request-timeout", type=float, default=None, help="End requests after S seconds (finish_reason timeout).")
 @click.option("--no-response-cache", is_flag=True, help="Do not cache deterministic responses.")
 @click.option("--no-console", is_flag=True, help="Do not serve the playground and dashboard at /.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True, help="kiln's logs; debug traces admission and every engine step.")
 @runtime_options
 def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waiting, max_waiting_tokens,
-          request_timeout, no_response_cache, no_console, **runtime):
+          request_timeout, no_response_cache, no_console, log_level, **runtime):
     """Serve an artifact over an OpenAI-compatible HTTP API."""
     from kiln.config import DEFAULT_TTFT_SLO, ServeConfig
     from kiln.serving.server import run_server
@@ -181,7 +183,7 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
                           ttft_slo=DEFAULT_TTFT_SLO if ttft_slo is None else ttft_slo,
                           max_waiting=max_waiting, max_waiting_tokens=max_waiting_tokens,
                           request_timeout=request_timeout, response_cache=not no_response_cache,
-                          console=not no_console)
+                          console=not no_console, log_level=log_level)
         run_server(artifact, runtime_config(**runtime), cfg, announce=lambda m: console.print(f"[dim]{m}[/]"))
     _guarded(go)
 

@@ -168,6 +168,9 @@ class RuntimeConfig:
 DEFAULT_TTFT_SLO = 2.0      # seconds: the bound the project's goodput figures use
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """The HTTP server's own knobs; the runtime's (KV memory, scheduler) stay in RuntimeConfig."""
@@ -187,8 +190,13 @@ class ServeConfig:
     cache_max_bytes: int = 64 << 20
     cache_ttl: float = 600.0
     max_body_bytes: int = 4 << 20            # larger bodies get 413 before they are parsed
+    # kiln's own loggers: "debug" adds admission's predicted-vs-realised TTFT and a line per engine
+    # step (decodes, prefill tokens, budget, engine / own / cycle ms); libraries stay at info.
+    log_level: str = "info"
 
     def __post_init__(self):
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if not 0 <= self.ttft_slo < float("inf"):
             raise ValueError(f"ttft_slo must be a finite number of seconds >= 0 (0 = off), got {self.ttft_slo}")
         if self.request_timeout is not None and self.request_timeout <= 0:

@@ -8,13 +8,19 @@ from pathlib import Path
 from kiln.config import RuntimeConfig, ServeConfig
 
 
+def configure_logging(config: ServeConfig) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # NOTE: kiln's records reach the root handler whatever the root's level; libraries stay at info.
+    logging.getLogger("kiln").setLevel(config.log_level.upper())
+
+
 def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, announce=print) -> None:
     import uvicorn
 
     from kiln.runtime.llm import LLM
     from kiln.serving.app import create_app
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config)
     llm = LLM(artifact, runtime)         # logs the KV plan it sized
     model_name = config.served_model_name or Path(artifact).resolve().name
     app = create_app(llm, config, model_name)

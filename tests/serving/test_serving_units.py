@@ -45,3 +45,25 @@ def test_cache_entries_expire():
     assert cache.get("k") is not None
     clock.now = 5.1
     assert cache.get("k") is None and cache.nbytes == 0
+
+
+def test_log_level_sets_kilns_loggers_and_refuses_unknown_levels():
+    import logging
+
+    import pytest
+
+    from kiln.config import ServeConfig
+    from kiln.serving.server import configure_logging
+
+    kiln_log = logging.getLogger("kiln")
+    before = kiln_log.level
+    try:
+        configure_logging(ServeConfig(log_level="debug"))
+        assert logging.getLogger("kiln.runtime").isEnabledFor(logging.DEBUG)
+        assert not logging.getLogger("httpx").isEnabledFor(logging.DEBUG)      # libraries stay at info
+        configure_logging(ServeConfig())
+        assert not logging.getLogger("kiln.serving.admission").isEnabledFor(logging.DEBUG)
+    finally:
+        kiln_log.setLevel(before)
+    with pytest.raises(ValueError, match="log_level"):
+        ServeConfig(log_level="loud")
