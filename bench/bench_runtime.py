@@ -110,6 +110,8 @@ def merge_rounds(rounds: list[dict]) -> dict:
 
 def print_round_ratios(specs: list[str], rounds: dict[str, list[dict]], tokenizer) -> None:
     per_round = [target_rows([summarize(rounds[s][i], tokenizer) for s in specs]) for i in range(len(rounds[specs[0]]))]
+    if len({len(rows) for rows in per_round}) != 1:
+        return          # a system failed in some round: its rows do not line up
     for rows in zip(*per_round):
         ratios = [r.ratio for r in rows]
         if all(x is not None for x in ratios):

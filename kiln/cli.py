@@ -11,6 +11,7 @@ from rich.console import Console
 
 from kiln.bench.cli_options import bench_options
 from kiln.build_progress import console, rich_stage
+from kiln.config import LOG_LEVELS
 from kiln.config_options import runtime_config
 
 
@@ -169,7 +170,7 @@ def triton_repo(artifact, out, instances, max_queue, name, print_command, **runt
 @click.option("--request-timeout", type=float, default=None, help="End requests after S seconds (finish_reason timeout).")
 @click.option("--no-response-cache", is_flag=True, help="Do not cache deterministic responses.")
 @click.option("--no-console", is_flag=True, help="Do not serve the playground and dashboard at /.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info",
               show_default=True, help="kiln's logs; debug traces admission and every engine step.")
 @runtime_options
 def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waiting, max_waiting_tokens,
