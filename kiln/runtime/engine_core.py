@@ -55,8 +55,8 @@ class EngineCore:
         self.scheduler = Scheduler(self._scheduler_config(), self.kv, self.speculator)
         self.runner = ModelRunner(self.engine, self.kv, config.seed)
         self.stats = EngineStats()
-        self._last_step: tuple[float, float] | None = None     # (start, own seconds), for the cycle
-        self._engine_seconds = 0.0                              # the debug step trace's last reading
+        # (start, own seconds, engine seconds) of the last step, for the cycle and the debug trace
+        self._last_step: tuple[float, float, float] | None = None
 
     def _scheduler_config(self):
         """The user's scheduler knobs, clipped to what the artifact can run."""
@@ -95,6 +95,7 @@ class EngineCore:
         for s in out.scheduled:
             if s.request.timings.first_scheduled_time is None:
                 s.request.timings.first_scheduled_time = t0
+        engine0 = self.runner.stats.engine_seconds
         runner_out = self.runner.execute(out)
         before = {s.request.request_id: s.request.num_output_tokens for s in out.scheduled}
         finished = self.scheduler.update(out, runner_out)
@@ -103,7 +104,7 @@ class EngineCore:
         for r in finished:
             self._retire(r, now)
         self._record_step(out, now - t0)
-        self._last_step = (t0, now - t0)
+        self._last_step = (t0, now - t0, self.runner.stats.engine_seconds - engine0)
         return deltas
 
     def _observe_cycle(self, now: float) -> None:
@@ -113,15 +114,13 @@ class EngineCore:
         to run) the cycle means nothing; the step's own time stands in."""
         if self._last_step is None:
             return
-        start, own = self._last_step
+        start, own, engine = self._last_step
         cycle = now - start
         self.scheduler.observe_step(cycle if cycle <= own + MAX_CYCLE_OVERHEAD else own)
         if log.isEnabledFor(logging.DEBUG):
-            s, engine = self.scheduler.last_step_stats, self.runner.stats.engine_seconds
+            s = self.scheduler.last_step_stats
             log.debug("step: %d decodes, %d prefill tokens (budget %d): engine %.1f ms, own %.1f ms, cycle %.1f ms",
-                      s.num_decodes, s.num_prefill_tokens, s.prefill_budget, (engine - self._engine_seconds) * 1e3,
-                      own * 1e3, cycle * 1e3)
-            self._engine_seconds = engine
+                      s.num_decodes, s.num_prefill_tokens, s.prefill_budget, engine * 1e3, own * 1e3, cycle * 1e3)
         self._last_step = None
 
     def _deltas(self, out, before: dict[str, int], runner_out, now: float) -> list[RequestDelta]:
