@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from kiln.artifact import EngineArtifact
-from kiln.engines.base import PagedBatch
-from kiln.engines.factory import load_engine
-from kiln.engines.ort_session import cpu_session, session_options
+from kiln.contract.artifact import EngineArtifact
+from kiln.contract.engine import PagedBatch
+from kiln.engines.load import load_engine
+from kiln.engines.ort.session import cpu_session, session_options
 
 # name -> (past_len, new tokens) per sequence
 SHAPES = {

@@ -17,13 +17,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kiln.artifact import EngineArtifact
-from kiln.build import build
+from kiln.contract.artifact import EngineArtifact
+from kiln.compiler.build import build
 from kiln.config import BuildConfig
-from kiln.build_progress import rich_stage
-from kiln.eval import PERPLEXITY_TEXT, text_token_ids
-from kiln.eval.sequence import artifact_perplexity
-from kiln.passes.quantize import QuantMode
+from kiln.compiler.progress import rich_stage
+from kiln.compiler.eval import PERPLEXITY_TEXT, text_token_ids
+from kiln.compiler.eval.sequence import artifact_perplexity
+from kiln.contract.quant import QuantMode
 
 console = Console()
 TARGETS = {"none": (1.0, 0.0), "int8": (0.35, 0.01), "int4": (0.22, 0.10)}   # size ratio, ppl delta

@@ -23,9 +23,9 @@ from pathlib import Path
 import onnx
 
 from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig
-from kiln.build import build
+from kiln.compiler.build import build
 from kiln.config import BuildConfig
-from kiln.passes.quantize import QuantMode
+from kiln.contract.quant import QuantMode
 
 PROMPT = list(range(1, 14))
 

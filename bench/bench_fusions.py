@@ -20,9 +20,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from kiln.export.decoder_graph import build_decoder
-from kiln.export.sources import load_source
-from kiln.passes.fusion import FuseRMSNorm, FuseRotary, FuseSkipRMSNorm, MergeProjections
+from kiln.compiler.export.decoder_graph import build_decoder
+from kiln.compiler.export.sources import load_source
+from kiln.compiler.passes.fusion import FuseRMSNorm, FuseRotary, FuseSkipRMSNorm, MergeProjections
 
 VARIANTS = {
     "none": [],

@@ -22,8 +22,8 @@ from dataclasses import replace
 import numpy as np
 import openvino as ov
 
-from kiln.artifact import EngineArtifact
-from kiln.engines.base import PagedBatch
+from kiln.contract.artifact import EngineArtifact
+from kiln.contract.engine import PagedBatch
 from kiln.engines.openvino.engine import _block_shape, cache_inputs
 from kiln.engines.openvino.feeds import paged_feeds
 from kiln.engines.openvino.options import KV_DTYPES, OpenVinoOptions

@@ -50,11 +50,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from kiln.eval.perplexity import greedy_tokens, make_session, perplexity, text_token_ids
-from kiln.export.decoder_graph import build_decoder
-from kiln.export.sources import load_source
-from kiln.passes.int4_calibration import CALIBRATION_TEXT
-from kiln.passes.quantize import QuantizePass, QuantMode, weight_bytes
+from kiln.compiler.eval.perplexity import greedy_tokens, make_session, perplexity, text_token_ids
+from kiln.compiler.export.decoder_graph import build_decoder
+from kiln.compiler.export.sources import load_source
+from kiln.compiler.passes.int4_calibration import CALIBRATION_TEXT
+from kiln.contract.quant import QuantMode
+from kiln.compiler.passes.quantize import QuantizePass, weight_bytes
 from kiln.tokenizer import Tokenizer
 
 QUESTION = "What is the capital of France?"
@@ -130,7 +131,7 @@ def main() -> None:
     src = load_source(args.model)
     fp32 = build_decoder(src.spec, src.weights)
     if args.fuse:
-        from kiln.passes.fusion import fusion_passes
+        from kiln.compiler.passes.fusion import fusion_passes
 
         for p in fusion_passes(src.spec):
             fp32 = p.run(fp32)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from kiln.eval.perplexity import PERPLEXITY_TEXT, text_token_ids
+from kiln.compiler.eval.perplexity import PERPLEXITY_TEXT, text_token_ids
 
 WINDOW = 512
 

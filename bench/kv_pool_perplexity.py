@@ -14,9 +14,9 @@ import math
 
 import numpy as np
 
-from kiln.artifact import EngineArtifact
-from kiln.eval.perplexity import PERPLEXITY_TEXT, text_token_ids
-from kiln.eval.sequence import SequenceRunner
+from kiln.contract.artifact import EngineArtifact
+from kiln.compiler.eval.perplexity import PERPLEXITY_TEXT, text_token_ids
+from kiln.compiler.eval.sequence import SequenceRunner
 
 WINDOW, CHUNK = 512, 32
 

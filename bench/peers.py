@@ -44,7 +44,7 @@ def load_hf_gguf():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kiln.export.presets import smollm2_gguf_path
+    from kiln.compiler.export.presets import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

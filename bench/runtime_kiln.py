@@ -111,9 +111,9 @@ def _build_code_hash() -> str:
 
 
 def _build_kiln(out: Path, backend: str, quant: str, marker: Path) -> None:
-    from kiln.build import build
-    from kiln.passes.base import PassCheckError
-    from kiln.passes.quantize import QuantMode
+    from kiln.compiler.build import build
+    from kiln.compiler.passes.base import PassCheckError
+    from kiln.contract.quant import QuantMode
 
     # QUANT may name a prefill engine, int8+w8a8 (engines per bucket range, `--prefill-engine`),
     # and an attention core, int8+w8a8@gqa (`--attention`)
@@ -132,7 +132,7 @@ def _build_kiln(out: Path, backend: str, quant: str, marker: Path) -> None:
 def _build_config(out: Path, backend: str, mode, verify: bool, prefill_engine: str = "", attention: str = ""):
     from dataclasses import fields
 
-    from kiln.build import BuildConfig
+    from kiln.compiler.build import BuildConfig
 
     extra = {}
     if backend != "ort":      # NOTE: the default; named only when asked, so older kilns still build it

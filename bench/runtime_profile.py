@@ -130,7 +130,7 @@ def _kiln_units(runs: list[dict], shapes: list[tuple], bounds: list[int], phase:
 def _profiling_session(model_path: Path, threads: int):
     import onnxruntime as ort
 
-    from kiln.engines.ort_session import cpu_session, session_options
+    from kiln.engines.ort.session import cpu_session, session_options
 
     # The options kiln's OrtEngine uses (the artifact is optimized offline), plus profiling.
     opts = session_options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)

@@ -10,9 +10,10 @@ import click
 from rich.console import Console
 
 from kiln.bench.cli_options import bench_options
-from kiln.build_progress import console, rich_stage
+from kiln.compiler.progress import console, rich_stage
 from kiln.config import LOG_LEVELS
 from kiln.config_options import runtime_config
+from kiln.contract.backends import BACKENDS
 
 
 def runtime_options(fn):
@@ -48,9 +49,10 @@ def main():
 @main.command()
 @click.argument("model")
 @click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Artifact folder to create.")
-@click.option("--quant", type=click.Choice(["none", "int8", "int4", "w8a8"]), default="none", show_default=True,
-              help="Weights: int8 / int4 weight-only, or w8a8 (int8 weights and int8 activations per call: "
-                   "faster prefill and batches, less exact).")
+@click.option("--quant", type=click.Choice(["auto", "none", "int8", "int4", "w8a8"]), default="auto", show_default=True,
+              help="Weights: auto (int8 unless the model is too small to gain), none (fp32), int8 / int4 "
+                   "weight-only, or w8a8 (int8 weights and int8 activations per call: faster prefill and "
+                   "batches, less exact).")
 @click.option("--prefill-engine", type=click.Choice(["w8a8", "int8", "int4"]), default=None,
               help="ort backend: a second engine, quantized this way, for calls of 4+ tokens (prefill "
                    "chunks, decode batches); the --quant engine keeps single decodes.")
@@ -62,9 +64,9 @@ def main():
               help="ort backend: the KV cache's element type; fp16 halves its memory, int8 (one scale per "
                    "token and head) takes ~0.27x; attention still computes in fp32.")
 @click.option("--block-size", default=16, show_default=True, help="KV cache block size in tokens.")
-@click.option("--backend", type=click.Choice(["ort", "openvino", "tensorrt", "ort-cuda"]), default="ort",
-              show_default=True,
-              help="Engine backend: ONNX Runtime CPU (paged gather in the graph), OpenVINO (native paged attention), "
+@click.option("--backend", type=click.Choice(["auto", *BACKENDS]), default="auto", show_default=True,
+              help="Engine backend: auto (the fastest this machine and model support; the build says which and "
+                   "why), ONNX Runtime CPU (paged gather in the graph), OpenVINO (native paged attention), "
                    "TensorRT (GPU, a profile per bucket range) or ONNX Runtime CUDA (PagedAttention).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
               help="GPU backends' compute precision (default: fp16).")
@@ -75,11 +77,11 @@ def build(model, out, quant, prefill_engine, attention, kv_dtype, block_size, ba
           force):
     """Build an engine artifact from MODEL: a preset (smollm2-135m, tiny-llama, tiny-qwen2),
     a .gguf file or a Hugging Face checkpoint folder."""
-    from kiln.build import build as run_build
+    from kiln.compiler.build import build as run_build
     from kiln.config import BuildConfig
-    from kiln.passes.quantize import QuantMode
+    from kiln.contract.quant import QuantMode
 
-    cfg = BuildConfig(source=model, out=out, quant=QuantMode(quant), block_size=block_size,
+    cfg = BuildConfig(source=model, out=out, quant=None if quant == "auto" else QuantMode(quant), block_size=block_size,
                       fuse=not no_fuse, verify=not no_verify, force=force, backend=backend,
                       precision=precision or "", prefill_engine=prefill_engine or "", attention=attention,
                       kv_dtype={"fp32": "float32", "fp16": "float16", "int8": "int8"}[kv_dtype])
@@ -95,7 +97,7 @@ def build(model, out, quant, prefill_engine, attention, kv_dtype, block_size, ba
 @click.option("--memory", default="4GiB", show_default=True, help="KV memory budget for the capacity line.")
 def inspect(artifact, as_json, context, memory):
     """Show what an artifact holds: model, quantization, buckets, KV layout, passes, files."""
-    from kiln.artifact import EngineArtifact
+    from kiln.contract.artifact import EngineArtifact
     from kiln.inspect_view import render_manifest
     from kiln.units import parse_bytes
 
@@ -208,9 +210,9 @@ def bench(kv_cache_memory, policy, max_num_seqs, token_budget, max_model_len, no
 
 def _guarded(fn):
     """Turn the errors a user can act on into a one-line message and exit code 1."""
-    from kiln.artifact import ArtifactError
-    from kiln.export.spec import UnsupportedModelError
-    from kiln.passes.base import PassCheckError
+    from kiln.contract.artifact import ArtifactError
+    from kiln.contract.model_spec import UnsupportedModelError
+    from kiln.compiler.passes.base import PassCheckError
 
     try:
         return fn()

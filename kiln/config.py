@@ -13,20 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kiln.engines.base import BucketGrid
-    from kiln.passes.quantize import QuantMode
+    from kiln.contract.engine import BucketGrid
+    from kiln.contract.quant import QuantMode
 
 
 # NOTE: the build defaults import lazily, so reading a runtime or server config (the CLI, the
-# Triton stub) does not load the quantizer (onnx, ~1 s) or numpy.
-def _no_quant() -> QuantMode:
-    from kiln.passes.quantize import QuantMode
-
-    return QuantMode.NONE
-
-
+# Triton stub) does not load numpy.
 def _default_buckets() -> BucketGrid:
-    from kiln.engines.base import BucketGrid
+    from kiln.contract.engine import BucketGrid
 
     return BucketGrid()
 
@@ -35,13 +29,13 @@ def _default_buckets() -> BucketGrid:
 class BuildConfig:
     source: str
     out: Path
-    quant: QuantMode = field(default_factory=_no_quant)
+    quant: QuantMode | None = None   # None: auto (kiln.compiler.defaults.choose_quant)
     block_size: int = 16
     buckets: BucketGrid = field(default_factory=_default_buckets)
     fuse: bool = True
     verify: bool = True           # numeric check after every pass
     force: bool = False
-    backend: str = "ort"          # a key of kiln.build.ENGINE_BUILDERS (and of the engine factory)
+    backend: str = "auto"         # a key of kiln.contract.backends.BACKENDS, or "auto" (kiln.compiler.defaults)
     precision: str = ""           # GPU backends: fp32 | fp16 | bf16 ("": the backend's default)
     prefill_engine: str = ""      # ORT: a second engine (a QuantMode value, e.g. "w8a8") for calls of many tokens
     attention: str = "standard"   # ORT: the paged graph's attention core, a key of passes.kv_io.ATTENTION_CORES

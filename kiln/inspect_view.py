@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
-from kiln.artifact import EngineArtifact
+from kiln.contract.artifact import EngineArtifact
 from kiln.units import format_bytes
 
 
@@ -25,6 +25,7 @@ def _summary(art: EngineArtifact, context_len: int, memory_bytes: int) -> Table:
         ("config hash", m.spec.config_hash()),
         ("source", m.source),
         ("quantization", _quant_line(m.quant)),
+        *(("chosen " + what, _choice_line(m.choices[what])) for what in ("backend", "quant") if what in m.choices),
         ("perplexity", _perplexity_line(m.quant)),
         ("buckets", f"batch {list(m.buckets.batch_sizes)} × seq {list(m.buckets.seq_lens)}"),
         ("KV layout", f"[layers {kv.num_layers}, k/v, kv_heads {kv.num_kv_heads}, blocks, "
@@ -38,6 +39,10 @@ def _summary(art: EngineArtifact, context_len: int, memory_bytes: int) -> Table:
     for k, v in rows:
         t.add_row(k, escape(v))
     return t
+
+
+def _choice_line(choice: dict) -> str:
+    return f"{choice['value']} ({choice['chosen_by']}: {choice['reason']})"
 
 
 # Engine records name the toolchain their engine was compiled with (the loader refuses another release).

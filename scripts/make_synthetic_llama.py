@@ -104,7 +104,7 @@ WEIGHTS = {"unit": _unit_scale, "q4-grid": _q4_grid}
 def _write_tokenizer(out: Path) -> None:
     import json
 
-    from kiln.export.presets import CHATML_TEMPLATE, byte_level_tokenizer
+    from kiln.compiler.export.presets import CHATML_TEMPLATE, byte_level_tokenizer
 
     byte_level_tokenizer().save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({

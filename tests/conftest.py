@@ -6,9 +6,9 @@ import importlib.util
 
 import pytest
 
-from kiln.build import build
+from kiln.compiler.build import build
 from kiln.config import BuildConfig
-from kiln.passes.quantize import QuantMode
+from kiln.contract.quant import QuantMode
 
 
 def _build(tmp_path_factory, source: str, quant: QuantMode = QuantMode.NONE, **kw):
@@ -34,7 +34,7 @@ def _need_smollm2():
 @pytest.fixture(scope="session")
 def smollm2_source():
     _need_smollm2()
-    from kiln.export.sources import load_source
+    from kiln.compiler.export.sources import load_source
 
     return load_source("smollm2-135m")
 
@@ -52,7 +52,7 @@ def smollm2_hf():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kiln.export.presets import smollm2_gguf_path
+    from kiln.compiler.export.presets import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
@@ -64,7 +64,7 @@ def smollm2_hf():
 def smollm2_int4_artifact(tmp_path_factory):
     """Built from the GGUF *path* (not the preset name), so that source kind is covered too."""
     _need_smollm2()
-    from kiln.export.presets import smollm2_gguf_path
+    from kiln.compiler.export.presets import smollm2_gguf_path
 
     out = tmp_path_factory.mktemp("artifacts") / "smollm2-int4"
     return build(BuildConfig(source=str(smollm2_gguf_path()), out=out, quant=QuantMode.INT4))

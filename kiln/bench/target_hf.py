@@ -15,7 +15,7 @@ def load_hf_model(source: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from kiln.export import presets
+    from kiln.compiler.export import presets
 
     if source == "smollm2-135m" or source.endswith(".gguf"):
         path = presets.smollm2_gguf_path() if source == "smollm2-135m" else Path(source)

@@ -54,6 +54,7 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[int, Block] = {}
+        self.cache_version = 0          # grows whenever `cached` changes
         self.evictions = 0
 
     @property
@@ -97,6 +98,7 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self.cached[block_hash] = block
+        self.cache_version += 1
 
     def get_cached_block(self, block_hash: int) -> Block | None:
         return self.cached.get(block_hash)
@@ -118,3 +120,4 @@ class BlockPool:
         del self.cached[block.block_hash]
         block.block_hash = None
         self.evictions += 1
+        self.cache_version += 1

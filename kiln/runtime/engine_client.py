@@ -4,7 +4,9 @@
 each request names a sink (kiln/runtime/sinks.py) that receives its deltas. One thread at a time
 steps the core: it starts when work arrives and exits when the engine is idle and no command
 waits, so an idle LLM holds no thread. The core, the output processor and the sinks are touched
-by that thread only; other threads talk to it through the command queue.
+by that thread only; other threads talk to it through the command queue, and learn about the
+engine only from what it publishes: `snapshot` (an immutable EngineSnapshot, replaced after every
+loop iteration) and `last_step` (the last step's StepReport, also handed to step listeners).
 
 Failure policy: when a step raises, every request in flight ends at once: its sink gets an
 EngineError, its KV blocks are freed, and the failure is counted (engine_failures). The client
@@ -25,6 +27,7 @@ from kiln.runtime.engine_stats import ERROR, EngineSnapshot, LoopCounters, StepR
 from kiln.runtime.outputs import CompletionOutput, StreamDelta
 from kiln.runtime.request import Request, RequestStatus
 from kiln.runtime.sinks import AsyncSink, CompletionSink, Sink
+from kiln.runtime.step_io import RequestDelta
 
 log = logging.getLogger("kiln")
 
@@ -51,12 +54,15 @@ class _Finish:
 class EngineClient:
     def __init__(self, llm):
         self.llm, self.core, self.outputs = llm, llm.core, llm.outputs
-        self.snapshot = EngineSnapshot()          # NOTE: replaced whole; readers see old or new
+        self._counters = LoopCounters()
+        self._prefix_cache = False                # whether snapshots carry the prefix cache's hashes
+        # NOTE: taken here, before any engine thread runs; then replaced whole: readers see old or new.
+        self.snapshot: EngineSnapshot = take_snapshot(self.core, self._counters)
+        self.last_step = StepReport(0, 0, 0, 0.0)
         self.step_listeners: list[Callable[[StepReport], None]] = []
         self.snapshot_listeners: list[Callable[[EngineSnapshot], None]] = []
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
-        self._counters = LoopCounters()
         self._lock = threading.Lock()             # guards _thread and _closed
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -109,6 +115,11 @@ class EngineClient:
             for r in requests:
                 self.abort(r.request_id)
             raise
+
+    def publish_prefix_cache(self) -> None:
+        """From the next loop iteration on, snapshots carry a view of the prefix cache's hashes
+        (snapshot.prefix_cache), copied whenever the cache changed; for admission control."""
+        self._prefix_cache = True
 
     def backlog(self) -> int:
         """Requests not running yet: commands not taken up, plus the scheduler's waiting queue."""
@@ -194,7 +205,7 @@ class EngineClient:
     def _step(self) -> None:
         t0 = time.perf_counter()
         try:
-            deltas = [self.outputs.process(d) for d in self.core.step()]
+            deltas = [self._process(d) for d in self.core.step()]
         except Exception as e:                # the failure policy: see the module docstring
             log.exception("engine step failed; failing the %d requests in flight", len(self._sinks))
             self._fail_all(EngineError(f"engine failure: {type(e).__name__}: {e}"))
@@ -202,6 +213,12 @@ class EngineClient:
         self._report_step(time.perf_counter() - t0)
         for delta in deltas:
             self._deliver(delta)
+
+    def _process(self, step_delta: RequestDelta) -> StreamDelta:
+        delta, stop = self.outputs.process(step_delta)
+        if stop is not None:                  # a stop string ended a request the engine still runs
+            self.core.finish(delta.request_id, RequestStatus.FINISHED_STOPPED, stop_reason=stop)
+        return delta
 
     def _deliver(self, delta: StreamDelta) -> None:
         sink = self._sinks.get(delta.request_id)
@@ -237,11 +254,12 @@ class EngineClient:
         self._counters.steps += 1
         self._counters.scheduled_sequences += s.batch_size
         report = StepReport(s.batch_size, s.num_scheduled_tokens, s.num_prefill_chunks, seconds)
+        self.last_step = report
         for listener in self.step_listeners:
             listener(report)
 
     def _publish(self) -> None:
-        snapshot = take_snapshot(self.core, self._counters)
+        snapshot = take_snapshot(self.core, self._counters, self._prefix_cache)
         if snapshot == self.snapshot:
             return
         self.snapshot = snapshot

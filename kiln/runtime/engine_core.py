@@ -6,31 +6,20 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-from kiln.artifact import EngineArtifact
+from kiln.contract.artifact import EngineArtifact
 from kiln.config import RuntimeConfig
-from kiln.engines.factory import load_engine
+from kiln.engines.load import load_engine
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.memory import plan_kv_blocks
 from kiln.runtime.request import Request, RequestStatus
 from kiln.runtime.runner import ModelRunner
 from kiln.runtime.scheduler import Scheduler
 from kiln.runtime.speculative.factory import make_speculator
+from kiln.runtime.step_io import RequestDelta
 
 log = logging.getLogger("kiln")
 
 MAX_CYCLE_OVERHEAD = 0.25     # seconds between steps beyond which the loop must have idled
-
-
-@dataclass
-class RequestDelta:
-    """What one step produced for one request."""
-    request: Request
-    new_token_ids: list[int]
-    logprobs: object | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.request.is_finished
 
 
 @dataclass
@@ -96,16 +85,15 @@ class EngineCore:
             if s.request.timings.first_scheduled_time is None:
                 s.request.timings.first_scheduled_time = t0
         engine0 = self.runner.stats.engine_seconds
-        runner_out = self.runner.execute(out)
-        before = {s.request.request_id: s.request.num_output_tokens for s in out.scheduled}
-        finished = self.scheduler.update(out, runner_out)
+        update = self.scheduler.update(out, self.runner.execute(out))
         now = time.monotonic()
-        deltas = self._deltas(out, before, runner_out, now)
-        for r in finished:
+        for delta in update.deltas:
+            _stamp_token(delta.request, now)
+        for r in update.finished:
             self._retire(r, now)
         self._record_step(out, now - t0)
         self._last_step = (t0, now - t0, self.runner.stats.engine_seconds - engine0)
-        return deltas
+        return update.deltas
 
     def _observe_cycle(self, now: float) -> None:
         """Teach the scheduler's step-cost model the last step, timed from its start to this
@@ -123,19 +111,6 @@ class EngineCore:
                       s.num_decodes, s.num_prefill_tokens, s.prefill_budget, engine * 1e3, own * 1e3, cycle * 1e3)
         self._last_step = None
 
-    def _deltas(self, out, before: dict[str, int], runner_out, now: float) -> list[RequestDelta]:
-        """One delta per request that gained tokens in this step's update()."""
-        deltas = []
-        for s in out.scheduled:
-            r = s.request
-            new = r.output_token_ids[before[r.request_id]:]
-            if not new:
-                continue
-            r.timings.first_token_time = r.timings.first_token_time or now
-            r.timings.token_times.append(now)
-            deltas.append(RequestDelta(r, new, runner_out.logprobs.get(r.request_id)))
-        return deltas
-
     def _retire(self, request: Request, now: float) -> None:
         request.timings.finished_time = now
         self.runner.release(request.request_id)
@@ -149,3 +124,9 @@ class EngineCore:
             self.stats.prefill_seconds += seconds
         else:
             self.stats.decode_seconds += seconds
+
+
+def _stamp_token(request: Request, now: float) -> None:
+    """The request gained tokens at `now` (its first-token and inter-token times)."""
+    request.timings.first_token_time = request.timings.first_token_time or now
+    request.timings.token_times.append(now)

@@ -1,5 +1,7 @@
 """What the engine client publishes about the engine: one immutable snapshot after every loop
 iteration (read from any thread), and one report per step (for histograms and rate estimates).
+Everything a front end (the HTTP server, Triton, the bench observer) knows of the engine comes
+from these: only the engine client's thread touches the engine core.
 
 Every front end exports the same snapshot under the same metric names (kiln/serving/engine_metrics.py).
 """
@@ -8,10 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kiln.runtime.kv_manager import PrefixCacheView
+from kiln.runtime.memory import KvPlan
 from kiln.runtime.step_costs import StepCosts
 
 # How a request ended, beyond the engine's own finish reasons (stop, length, abort, timeout).
 ERROR = "error"          # the engine failed mid-step, or refused the request when it was added
+
+NO_PREFIX_CACHE = PrefixCacheView()     # published when no reader asked for the prefix cache's hashes
 
 
 @dataclass(frozen=True)
@@ -24,7 +30,7 @@ class StepReport:
 
 @dataclass(frozen=True)
 class EngineSnapshot:
-    """Gauges describe the engine now; counters (cumulative) only grow."""
+    """Gauges describe the engine now; counters (cumulative) only grow; limits never change."""
     num_running: int = 0
     num_waiting: int = 0
     kv_blocks_total: int = 0
@@ -48,6 +54,14 @@ class EngineSnapshot:
     remaining_tokens: tuple[int, ...] = ()   # running requests' tokens left to max_tokens, ascending
     prefilled_tokens: int = 0           # prompt tokens computed of requests without a first token
     num_prefilling: int = 0             # running requests without a first token (not decoding yet)
+    last_batch_size: int = 0            # sequences the last step scheduled
+    # What the prefix cache holds (what a prompt would hit); NO_PREFIX_CACHE unless asked for
+    prefix_cache: PrefixCacheView = NO_PREFIX_CACHE
+    # Limits, fixed when the engine was loaded:
+    max_model_len: int = 0
+    kv_block_size: int = 0
+    kv_plan: KvPlan | None = None
+    speculative: bool = False           # speculative decoding is on
 
     @property
     def target_itl(self) -> float:
@@ -91,7 +105,9 @@ class LoopCounters:
         self.finished[reason] = self.finished.get(reason, 0) + 1
 
 
-def take_snapshot(core, counters: LoopCounters) -> EngineSnapshot:
+def take_snapshot(core, counters: LoopCounters, prefix_cache: bool = False) -> EngineSnapshot:
+    """The engine now (the engine client's thread only). `prefix_cache`: include a view of the
+    prefix cache's hashes (copied whenever they changed, so only when someone reads it)."""
     kv, sched = core.kv, core.scheduler
     spec = core.speculator.stats if core.speculator is not None else None
     return EngineSnapshot(
@@ -107,4 +123,8 @@ def take_snapshot(core, counters: LoopCounters) -> EngineSnapshot:
         prefill_budget=sched.last_step_stats.prefill_budget,
         remaining_tokens=tuple(sorted(r.max_tokens - r.num_output_tokens for r in sched.running)),
         prefilled_tokens=sum(r.num_computed_tokens for r in sched.running if r.num_output_tokens == 0),
-        num_prefilling=sum(1 for r in sched.running if r.num_output_tokens == 0))
+        num_prefilling=sum(1 for r in sched.running if r.num_output_tokens == 0),
+        last_batch_size=sched.last_step_stats.batch_size,
+        prefix_cache=kv.prefix_view() if prefix_cache else NO_PREFIX_CACHE,
+        max_model_len=sched.config.max_model_len, kv_block_size=kv.block_size, kv_plan=core.plan,
+        speculative=core.speculator is not None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kiln.runtime.block_pool import Block, BlockPool
@@ -41,6 +41,22 @@ class KVCacheStats:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
 
+@dataclass(frozen=True, eq=False)
+class PrefixCacheView:
+    """The prefix cache's block hashes at one moment, immutable: the engine client publishes it
+    so other threads (admission control) ask what a prompt would hit without touching the pool.
+    NOTE: eq=False, compared by identity: one view serves until the cache changes."""
+    block_size: int = 1
+    hashes: frozenset[int] = frozenset()
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+        """What get_computed_blocks would have hit, when the view was taken, for a prompt of these tokens."""
+        if not self.hashes:
+            return 0
+        hashes = _chain_hashes(token_ids, self.block_size)
+        return len(_leading_hits(hashes, len(token_ids), self.block_size, self.hashes)) * self.block_size
+
+
 @dataclass
 class _RequestBlocks:
     blocks: list[Block] = field(default_factory=list)
@@ -60,6 +76,7 @@ class KVCacheManager:
         self.allocation_failures = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self._view, self._view_version = PrefixCacheView(block_size), self.pool.cache_version
 
     def get_computed_blocks(self, request: Request) -> tuple[list[Block], int]:
         """The longest run of cached full blocks that prefixes the request's tokens."""
@@ -72,23 +89,23 @@ class KVCacheManager:
 
     def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
         """What get_computed_blocks would hit for a prompt of these tokens, read without changing
-        any state (admission control asks before the request exists). NOTE: called from the HTTP
-        event loop while the engine thread steps: the pool's hash map may change under it (a dict
-        lookup is atomic), so the answer may be a step old; admission's calibration absorbs that."""
+        any state. NOTE: the pool's thread only; other threads ask a prefix_view()."""
         if not self.enable_caching:
             return 0
         return len(self._cached_run(_chain_hashes(token_ids, self.block_size), len(token_ids))) * self.block_size
 
+    def prefix_view(self) -> PrefixCacheView:
+        """The prefix cache's hashes now, as an immutable view; rebuilt only after they changed.
+        NOTE: a copy of every cached hash: O(cached blocks) whenever the cache changed."""
+        if self._view_version != self.pool.cache_version:
+            self._view = PrefixCacheView(self.block_size, frozenset(self.pool.cached))
+            self._view_version = self.pool.cache_version
+        return self._view
+
     def _cached_run(self, hashes: Iterable[int], num_tokens: int) -> list[Block]:
-        """The cached blocks of the leading hashes, up to the first miss. Capped one token short:
-        the last token must be computed to produce logits."""
-        hits = []
-        for _, block_hash in zip(range((num_tokens - 1) // self.block_size), hashes):
-            block = self.pool.get_cached_block(block_hash)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+        """The cached blocks of the leading hashes, up to the first miss."""
+        cached = self.pool.cached
+        return [cached[h] for h in _leading_hits(hashes, num_tokens, self.block_size, cached)]
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Sequence[Block] = ()) -> bool:
@@ -185,3 +202,14 @@ def _chain_hashes(token_ids: Sequence[int], block_size: int) -> Iterator[int]:
     for i in range(len(token_ids) // block_size):
         parent = hash_block_tokens(parent, token_ids[i * block_size:(i + 1) * block_size])
         yield parent
+
+
+def _leading_hits(hashes: Iterable[int], num_tokens: int, block_size: int, cached: Container[int]) -> list[int]:
+    """The leading hashes found in `cached`, up to the first miss. Capped one token short: the
+    last token must be computed to produce logits."""
+    hits = []
+    for _, block_hash in zip(range((num_tokens - 1) // block_size), hashes):
+        if block_hash not in cached:
+            break
+        hits.append(block_hash)
+    return hits

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import AsyncIterator, Sequence
 
-from kiln.artifact import EngineArtifact
+from kiln.contract.artifact import EngineArtifact
 from kiln.config import RuntimeConfig
 from kiln.runtime.engine_client import EngineClient
 from kiln.runtime.engine_core import EngineCore
@@ -25,7 +25,7 @@ class LLM:
         self.artifact = artifact if isinstance(artifact, EngineArtifact) else EngineArtifact.load(artifact)
         self.core = EngineCore(self.artifact, config or RuntimeConfig())
         self.tokenizer = Tokenizer(self.artifact.tokenizer_dir)
-        self.outputs = OutputProcessor(self.core, self.tokenizer)
+        self.outputs = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         self._client: EngineClient | None = None
         self._client_lock = threading.Lock()

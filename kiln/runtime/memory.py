@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from kiln.config import RuntimeConfig
-from kiln.engines.base import KvLayout
+from kiln.contract.engine import KvLayout
 from kiln.units import format_bytes
 
 

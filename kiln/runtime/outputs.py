@@ -1,7 +1,8 @@
 """Turns engine-core token deltas into text: incremental detokenization and stop strings.
 
-Runs on the engine's thread right after each step, so a stop string finishes its request
-before the next step is scheduled.
+Runs on the engine's thread right after each step. It never touches the engine core: when a
+stop string ends a request the engine still runs, process() says so and its caller (the engine
+client) finishes the request before the next step is scheduled.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kiln.runtime.detokenizer import IncrementalDetokenizer
-from kiln.runtime.engine_core import EngineCore, RequestDelta
-from kiln.runtime.request import Request, RequestStatus
+from kiln.runtime.request import FINISH_REASONS, Request, RequestStatus
+from kiln.runtime.step_io import RequestDelta
 from kiln.tokenizer import Tokenizer
 
 
@@ -53,8 +54,8 @@ class CompletionOutput:
 
 
 class OutputProcessor:
-    def __init__(self, core: EngineCore, tokenizer: Tokenizer):
-        self.core, self.tokenizer = core, tokenizer
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._logprobs: dict[str, list] = {}
 
@@ -63,22 +64,23 @@ class OutputProcessor:
             self.tokenizer.fast, request.prompt_token_ids, stop=request.sampling_params.stop)
         self._logprobs[request.request_id] = []
 
-    def process(self, delta: RequestDelta) -> StreamDelta:
+    def process(self, delta: RequestDelta) -> tuple[StreamDelta, str | None]:
+        """The step's text for one request, and the stop string that ended it if the engine still
+        runs it: the caller must then finish it (FINISHED_STOPPED, that stop reason)."""
         r = delta.request
         detok = self._detok[r.request_id]
         text, token_ids = _step(detok, delta.new_token_ids)
         if delta.logprobs is not None:
             self._logprobs[r.request_id].append(delta.logprobs)
-        if detok.stopped and not r.is_finished:
-            self.core.finish(r.request_id, RequestStatus.FINISHED_STOPPED, stop_reason=detok.stop_reason)
+        stop = detok.stop_reason if detok.stopped and not r.is_finished else None
         if len(token_ids) < len(delta.new_token_ids):
-            # The stop string came first, whatever ended the request in the step (length, EOS).
-            r.drop_output_tail(len(delta.new_token_ids) - len(token_ids))
-            r.status, r.stop_reason = RequestStatus.FINISHED_STOPPED, detok.stop_reason
-        if r.is_finished and not detok.stopped:
+            _drop_tail(r, len(delta.new_token_ids) - len(token_ids), stop, detok.stop_reason)
+        finished = r.is_finished or stop is not None
+        if finished and not detok.stopped:
             text += detok.finish()
-        return StreamDelta(r.request_id, text, token_ids, r.is_finished, r.finish_reason,
-                           [delta.logprobs] if delta.logprobs is not None else [])
+        reason = FINISH_REASONS[RequestStatus.FINISHED_STOPPED] if stop is not None else r.finish_reason
+        return StreamDelta(r.request_id, text, token_ids, finished, reason,
+                           [delta.logprobs] if delta.logprobs is not None else []), stop
 
     def aborted(self, request: Request) -> StreamDelta:
         return StreamDelta(request.request_id, "", [], True, request.finish_reason)
@@ -92,6 +94,15 @@ class OutputProcessor:
     def forget(self, request_id: str) -> None:
         self._detok.pop(request_id, None)
         self._logprobs.pop(request_id, None)
+
+
+def _drop_tail(r: Request, n: int, stop: str | None, stop_reason: str | None) -> None:
+    """The stop string came first, n tokens before the step's last, whatever ended the request
+    in the step (length, EOS). NOTE: when the engine still runs it (`stop` set), the caller
+    finishes it right after, with that stop reason."""
+    r.drop_output_tail(n)
+    if stop is None:
+        r.status, r.stop_reason = RequestStatus.FINISHED_STOPPED, stop_reason
 
 
 def _step(detok: IncrementalDetokenizer, token_ids: list[int]) -> tuple[str, list[int]]:

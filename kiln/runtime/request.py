@@ -33,6 +33,19 @@ FINISH_REASONS: dict[RequestStatus, str] = {
 }
 
 
+# The fit rule. NOTE: the last sampled token is never computed (the request ends before it would
+# be fed back), so a request of n tokens, prompt and output, holds KV for n - 1 of them at most.
+# The scheduler (which requests can ever run) and the server (what to refuse up front) both ask here.
+def kv_tokens_held(num_tokens: int) -> int:
+    """The most tokens whose KV a request of `num_tokens` tokens ever holds."""
+    return num_tokens - 1
+
+
+def longest_fitting(num_kv_tokens: int) -> int:
+    """The longest request (prompt and output tokens) whose KV fits in `num_kv_tokens` slots."""
+    return num_kv_tokens + 1
+
+
 @dataclass
 class RequestTimings:
     """Monotonic timestamps the engine core records for latency metrics."""
@@ -98,7 +111,8 @@ class Request:
 
     def drop_output_tail(self, n: int) -> None:
         """Forget the last n output tokens: a stop string completed before them (they came in
-        one step, as accepted proposals). NOTE: only for a finished request; its KV is gone."""
+        one step, as accepted proposals). NOTE: only for a request finished, or finished before
+        the next step (the output processor's stop string); its KV is gone by then."""
         if n > 0:
             del self.output_token_ids[-n:]
             del self._all_token_ids[-n:]

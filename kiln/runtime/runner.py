@@ -16,12 +16,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kiln.engines.base import Engine, PagedBatch
+from kiln.contract.engine import Engine, PagedBatch
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request
 from kiln.runtime.sampler import Sampler, SamplingState
-from kiln.runtime.scheduler import RunnerOutput, ScheduledRequest, SchedulerOutput
 from kiln.runtime.speculative.verify import verify
+from kiln.runtime.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput
 
 
 @dataclass

@@ -9,75 +9,14 @@ ones' KV back (num_computed_tokens, and blocks that hold only rejected slots).""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from kiln.config import SchedulerConfig, SchedulingPolicy
 from kiln.runtime.kv_manager import KVCacheManager
-from kiln.runtime.request import Request, RequestStatus
+from kiln.runtime.request import Request, RequestStatus, kv_tokens_held
 from kiln.runtime.speculative.speculator import Speculator
 from kiln.runtime.step_costs import StepCostModel
-
-
-@dataclass
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int                 # proposed tokens included
-    proposed: tuple[int, ...] = ()      # guessed next tokens, computed after the request's own
-
-    # Read before update(): request.num_computed_tokens is still this chunk's start.
-    @property
-    def samples_token(self) -> bool:
-        """True when the chunk reaches the end of the known tokens, so a token is sampled."""
-        return self.request.num_computed_tokens + self.num_new_tokens >= self.request.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    num_scheduled_tokens: int = 0
-    preempted_request_ids: list[str] = field(default_factory=list)
-    finished_request_ids: list[str] = field(default_factory=list)   # freed since the last step
-    num_running: int = 0
-    num_waiting: int = 0
-
-
-@dataclass
-class RunnerOutput:
-    # One token per request whose chunk reached the end of its tokens; none mid-prefill.
-    # With proposals it is the token after the accepted ones.
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, object] = field(default_factory=dict)
-    num_accepted: dict[str, int] = field(default_factory=dict)   # kept proposals (a prefix of them)
-
-
-@dataclass
-class StepStats:
-    num_running: int = 0
-    num_waiting: int = 0
-    num_scheduled_tokens: int = 0
-    batch_size: int = 0
-    num_prefill_chunks: int = 0
-    num_preempted: int = 0
-    num_decodes: int = 0            # sequences that got their next token's one new token
-    num_proposed_tokens: int = 0    # proposals those decodes verify
-    num_prefill_tokens: int = 0
-    prefill_budget: int = 0         # the prefill tokens this step was allowed
-
-
-@dataclass
-class _Budget:
-    """What is left of this step's token budget, and of the prefill share within it."""
-    tokens: int
-    prefill_tokens: int
-
-    @property
-    def prefill(self) -> int:
-        return min(self.tokens, self.prefill_tokens)
-
-    def spend(self, n: int, decode: bool) -> None:
-        self.tokens -= n
-        if not decode:
-            self.prefill_tokens -= n
+from kiln.runtime.step_io import (RequestDelta, RunnerOutput, ScheduledRequest, SchedulerOutput, StepBudget,
+                                  StepStats, UpdateOutput)
 
 
 class Scheduler:
@@ -115,8 +54,7 @@ class Scheduler:
         if n >= limit:
             raise ValueError(f"the prompt has {n} tokens but max_model_len is {limit}: "
                              f"at most {limit - 1} fit, leaving room for one generated token")
-        # The last sampled token is never computed, so a full request holds one token fewer.
-        max_len = min(n + request.max_tokens, limit) - 1
+        max_len = kv_tokens_held(min(n + request.max_tokens, limit))
         blocks = -(-max_len // self.kv.block_size)
         if blocks > self.kv.num_blocks:
             raise ValueError(f"the request can grow to {max_len} tokens ({blocks} KV blocks) but "
@@ -128,7 +66,7 @@ class Scheduler:
         out = SchedulerOutput(finished_request_ids=self._finished_ids)
         self._finished_ids = []
         prefill_budget = self.step_costs.costs().prefill_budget(self._num_decodes())
-        budget = _Budget(self.config.max_num_batched_tokens, prefill_budget)
+        budget = StepBudget(self.config.max_num_batched_tokens, prefill_budget)
         self._schedule_running(out, budget, self._proposals())
         if not out.preempted_request_ids:
             self._schedule_waiting(out, budget)
@@ -149,7 +87,7 @@ class Scheduler:
             return {}
         return self.speculator.propose([r for r in self.running if _is_decode(r)])
 
-    def _schedule_running(self, out: SchedulerOutput, budget: _Budget, proposals: dict[str, list[int]]) -> None:
+    def _schedule_running(self, out: SchedulerOutput, budget: StepBudget, proposals: dict[str, list[int]]) -> None:
         """Running requests in admission order: each decode, and prefill chunks within the
         prefill budget. NOTE: the prefill budget leaves room in the token budget for every decode
         (StepCosts.prefill_budget), so a prefill earlier in the order never starves one; a
@@ -201,7 +139,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: _Budget) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: StepBudget) -> None:
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget.prefill > 0:
             request = self._next_waiting()
             hits, num_hit = self._computed_blocks(request)
@@ -254,26 +192,32 @@ class Scheduler:
 
     # -- results ------------------------------------------------------------------------------
 
-    def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[Request]:
-        """Advance each scheduled request by its chunk, append sampled tokens and retire
-        the requests that finished; returns those."""
-        finished = []
+    def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> UpdateOutput:
+        """Advance each scheduled request by its chunk, append sampled tokens and retire the
+        requests that finished; returns the tokens each request gained and those finished."""
+        result = UpdateOutput()
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
             if request.is_finished:     # aborted while its step ran
                 continue
-            tokens = self._advance(scheduled, runner_output)
-            status = None
-            for token in tokens:
-                request.append_output_token(token)
-                status = self._stop_status(request, token)
-                if status is not None:
-                    break
+            new, status = self._append(request, self._advance(scheduled, runner_output))
             self.kv.cache_computed_blocks(request)
+            if new:
+                result.deltas.append(RequestDelta(request, new, runner_output.logprobs.get(request.request_id)))
             if status is not None:
                 self.finish_request(request.request_id, status)
-                finished.append(request)
-        return finished
+                result.finished.append(request)
+        return result
+
+    def _append(self, request: Request, tokens: list[int]) -> tuple[list[int], RequestStatus | None]:
+        """Append the step's tokens up to the first that ends the request; returns the tokens
+        appended and the final status (None: the request goes on)."""
+        for i, token in enumerate(tokens):
+            request.append_output_token(token)
+            status = self._stop_status(request, token)
+            if status is not None:
+                return tokens[:i + 1], status
+        return tokens, None
 
     def _advance(self, scheduled: ScheduledRequest, runner_output: RunnerOutput) -> list[int]:
         """Count the step's computed tokens, less rejected proposals (whose KV is rolled back);

@@ -56,7 +56,7 @@ def test_poisson_arrivals_are_seeded_and_near_the_rate():
 
 
 def test_rendered_text_has_the_asked_token_count():
-    from kiln.export.presets import byte_level_tokenizer
+    from kiln.compiler.export.presets import byte_level_tokenizer
 
     counter = ExactCounter(byte_level_tokenizer())               # one token per byte
     source = TextSource(counter)

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import promql_parser
 
-from kiln.artifact import EngineArtifact
+from kiln.contract.artifact import EngineArtifact
 
 from serving_flags import TINY_FLAGS
 

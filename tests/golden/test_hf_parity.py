@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from kiln.artifact import EngineArtifact
-from kiln.eval.sequence import SequenceRunner
+from kiln.contract.artifact import EngineArtifact
+from kiln.compiler.eval.sequence import SequenceRunner
 
 TOL = 1e-3
 DECODE_STEPS = 8
@@ -49,7 +49,7 @@ def _check_artifact(artifact_path, hf_model, vocab):
 def tiny_hf(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
-    from kiln.export.presets import write_tiny_checkpoint
+    from kiln.compiler.export.presets import write_tiny_checkpoint
 
     def load(name):
         folder = write_tiny_checkpoint(name, tmp_path_factory.mktemp(name))
@@ -72,8 +72,8 @@ def test_smollm2_artifact_matches_hf(smollm2_fp32_artifact, smollm2_hf):
 @pytest.mark.slow
 def test_smollm2_exported_graph_matches_hf(smollm2_source, smollm2_hf):
     """The standard (dense KV) graph straight out of export, before any pass."""
-    from kiln.export.decoder_graph import build_decoder
-    from kiln.passes.verify import logits
+    from kiln.compiler.export.decoder_graph import build_decoder
+    from kiln.compiler.passes.verify import logits
 
     model, _ = smollm2_hf
     graph = build_decoder(smollm2_source.spec, smollm2_source.weights)

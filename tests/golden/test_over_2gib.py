@@ -54,7 +54,7 @@ def hf_tokens(checkpoint) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def artifact(checkpoint, hf_tokens, tmp_path_factory) -> Path:
-    from kiln.build import build
+    from kiln.compiler.build import build
     from kiln.config import BuildConfig
 
     return build(BuildConfig(source=str(checkpoint), out=tmp_path_factory.mktemp("built") / "over-2gib"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.artifact import EngineArtifact
-from kiln.eval import PERPLEXITY_TEXT, text_token_ids
-from kiln.eval.sequence import artifact_perplexity
+from kiln.contract.artifact import EngineArtifact
+from kiln.compiler.eval import PERPLEXITY_TEXT, text_token_ids
+from kiln.compiler.eval.sequence import artifact_perplexity
 
 pytestmark = pytest.mark.slow
 

@@ -66,7 +66,7 @@ class OrtExecution:
     """ExecutionContext over ONNX Runtime CPU and a FakeDevice (see the module docstring)."""
 
     def __init__(self, model_path, device: FakeDevice, output_dtypes: dict):
-        from kiln.engines.ort_session import cpu_session
+        from kiln.engines.ort.session import cpu_session
 
         self.session, self.device, self.output_dtypes = cpu_session(str(model_path)), device, output_dtypes
         self.inputs = {i.name: i for i in self.session.get_inputs()}

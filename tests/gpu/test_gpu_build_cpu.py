@@ -10,10 +10,11 @@ from contextlib import nullcontext
 import pytest
 from click.testing import CliRunner
 
-from kiln.artifact import ArtifactError, EngineArtifact
+from kiln.contract.backends import get_backend
+from kiln.contract.artifact import ArtifactError, EngineArtifact
 from kiln.cli import main
 from kiln.config import BuildConfig
-from kiln.engines.factory import load_engine
+from kiln.engines.load import load_engine
 from kiln.engines.gpu.device import cuda_device_count
 
 pytestmark = pytest.mark.skipif(cuda_device_count() > 0, reason="checks the refusals of a machine without a GPU")
@@ -64,13 +65,14 @@ def test_tensorrt_graph_and_profiles_are_prepared_on_a_cpu(tmp_path, precision, 
     check of that file against kiln's graph on ONNX Runtime CPU."""
     import onnx
 
-    from kiln.engines.tensorrt.build import check_graph_for_tensorrt, prepare_graph
-    from kiln.export.decoder_graph import build_decoder
-    from kiln.export.sources import load_source
-    from kiln.passes.quantize import QuantizePass, QuantMode, recipe_options
+    from kiln.compiler.backends.tensorrt.build import check_graph_for_tensorrt, prepare_graph
+    from kiln.compiler.export.decoder_graph import build_decoder
+    from kiln.compiler.export.sources import load_source
+    from kiln.contract.quant import QuantMode
+    from kiln.compiler.passes.quantize import QuantizePass, recipe_options
 
     src = load_source("tiny-llama")
-    options = recipe_options(QuantMode(quant), "tensorrt")        # as the build makes it for this backend
+    options = recipe_options(QuantMode(quant), get_backend("tensorrt"))        # as the build makes it for this backend
     model = QuantizePass(QuantMode(quant), **options).run(build_decoder(src.spec, src.weights))
     config = BuildConfig(source="tiny-llama", out=tmp_path / "unused", fuse=False, precision=precision,
                          quant=QuantMode(quant))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.engines.base import BucketGrid
+from kiln.contract.engine import BucketGrid
 from kiln.engines.gpu.profiles import MAX_KV_BLOCKS, Profile, plan_profiles, select_profile, split_ranges
 
 GRID = BucketGrid()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.artifact import ArtifactError, EngineArtifact
-from kiln.engines.gpu.compare import batch_to_feeds, compare_engines, engine_runner, feeds_to_batch, probe_steps
+from kiln.contract.artifact import ArtifactError, EngineArtifact
+from kiln.compiler.backends.gpu.compare import batch_to_feeds, compare_engines, engine_runner, feeds_to_batch, probe_steps
 from kiln.engines.gpu.compat import check_tensorrt_record, release
 from kiln.engines.gpu.device import DeviceInfo
 
@@ -51,10 +51,10 @@ def test_paged_batches_survive_the_feed_dict_form():
 
 
 def test_polygraphy_compares_engines_per_output(tiny_llama_artifact, tmp_path):
-    from kiln.engines.factory import load_engine
-    from kiln.engines.gpu.onnx_files import save_onnx, with_weights_inline
-    from kiln.engines.ort_engine import OrtEngine
-    from kiln.engines.tensorrt.graph import in_precision
+    from kiln.engines.load import load_engine
+    from kiln.compiler.backends.gpu.onnx_files import save_onnx, with_weights_inline
+    from kiln.engines.ort.engine import OrtEngine
+    from kiln.compiler.backends.tensorrt.graph import in_precision
 
     artifact = EngineArtifact.load(tiny_llama_artifact)
     m = artifact.manifest

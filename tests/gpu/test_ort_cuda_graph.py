@@ -8,14 +8,15 @@ import numpy as np
 import onnx
 import pytest
 
-from kiln.engines.gpu.compare import probe_steps
-from kiln.engines.gpu.onnx_files import save_onnx
-from kiln.engines.ort_cuda.checks import PagedGraphError, check_resolves
+from kiln.compiler.backends.gpu.compare import probe_steps
+from kiln.compiler.backends.gpu.onnx_files import save_onnx
+from kiln.compiler.backends.ort_cuda.checks import PagedGraphError, check_resolves
 from kiln.engines.ort_cuda.feeds import cuda_feeds
-from kiln.engines.ort_cuda.paged_graph import paged_attention_graph
-from kiln.export.decoder_graph import build_decoder
-from kiln.export.sources import load_source
-from kiln.passes.quantize import QuantizePass, QuantMode
+from kiln.compiler.backends.ort_cuda.paged_graph import paged_attention_graph
+from kiln.compiler.export.decoder_graph import build_decoder
+from kiln.compiler.export.sources import load_source
+from kiln.contract.quant import QuantMode
+from kiln.compiler.passes.quantize import QuantizePass
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def test_unfused_rewrite_passes_the_onnx_checker_and_has_the_ops_interface(tiny)
 
 @pytest.mark.parametrize("quant", [QuantMode.NONE, QuantMode.INT4])
 def test_fused_and_quantized_rewrites_resolve_in_onnx_runtime(tiny, tmp_path, quant):
-    from kiln.passes.fusion import fusion_passes
+    from kiln.compiler.passes.fusion import fusion_passes
 
     spec, model = tiny
     for p in fusion_passes(spec):
@@ -73,7 +74,7 @@ def test_a_broken_rewrite_fails_the_resolution_check(tiny, tmp_path):
 def test_refusals(tiny):
     from dataclasses import replace
 
-    from kiln.passes.kv_io import KvIoPass
+    from kiln.compiler.passes.kv_io import KvIoPass
 
     spec, model = tiny
     with pytest.raises(ValueError, match="sliding-window"):

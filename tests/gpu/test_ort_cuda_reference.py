@@ -14,16 +14,16 @@ import onnxruntime as ort  # noqa: E402
 from onnxruntime_extensions import get_library_path  # noqa: E402
 from paged_attention_ref import with_reference_op  # noqa: E402
 
-from kiln.artifact import EngineArtifact  # noqa: E402
-from kiln.engines.base import EngineResult  # noqa: E402
-from kiln.engines.factory import load_engine  # noqa: E402
-from kiln.engines.gpu.compare import compare_engines, engine_runner, probe_steps  # noqa: E402
-from kiln.engines.ort_cuda.build import TOLERANCES  # noqa: E402
+from kiln.contract.artifact import EngineArtifact  # noqa: E402
+from kiln.contract.engine import EngineResult  # noqa: E402
+from kiln.engines.load import load_engine  # noqa: E402
+from kiln.compiler.backends.gpu.compare import compare_engines, engine_runner, probe_steps  # noqa: E402
+from kiln.compiler.backends.ort_cuda.build import TOLERANCES  # noqa: E402
 from kiln.engines.ort_cuda.feeds import cuda_feeds  # noqa: E402
-from kiln.engines.ort_cuda.paged_graph import cache_name, paged_attention_graph  # noqa: E402
-from kiln.export.decoder_graph import build_decoder  # noqa: E402
-from kiln.export.sources import load_source  # noqa: E402
-from kiln.passes.fusion import fusion_passes  # noqa: E402
+from kiln.compiler.backends.ort_cuda.paged_graph import cache_name, paged_attention_graph  # noqa: E402
+from kiln.compiler.export.decoder_graph import build_decoder  # noqa: E402
+from kiln.compiler.export.sources import load_source  # noqa: E402
+from kiln.compiler.passes.fusion import fusion_passes  # noqa: E402
 
 
 class ReferenceEngine:

@@ -11,15 +11,15 @@ import onnx
 import pytest
 from device_doubles import FakeDevice, OrtExecution
 
-from kiln.artifact import EngineArtifact
-from kiln.engines.base import KvLayout
-from kiln.engines.gpu.compare import probe_steps
+from kiln.contract.artifact import EngineArtifact
+from kiln.contract.engine import KvLayout
+from kiln.compiler.backends.gpu.compare import probe_steps
 from kiln.engines.gpu.kv_copy import DevicePool, copy_new_kv, token_runs
 from kiln.engines.gpu.profiles import plan_profiles
-from kiln.engines.kv_pool import KvPool
-from kiln.engines.gpu.onnx_files import save_onnx, with_weights_inline
-from kiln.engines.ort_engine import OrtEngine
-from kiln.engines.tensorrt.graph import in_precision, kv_dtype
+from kiln.engines.ort.kv_pool import KvPool
+from kiln.compiler.backends.gpu.onnx_files import save_onnx, with_weights_inline
+from kiln.engines.ort.engine import OrtEngine
+from kiln.compiler.backends.tensorrt.graph import in_precision, kv_dtype
 from kiln.engines.tensorrt.calls import plan_trt_calls
 from kiln.engines.tensorrt.engine import TrtEngine
 
@@ -55,7 +55,7 @@ def test_device_copies_write_the_slots_kv_pool_writes():
 
 def _long_prefill(vocab: int, block_size: int) -> list:
     """Eight sequences of 20 new tokens: one [8, 24] call that a 64-token cap splits into rows."""
-    from kiln.engines.base import PagedBatch
+    from kiln.contract.engine import PagedBatch
 
     rng = np.random.default_rng(3)
     n, lens = 8, 20

@@ -8,22 +8,24 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from kiln.engines.base import BucketGrid, KvLayout
-from kiln.engines.gpu.compare import probe_steps
-from kiln.engines.ort_engine import OrtEngine
-from kiln.engines.tensorrt.weights import int4_weight_only
-from kiln.export.decoder_graph import build_decoder
-from kiln.export.sources import load_source
-from kiln.passes.kv_io import KvIoPass
-from kiln.passes.quantize import QuantizePass, QuantMode, recipe_options
-from kiln.passes.verify_paged import fp32_activations
+from kiln.contract.backends import get_backend
+from kiln.contract.engine import BucketGrid, KvLayout
+from kiln.compiler.backends.gpu.compare import probe_steps
+from kiln.engines.ort.engine import OrtEngine
+from kiln.compiler.backends.tensorrt.weights import int4_weight_only
+from kiln.compiler.export.decoder_graph import build_decoder
+from kiln.compiler.export.sources import load_source
+from kiln.compiler.passes.kv_io import KvIoPass
+from kiln.contract.quant import QuantMode
+from kiln.compiler.passes.quantize import QuantizePass, recipe_options
+from kiln.compiler.passes.verify_paged import fp32_activations
 
 
 @pytest.fixture(scope="module")
 def int4_paged():
     src = load_source("tiny-llama")
     return src.spec, KvIoPass(src.spec, 16).run(
-        QuantizePass(QuantMode.INT4, **recipe_options(QuantMode.INT4, "tensorrt")).run(build_decoder(src.spec, src.weights)))
+        QuantizePass(QuantMode.INT4, **recipe_options(QuantMode.INT4, get_backend("tensorrt"))).run(build_decoder(src.spec, src.weights)))
 
 
 def test_rewrite_leaves_only_standard_ops(int4_paged):

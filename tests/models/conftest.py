@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.build import build
+from kiln.compiler.build import build
 from kiln.config import BuildConfig
 from model_checkpoints import load_hf, write_checkpoint
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from kiln.export.presets import CHATML_TEMPLATE, byte_level_tokenizer
+from kiln.compiler.export.presets import CHATML_TEMPLATE, byte_level_tokenizer
 
 BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, rms_norm_eps=1e-6, max_position_embeddings=256, vocab_size=259,

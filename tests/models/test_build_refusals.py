@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kiln.export.presets import write_tiny_checkpoint
+from kiln.compiler.export.presets import write_tiny_checkpoint
 
 
 def _kiln_build(source, out):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from kiln.artifact import EngineArtifact
-from kiln.engines.base import PagedBatch
-from kiln.engines.factory import load_engine
-from kiln.eval.sequence import SequenceRunner
-from kiln.export.families import spec_from_hf_config
+from kiln.contract.artifact import EngineArtifact
+from kiln.contract.engine import PagedBatch
+from kiln.engines.load import load_engine
+from kiln.compiler.eval.sequence import SequenceRunner
+from kiln.compiler.export.families import spec_from_hf_config
 from model_checkpoints import VARIANTS
 
 TOL = 1e-3

@@ -9,11 +9,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from kiln.export.decoder_graph import (FINAL_HIDDEN, KEY_POSITIONS, QUERY_POSITIONS, build_decoder,
+from kiln.compiler.export.decoder_graph import (FINAL_HIDDEN, KEY_POSITIONS, QUERY_POSITIONS, build_decoder,
                                        new_kv_name, past_transpose_name)
-from kiln.export.graph_builder import FLOAT, GraphBuilder
-from kiln.export.sources import load_source
-from kiln.passes.verify import seeded_feeds
+from kiln.compiler.export.graph_builder import FLOAT, GraphBuilder
+from kiln.compiler.export.sources import load_source
+from kiln.compiler.passes.verify import seeded_feeds
 
 TINY = ["tiny-llama", "tiny-qwen2"]
 

@@ -12,12 +12,12 @@ import numpy as np
 import onnx
 import pytest
 
-from kiln.engines.base import BucketGrid, PagedBatch
-from kiln.engines.ort_batching import call_groups, plan_calls
-from kiln.engines.ort_session import cpu_session
-from kiln.export.graph_builder import FLOAT, INT64, GraphBuilder
-from kiln.export.spec import ModelSpec
-from kiln.passes.attention_gqa import attention_node, gather_past, shared_inputs
+from kiln.contract.engine import BucketGrid, PagedBatch
+from kiln.engines.ort.batching import call_groups, plan_calls
+from kiln.engines.ort.session import cpu_session
+from kiln.compiler.export.graph_builder import FLOAT, INT64, GraphBuilder
+from kiln.contract.model_spec import ModelSpec
+from kiln.compiler.passes.attention_gqa import attention_node, gather_past, shared_inputs
 
 BLOCK = 4
 # (past_len, new tokens) per sequence: decodes at block edges and with no past, first chunks of

@@ -2,9 +2,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from kiln.passes.base import run_pass
-from kiln.passes.cleanup import CleanupPass
-from kiln.passes.verify import compare_logits
+from kiln.compiler.passes.base import run_pass
+from kiln.compiler.passes.cleanup import CleanupPass
+from kiln.compiler.passes.verify import compare_logits
 
 
 def test_cleanup_keeps_a_fresh_decoder_graph_working(tiny, checks):

@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln.export import external
-from kiln.export.decoder_graph import build_decoder
-from kiln.export.external import WEIGHTS_FILE, is_external, weights_dir
-from kiln.passes.cleanup import CleanupPass
-from kiln.passes.fusion import fusion_passes
-from kiln.passes.quantize import QuantizePass, QuantMode
-from kiln.passes.verify import logits, seeded_feeds
+from kiln.compiler.export import external
+from kiln.compiler.export.decoder_graph import build_decoder
+from kiln.compiler.export.external import WEIGHTS_FILE, is_external, weights_dir
+from kiln.compiler.passes.cleanup import CleanupPass
+from kiln.compiler.passes.fusion import fusion_passes
+from kiln.contract.quant import QuantMode
+from kiln.compiler.passes.quantize import QuantizePass
+from kiln.compiler.passes.verify import logits, seeded_feeds
 
 MIN_BYTES = 1024   # the tiny models' weights are 1-66 KB: externalize all but the smallest
 

@@ -1,4 +1,4 @@
-"""Weights as external data (kiln.export.external): the graph proto stays small through export and
+"""Weights as external data (kiln.compiler.export.external): the graph proto stays small through export and
 the passes, and ONNX Runtime computes the same logits as from the self-contained graph."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from kiln.export import external
-from kiln.export.decoder_graph import build_decoder
-from kiln.export.external import WEIGHTS_FILE, is_external, session_config, weights_dir
-from kiln.export.sources import load_source
-from kiln.passes.cleanup import CleanupPass
-from kiln.passes.fusion import fusion_passes
-from kiln.passes.verify import seeded_feeds
+from kiln.compiler.export import external
+from kiln.compiler.export.decoder_graph import build_decoder
+from kiln.compiler.export.external import WEIGHTS_FILE, is_external, session_config, weights_dir
+from kiln.compiler.export.sources import load_source
+from kiln.compiler.passes.cleanup import CleanupPass
+from kiln.compiler.passes.fusion import fusion_passes
+from kiln.compiler.passes.verify import seeded_feeds
 
 
 def _logits(model, feeds) -> np.ndarray:
@@ -70,7 +70,7 @@ def test_external_graph_and_passes_match_the_self_contained_graph(tiny, tmp_path
 
 
 def test_kv_io_keeps_weights_external_and_loadable(tiny, tmp_path):
-    from kiln.passes.kv_io import KvIoPass
+    from kiln.compiler.passes.kv_io import KvIoPass
 
     model = KvIoPass(tiny.spec).run(build_decoder(tiny.spec, tiny.weights, tmp_path))
     assert weights_dir(model) == tmp_path.resolve() and _inline_bytes(model) < 20_000

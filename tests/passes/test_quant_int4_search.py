@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln.passes.int4_calibration import InputMoments
-from kiln.passes.int4_search import ErrorWeights, matmul_nbits_tensors, min_max, search
-from kiln.passes.quant_tables import weight_quantizer
+from kiln.compiler.passes.int4_calibration import InputMoments
+from kiln.compiler.passes.int4_search import ErrorWeights, matmul_nbits_tensors, min_max, search
+from kiln.compiler.passes.quant_tables import weight_quantizer
 
 BS = 32
 

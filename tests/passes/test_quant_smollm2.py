@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.eval.perplexity import greedy_tokens
-from kiln.passes.base import PassCheckError, run_pass
-from kiln.passes.quantize import MIN_TOP1, QuantizePass, QuantMode
-from kiln.passes.verify_quant import QuantCheck, check_token_ids
+from kiln.compiler.eval.perplexity import greedy_tokens
+from kiln.compiler.passes.base import PassCheckError, run_pass
+from kiln.contract.quant import QuantMode
+from kiln.compiler.passes.quantize import MIN_TOP1, QuantizePass
+from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
 from kiln.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
@@ -16,8 +17,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def fused(smollm2_source):
-    from kiln.export.decoder_graph import build_decoder
-    from kiln.passes.fusion import fusion_passes
+    from kiln.compiler.export.decoder_graph import build_decoder
+    from kiln.compiler.passes.fusion import fusion_passes
 
     model = build_decoder(smollm2_source.spec, smollm2_source.weights)
     for p in fusion_passes(smollm2_source.spec):
@@ -32,7 +33,7 @@ def check(smollm2_source) -> QuantCheck:
 
 @pytest.fixture(scope="module")
 def calibration(smollm2_source) -> list[int]:
-    from kiln.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
+    from kiln.compiler.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
 
     return calibration_token_ids(smollm2_source.tokenizer_dir, CALIBRATION_TOKENS)
 

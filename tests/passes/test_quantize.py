@@ -8,11 +8,12 @@ import numpy as np
 import onnx
 import pytest
 
-from kiln.export.decoder_graph import build_decoder
-from kiln.export.sources import load_source
-from kiln.passes.base import run_pass
-from kiln.passes.quantize import QuantizePass, QuantMode, weight_bytes
-from kiln.passes.verify import compare_logits
+from kiln.compiler.export.decoder_graph import build_decoder
+from kiln.compiler.export.sources import load_source
+from kiln.compiler.passes.base import run_pass
+from kiln.contract.quant import QuantMode
+from kiln.compiler.passes.quantize import QuantizePass, weight_bytes
+from kiln.compiler.passes.verify import compare_logits
 
 QUANTIZED = [QuantMode.INT8, QuantMode.INT4]
 
@@ -204,7 +205,7 @@ def test_a_weight_shared_by_two_matmuls_is_quantized_once(models):
 
 def test_quantized_logits_stay_close_on_a_real_sequence(models):
     """Beyond the relative check: greedy next tokens mostly agree with fp32 at int8."""
-    from kiln.passes.verify import logits, seeded_feeds
+    from kiln.compiler.passes.verify import logits, seeded_feeds
 
     model = models["tiny-llama"]
     feeds = seeded_feeds(model, batch=1, seq=16, past=0)
@@ -216,7 +217,7 @@ def test_quantized_logits_stay_close_on_a_real_sequence(models):
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
 def test_quantizes_the_fused_graph(models, name):
     """Fusion runs first: merged qkv / gate_up MatMuls are linears like any other."""
-    from kiln.passes.fusion import fusion_passes
+    from kiln.compiler.passes.fusion import fusion_passes
 
     model = models[name]
     spec = load_source(name).spec
@@ -233,7 +234,7 @@ def test_quantizes_the_fused_graph(models, name):
 def test_a_weight_shared_by_two_matmuls_keeps_one_copy_in_every_recipe(models, mode):
     """INT4's block offsets replace one MatMul by four nodes: the second user gets its own four,
     reading the same tables, and computes what a separately quantized copy of the weight would."""
-    from kiln.passes.verify import logits, seeded_feeds
+    from kiln.compiler.passes.verify import logits, seeded_feeds
 
     shared, copied = onnx.ModelProto(), onnx.ModelProto()
     shared.CopyFrom(models["tiny-llama"])
@@ -253,9 +254,9 @@ def test_a_weight_shared_by_two_matmuls_keeps_one_copy_in_every_recipe(models, m
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
 def test_w8a8_runs_linears_on_dynamic_int8_except_the_down_projection_and_the_head(models, name):
-    from kiln.passes.fusion import fusion_passes
-    from kiln.passes.quantize import MIN_TOP1
-    from kiln.passes.verify_quant import QuantCheck
+    from kiln.compiler.passes.fusion import fusion_passes
+    from kiln.compiler.passes.quantize import MIN_TOP1
+    from kiln.compiler.passes.verify_quant import QuantCheck
 
     model = models[name]
     for p in fusion_passes(load_source(name).spec):
@@ -279,7 +280,7 @@ def test_w8a8_runs_linears_on_dynamic_int8_except_the_down_projection_and_the_he
 
 
 def test_w8a8_weights_dequantize_to_the_fp32_weights():
-    from kiln.passes.dynamic_int8 import per_channel_int8
+    from kiln.compiler.passes.dynamic_int8 import per_channel_int8
 
     w = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
     w[:, 5] = 0                                          # an all-zero column stays exact
@@ -291,8 +292,8 @@ def test_w8a8_weights_dequantize_to_the_fp32_weights():
 def test_fp32_activations_turns_dynamic_int8_into_a_matmul_of_the_dequantized_weight(models):
     """The kv_io check runs quantized graphs at fp32 activations: a DynamicQuantizeMatMul becomes
     x @ (q * scale), which is what the per-call activation rounding approximates."""
-    from kiln.passes.verify import logits, seeded_feeds
-    from kiln.passes.verify_paged import fp32_activations
+    from kiln.compiler.passes.verify import logits, seeded_feeds
+    from kiln.compiler.passes.verify_paged import fp32_activations
 
     model = models["tiny-llama"]
     out = QuantizePass(QuantMode.W8A8).run(model)

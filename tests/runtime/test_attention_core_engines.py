@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kiln.artifact import EngineArtifact
-from kiln.build import build
+from kiln.contract.artifact import EngineArtifact
+from kiln.compiler.build import build
 from kiln.config import BuildConfig
-from kiln.engines.base import PagedBatch
-from kiln.engines.factory import load_engine
+from kiln.contract.engine import PagedBatch
+from kiln.engines.load import load_engine
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
 from model_checkpoints import write_checkpoint  # noqa: E402  (tests/models' HF checkpoint writer)
@@ -103,8 +103,8 @@ def test_manifest_records_the_layout(artifacts):
 
 
 def test_unknown_core_is_refused():
-    from kiln.passes.kv_io import KvIoPass
-    from kiln.export.sources import load_source
+    from kiln.compiler.passes.kv_io import KvIoPass
+    from kiln.compiler.export.sources import load_source
 
     with pytest.raises(ValueError, match="attention core"):
         KvIoPass(load_source("tiny-llama").spec, attention="flash")

@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("openvino")
 
 from kiln import LLM, RuntimeConfig, SamplingParams  # noqa: E402
-from kiln.build import build  # noqa: E402
+from kiln.compiler.build import build  # noqa: E402
 from kiln.config import BuildConfig  # noqa: E402
-from kiln.passes.quantize import QuantMode  # noqa: E402
+from kiln.contract.quant import QuantMode  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
-from kiln.build import PREFILL_MIN_TOKENS, build
+from kiln.compiler.build import PREFILL_MIN_TOKENS, build
 from kiln.config import BuildConfig
-from kiln.passes.quantize import QuantMode
+from kiln.contract.quant import QuantMode
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 

@@ -130,7 +130,7 @@ def test_cancel_half_the_batch_frees_blocks_and_keeps_others(tiny_llama_artifact
 def test_prefill_chunks_grouped_by_length():
     import numpy as np
 
-    from kiln.engines.ort_batching import group_by_length
+    from kiln.engines.ort.batching import group_by_length
 
     lens = np.asarray([500, 20, 22, 480, 21, 19])
     groups = [[int(lens[i]) for i in g] for g in group_by_length(lens)]

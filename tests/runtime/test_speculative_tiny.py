@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig
-from kiln.build import build
-from kiln.artifact import ArtifactError, EngineArtifact
+from kiln.compiler.build import build
+from kiln.contract.artifact import ArtifactError, EngineArtifact
 from kiln.config import BuildConfig, SpeculativeConfig, SpeculativeMethod
-from kiln.passes.quantize import QuantMode
+from kiln.contract.quant import QuantMode
 from kiln.runtime.speculative.draft import DraftProposer
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)

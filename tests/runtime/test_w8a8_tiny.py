@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
-from kiln.build import build
+from kiln.compiler.build import build
 from kiln.config import BuildConfig
-from kiln.passes.quantize import MIN_TOP1, QuantMode
+from kiln.contract.quant import QuantMode
+from kiln.compiler.passes.quantize import MIN_TOP1
 
 
 def test_w8a8_builds_records_its_check_and_generates(tmp_path):

@@ -205,7 +205,7 @@ def _greedy_text(server, **extra) -> str:
 
 
 def test_logit_bias_of_100_forces_a_token_and_minus_100_bans_one(tiny_server, tiny_llama_artifact):
-    from kiln.artifact import EngineArtifact
+    from kiln.contract.artifact import EngineArtifact
     from kiln.tokenizer import Tokenizer
     tok = Tokenizer(EngineArtifact.load(tiny_llama_artifact).tokenizer_dir)
     a, b = tok.encode("a")[-1], tok.encode("b")[-1]

@@ -11,9 +11,9 @@ import jsonschema
 import openai
 import pytest
 
-from kiln.build import build
+from kiln.compiler.build import build
 from kiln.config import BuildConfig
-from kiln.export.presets import write_tiny_checkpoint
+from kiln.compiler.export.presets import write_tiny_checkpoint
 from serving_flags import TINY_FLAGS
 
 # A Qwen2.5-style template, written for this test: tools in a system block, calls as

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 from google.protobuf import text_format
 
-from kiln.artifact import EngineArtifact
-from kiln.manifest import MANIFEST, ArtifactError, sha256_file
+from kiln.contract.artifact import EngineArtifact
+from kiln.contract.manifest import MANIFEST, ArtifactError, sha256_file
 from kiln.cli import main
 from kiln.serving.triton.launch import Ports, TritonInstall, command_text, prepare_backends, server_command
 from kiln.serving.triton.repo import RepoOptions, render_repository

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
-from kiln.manifest import MANIFEST
+from kiln.contract.manifest import MANIFEST
 from kiln.serving import engine_metrics as em
 from kiln.serving.triton.launch import Ports
 from kiln.serving.triton.repo import RepoOptions, render_repository

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.engines.base import BucketGrid, EngineResult, KvLayout, PagedBatch
+from kiln.contract.engine import BucketGrid, EngineResult, KvLayout, PagedBatch
 
 VOCAB = 50
 

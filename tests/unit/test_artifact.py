@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
-from kiln.artifact import EngineArtifact
-from kiln.build import build
+from kiln.contract.artifact import EngineArtifact
+from kiln.compiler.build import build
 from kiln.config import BuildConfig
-from kiln.manifest import MANIFEST, SCHEMA_VERSION, ArtifactError
+from kiln.contract.manifest import MANIFEST, SCHEMA_VERSION, ArtifactError
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_existing_folder_not_overwritten_without_force(tiny_llama_artifact):
 
 
 def test_failed_build_leaves_no_folder(tmp_path, monkeypatch):
-    import kiln.build as build_mod
+    import kiln.compiler.build as build_mod
 
     def explode(*a, **k):
         raise RuntimeError("boom")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
-from kiln.artifact import EngineArtifact
-from kiln.build import build
+from kiln.contract.artifact import EngineArtifact
+from kiln.compiler.build import build
 from kiln.config import BuildConfig
-from kiln.export.presets import write_tiny_checkpoint
-from kiln.passes.quantize import QuantMode
+from kiln.compiler.export.presets import write_tiny_checkpoint
+from kiln.contract.quant import QuantMode
 
 
 @pytest.mark.parametrize("source", ["tiny-llama", "tiny-qwen2"])

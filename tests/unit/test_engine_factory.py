@@ -6,10 +6,10 @@ from __future__ import annotations
 import click
 import pytest
 
-from kiln.artifact import ArtifactError, EngineArtifact
-from kiln.build import ENGINE_BUILDERS
+from kiln.contract.artifact import ArtifactError, EngineArtifact
+from kiln.compiler.build import ENGINE_BUILDERS
 from kiln.cli import build as build_command
-from kiln.engines.factory import BACKENDS, load_engine
+from kiln.engines.load import BACKENDS, load_engine
 
 
 def test_build_and_load_registries_agree_with_the_cli():
@@ -32,6 +32,6 @@ def test_loading_an_ort_engine_needs_no_build_dependencies(tiny_llama_artifact):
 
     code = ("import sys; from kiln.runtime.llm import LLM; from kiln.config import RuntimeConfig; "
             f"LLM({str(tiny_llama_artifact)!r}, RuntimeConfig(kv_cache_memory=1 << 22)); "
-            "print(sorted(m for m in ('onnx', 'onnx_graphsurgeon', 'kiln.passes.quantize') if m in sys.modules))")
+            "print(sorted(m for m in ('onnx', 'onnx_graphsurgeon', 'kiln.compiler.passes.quantize') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from kiln.config import RuntimeConfig
-from kiln.engines.base import Bucket, BucketGrid, KvLayout
-from kiln.engines.kv_pool import KvPool
+from kiln.contract.engine import Bucket, BucketGrid, KvLayout
+from kiln.engines.ort.kv_pool import KvPool
 from kiln.runtime.memory import plan_kv_blocks
 
 

@@ -8,10 +8,10 @@ from dataclasses import MISSING, fields
 import numpy as np
 import pytest
 
-from kiln.export.checkpoint import CheckpointError
-from kiln.export.families import spec_from_hf_config
-from kiln.export.sources import load_source
-from kiln.export.spec import ModelSpec, UnsupportedModelError
+from kiln.compiler.export.checkpoint import CheckpointError
+from kiln.compiler.export.families import spec_from_hf_config
+from kiln.compiler.export.sources import load_source
+from kiln.contract.model_spec import ModelSpec, UnsupportedModelError
 
 TINY = dict(model_type="llama", vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, intermediate_size=128)
@@ -91,7 +91,7 @@ def test_tiny_presets_are_seeded_and_deterministic(name, family, bias, tied):
 
 @pytest.fixture
 def tiny_folder(tmp_path):
-    from kiln.export.presets import write_tiny_checkpoint
+    from kiln.compiler.export.presets import write_tiny_checkpoint
 
     return write_tiny_checkpoint("tiny-llama", tmp_path / "ckpt")
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
-from kiln.artifact import ArtifactError
-from kiln.build import build
+from kiln.contract.artifact import ArtifactError
+from kiln.compiler.build import build
 from kiln.config import BuildConfig
-from kiln.export import external
-from kiln.passes.quantize import QuantMode
+from kiln.compiler.export import external
+from kiln.contract.quant import QuantMode
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 DATA = "engines/ort/model.onnx.data"

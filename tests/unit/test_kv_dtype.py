@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
-from kiln.artifact import ArtifactError, EngineArtifact
-from kiln.build import build
+from kiln.contract.artifact import ArtifactError, EngineArtifact
+from kiln.compiler.build import build
 from kiln.config import BuildConfig
-from kiln.engines.factory import load_engine
-from kiln.engines.kv_pool import quantize_rows
+from kiln.engines.load import load_engine
+from kiln.engines.ort.kv_pool import quantize_rows
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 PROMPTS = [np.random.default_rng(s).integers(0, 256, n).tolist() for s, n in enumerate([3, 17, 40, 100])]

@@ -1,5 +1,7 @@
-"""Layering rules over kiln's own imports, module-level and function-level alike: no import cycles,
-only the entry point imports kiln.cli, and the configs import nothing from the runtime.
+"""Layering rules over kiln's own imports, module-level and function-level alike: no import cycles;
+only the entry point imports kiln.cli; the contract (kiln.contract) imports nothing else of kiln;
+the engines, the runtime and the server never import the compiler (kiln.compiler); the configs
+import nothing from the runtime; and no module imports another package's private name.
 
 The graph comes from parsing the source with `ast`, so a lazy (function-level) import counts as
 much as a top-level one: it still ties the two modules together.
@@ -84,6 +86,54 @@ def test_only_the_entry_point_imports_the_cli(graph):
 def test_configs_import_nothing_from_the_runtime(graph):
     reached = reachable(graph, "kiln.config")
     assert not {m for m in reached if m.startswith(("kiln.runtime", "kiln.serving", "kiln.cli"))}
+
+
+def test_the_contract_imports_nothing_else_of_kiln(graph):
+    outside = {(m, t) for m, targets in graph.items() if m.startswith("kiln.contract")
+               for t in targets if not t.startswith("kiln.contract") and t != "kiln"}
+    assert not outside, f"kiln.contract reaches above itself: {sorted(outside)}"
+
+
+@pytest.mark.parametrize("layer", ["kiln.engines", "kiln.runtime", "kiln.serving"])
+def test_load_and_run_code_never_imports_the_compiler(graph, layer):
+    reached = {m for start in graph if start.startswith(layer) for m in reachable(graph, start)}
+    compiler = sorted(m for m in reached if m.startswith("kiln.compiler"))
+    assert not compiler, f"{layer} reaches the compiler: {compiler}"
+
+
+def test_configs_reach_only_the_contract(graph):
+    assert {m for m in reachable(graph, "kiln.config") if m.startswith("kiln.")} <= {
+        m for m in graph if m.startswith("kiln.contract")} | {"kiln"}
+
+
+def private_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of every `from kiln.X import _name` whose module lies in another package."""
+    own = module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kiln"):
+            source_package = node.module.rpartition(".")[0]
+            found += [(node.module, a.name) for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__") and source_package != own]
+    return found
+
+
+def test_nothing_imports_a_private_name_across_packages():
+    offenders = {module_name(p): private_imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+    offenders = {m: found for m, found in offenders.items() if found}
+    assert not offenders, f"private names imported across packages: {offenders}"
+
+
+def test_the_private_import_check_can_fail(tmp_path):
+    global PACKAGE
+    (tmp_path / "kiln" / "engines").mkdir(parents=True)
+    source = tmp_path / "kiln" / "engines" / "a.py"
+    source.write_text("from kiln.compiler.passes.kv_io import _prune\nfrom kiln.engines.b import _ok\n")
+    saved, PACKAGE = PACKAGE, tmp_path / "kiln"
+    try:
+        assert private_imports(source) == [("kiln.compiler.passes.kv_io", "_prune")]
+    finally:
+        PACKAGE = saved
 
 
 def test_the_graph_sees_lazy_imports(tmp_path):

@@ -13,10 +13,10 @@ import pytest
 
 pytest.importorskip("openvino")
 
-from kiln.engines.base import BucketGrid, PagedBatch  # noqa: E402
-from kiln.engines.openvino.compile import compile_openvino  # noqa: E402
+from kiln.contract.engine import BucketGrid, PagedBatch  # noqa: E402
+from kiln.compiler.backends.openvino.compile import compile_openvino  # noqa: E402
 from kiln.engines.openvino.loader import open_openvino  # noqa: E402
-from kiln.engines.base import KvLayout  # noqa: E402
+from kiln.contract.engine import KvLayout  # noqa: E402
 from openvino_testing import standard_graph  # noqa: E402
 
 RTOL = 1e-4          # of the logits' max |value|; a wrong block or mask is off by O(1)

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("openvino")
 
 from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig  # noqa: E402
-from kiln.artifact import ArtifactError  # noqa: E402
-from kiln.build import build  # noqa: E402
+from kiln.contract.artifact import ArtifactError  # noqa: E402
+from kiln.compiler.build import build  # noqa: E402
 from kiln.config import BuildConfig  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -103,7 +103,7 @@ def test_inspect_names_the_openvino_release_the_engine_was_compiled_with(ov_tiny
     import openvino as ov
     from rich.console import Console
 
-    from kiln.artifact import EngineArtifact
+    from kiln.contract.artifact import EngineArtifact
     from kiln.inspect_view import render_manifest
 
     console = Console(width=400, record=True)
@@ -113,7 +113,7 @@ def test_inspect_names_the_openvino_release_the_engine_was_compiled_with(ov_tiny
 
 
 def test_loading_an_openvino_engine_needs_no_build_dependencies():
-    """The runtime install has no onnx: the loader must not import it (nor kiln.passes)."""
+    """The runtime install has no onnx: the loader must not import it (nor kiln.compiler.passes)."""
     import subprocess
     import sys
 
@@ -125,7 +125,7 @@ def test_loading_an_openvino_engine_needs_no_build_dependencies():
 @pytest.fixture(scope="module")
 def ov_tiny_llama_int8(tmp_path_factory):
     """`kiln build tiny-llama --quant int8 --backend openvino`: NNCF weights, checked on the engine."""
-    from kiln.passes.quantize import QuantMode
+    from kiln.contract.quant import QuantMode
 
     out = tmp_path_factory.mktemp("ov-int8") / "tiny-llama"
     return build(BuildConfig(source="tiny-llama", out=out, quant=QuantMode.INT8, backend="openvino"))
@@ -155,12 +155,12 @@ def test_int8_engine_serves_close_to_fp32(ov_tiny_llama_int8, ov_tiny_llama):
 
 def test_engine_quant_check_refuses_beyond_tolerance(ov_tiny_llama_int8):
     """Held to fp32's own thresholds (exact agreement, no logit error) the int8 engine fails."""
-    from kiln.artifact import EngineArtifact
-    from kiln.engines.openvino.quant_check import check_compressed_engine
-    from kiln.export.decoder_graph import build_decoder
-    from kiln.export.sources import load_source
-    from kiln.passes.base import PassCheckError
-    from kiln.passes.quantize import QuantMode
+    from kiln.contract.artifact import EngineArtifact
+    from kiln.compiler.backends.openvino.quant_check import check_compressed_engine
+    from kiln.compiler.export.decoder_graph import build_decoder
+    from kiln.compiler.export.sources import load_source
+    from kiln.compiler.passes.base import PassCheckError
+    from kiln.contract.quant import QuantMode
 
     m = EngineArtifact.load(ov_tiny_llama_int8).manifest
     src = load_source("tiny-llama")

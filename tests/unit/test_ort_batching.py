@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.engines.base import BucketGrid, PagedBatch
-from kiln.engines.ort_batching import group_by_length, plan_calls
+from kiln.contract.engine import BucketGrid, PagedBatch
+from kiln.engines.ort.batching import group_by_length, plan_calls
 
 BS = 4
 GRID = BucketGrid(batch_sizes=(1, 2, 4, 8), seq_lens=(1, 4, 8, 16, 32))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.export.families import spec_from_hf_config
-from kiln.export.rope import rotary_for
-from kiln.export.spec import UnsupportedModelError
+from kiln.compiler.export.families import spec_from_hf_config
+from kiln.compiler.export.rope import rotary_for
+from kiln.contract.model_spec import UnsupportedModelError
 
 LLAMA_3_2_1B = dict(
     model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kiln.artifact import ArtifactError
+from kiln.contract.artifact import ArtifactError
 from kiln.engines.gpu.device import DeviceInfo
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.engines.base import KvLayout
+from kiln.contract.engine import KvLayout
 from kiln.engines.gpu.device import DeviceMemory
 
 

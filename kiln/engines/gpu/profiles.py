@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.engines.base import BucketGrid
+from kiln.contract.engine import BucketGrid
 
 DECODE_MAX_SEQ = 8          # new tokens per sequence still planned as decode (speculative drafts)
 RANGE_RATIO = 4             # a decode batch range spans at most this factor (hi <= 4 lo)

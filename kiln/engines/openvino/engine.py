@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from kiln.engines.base import BucketGrid, EngineResult, KvLayout, PagedBatch
+from kiln.contract.engine import BucketGrid, EngineResult, KvLayout, PagedBatch
 from kiln.engines.openvino.feeds import paged_feeds
 from kiln.engines.openvino.options import KV_DTYPES, OpenVinoOptions
 from kiln.engines.openvino.paged_graph import paged_model
-from kiln.export.spec import ModelSpec
+from kiln.contract.model_spec import ModelSpec
 
 
 def compile_paged(xml: Path, spec: ModelSpec, options: OpenVinoOptions, threads: int) -> ov.CompiledModel:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.engines.base import PagedBatch
+from kiln.contract.engine import PagedBatch
 
 
 def paged_feeds(batch: PagedBatch, block_size: int, num_blocks: int) -> dict[str, np.ndarray]:

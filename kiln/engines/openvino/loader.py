@@ -6,11 +6,11 @@ from pathlib import Path
 
 import openvino as ov
 
-from kiln.artifact import ArtifactError, EngineArtifact
-from kiln.engines.base import BucketGrid, KvLayout, default_threads
+from kiln.contract.artifact import ArtifactError, EngineArtifact
+from kiln.contract.engine import BucketGrid, KvLayout, default_threads
 from kiln.engines.openvino.engine import KvCacheMismatch, OpenVinoEngine, compile_paged
 from kiln.engines.openvino.options import OpenVinoOptions
-from kiln.export.spec import ModelSpec
+from kiln.contract.model_spec import ModelSpec
 
 REBUILD = "rebuild it with `kiln build --backend openvino`"
 

@@ -13,25 +13,20 @@ blocks itself (vLLM's interface):
     /model/final_hidden [1,T,hidden] ─ Gather(logits_indices, axis 1) ─▶ final norm ─ LM head ─ Squeeze ─▶ logits [N,V]
 
 The dense mask, the past inputs and the present outputs fall away (nothing reaches them any more).
-At build time mark_cuts() finds the cut tensors by the node names kiln's exporter keeps stable
-(kiln/export/decoder_graph.py) and gives them canonical names that survive OpenVINO's IR; the
+At build time kiln.compiler.backends.openvino.cuts finds the cut tensors by the node names kiln's exporter keeps stable
+(kiln/compiler/export/decoder_graph.py) and gives them canonical names that survive OpenVINO's IR; the
 rewrite itself runs when the engine loads, because the IR reader does not know the (experimental)
 paged-attention operation and the CPU plugin needs its rt_info, which the IR does not keep.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 from openvino._pyopenvino.op import _PagedAttentionExtension
 
-from kiln.export.spec import ModelSpec
-
-if TYPE_CHECKING:  # onnx is a build-time dependency; loading an engine does not need it
-    import onnx
+from kiln.contract.model_spec import ModelSpec
 
 I32, I64 = ov.Type.i32, ov.Type.i64
 
@@ -55,37 +50,13 @@ def cut_name(layer: int, cut: str) -> str:
     return f"kiln.layers.{layer}.attn.{cut}"
 
 
-def mark_cuts(ov_model: ov.Model, onnx_model: onnx.ModelProto, spec: ModelSpec) -> None:
-    """Add canonical names to the tensors paged_model() cuts at (the ONNX names stay too)."""
-    from kiln.export.decoder_graph import FINAL_HIDDEN      # build time only: it imports onnx
-
-    nodes = {n.name: n for n in onnx_model.graph.node}
-    marks = {_node(nodes, FINAL_HIDDEN).output[0]: FINAL}
-    for i in range(spec.num_layers):
-        base = f"/model/layers.{i}/attn/"
-        marks.update({_node(nodes, base + "q_groups").input[0]: cut_name(i, "q"),
-                      _node(nodes, base + "new_key_kv_major").input[0]: cut_name(i, "k"),
-                      _node(nodes, base + "new_value_kv_major").input[0]: cut_name(i, "v"),
-                      _node(nodes, base + "out_merge").output[0]: cut_name(i, "out")})
-    outputs = _outputs_by_tensor_name(ov_model)
-    for onnx_name, canonical in marks.items():
-        outputs[onnx_name].get_tensor().add_names({canonical})
-
-
-def _node(nodes: dict, name: str):
-    if name not in nodes:
-        raise ValueError(f"the decoder graph has no node {name!r}; the openvino backend takes kiln's "
-                         "standard graph (before the kv_io pass)")
-    return nodes[name]
-
-
 def paged_model(ov_model: ov.Model, spec: ModelSpec) -> ov.Model:
     """ov_model: the standard graph with its cuts marked. Returns the packed, paged model."""
     if getattr(spec, "sliding_window", 0):
         # NOTE: the operation has a sliding_window input, but its edge convention is not yet
         # tested against kiln's (query - key < W); refuse rather than guess.
         raise ValueError("the openvino backend does not support sliding-window attention yet")
-    outputs = _outputs_by_tensor_name(ov_model)
+    outputs = outputs_by_tensor_name(ov_model)
     missing = [n for n in [FINAL, cut_name(spec.num_layers - 1, "out")] if n not in outputs]
     if missing:
         raise ValueError(f"the OpenVINO model has no tensor {missing[0]!r}: not built by kiln's openvino backend")
@@ -104,7 +75,7 @@ def paged_model(ov_model: ov.Model, spec: ModelSpec) -> ov.Model:
     return ov.Model([logits], [*params, *seq.values(), *caches, logits_indices], "kiln-paged")
 
 
-def _outputs_by_tensor_name(ov_model: ov.Model) -> dict[str, ov.Output]:
+def outputs_by_tensor_name(ov_model: ov.Model) -> dict[str, ov.Output]:
     return {name: out for op in ov_model.get_ops() for out in op.outputs() for name in out.get_names()}
 
 

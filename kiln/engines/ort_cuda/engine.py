@@ -13,13 +13,18 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from kiln.engines.base import BucketGrid, EngineResult, KvLayout, PagedBatch
+from kiln.contract.engine import BucketGrid, EngineResult, KvLayout, PagedBatch
 from kiln.engines.ort_cuda.feeds import cuda_feeds
-from kiln.engines.ort_cuda.paged_graph import cache_name
 
 CUDA = "CUDAExecutionProvider"
 # OrtValue element types: numpy's for fp16; ONNX's enum for bf16, which numpy lacks (TensorProto.BFLOAT16).
 ELEMENT_TYPES = {"float16": np.float16, "bfloat16": 16}
+
+
+
+def cache_name(kind: str, layer: int, out: bool = False) -> str:
+    """The graph's name for layer `layer`'s key or value cache (the paged graph's input; out: its output)."""
+    return f"{kind}_cache{'_out' if out else ''}.{layer}"
 
 
 class CudaProviderMissing(RuntimeError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kiln.artifact import ArtifactError, EngineArtifact
+from kiln.contract.artifact import ArtifactError, EngineArtifact
 from kiln.engines.gpu.device import cuda_device_count
 
 WHAT_TO_DO = "run it on a machine with an NVIDIA GPU and onnxruntime-gpu, or build an ort artifact for CPUs"

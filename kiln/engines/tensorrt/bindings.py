@@ -13,7 +13,7 @@ import numpy as np
 from kiln.engines.gpu.device import DeviceMemory
 from kiln.engines.gpu.kv_copy import DevicePool, copy_new_kv
 from kiln.engines.gpu.profiles import Profile
-from kiln.engines.ort_batching import OrtCall
+from kiln.engines.ort.batching import OrtCall
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
 # Every input but the pool is int64 (kv_io.py); new_kv has the pool's element type.

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.engines.base import BucketGrid, PagedBatch
+from kiln.contract.engine import BucketGrid, PagedBatch
 from kiln.engines.gpu.profiles import Profile, select_profile
-from kiln.engines.ort_batching import OrtCall, plan_calls
+from kiln.engines.ort.batching import OrtCall, plan_calls
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from kiln.engines.base import BucketGrid, EngineResult, KvLayout, PagedBatch
+from kiln.contract.engine import BucketGrid, EngineResult, KvLayout, PagedBatch
 from kiln.engines.gpu.device import DeviceMemory
 from kiln.engines.gpu.kv_copy import DevicePool
 from kiln.engines.gpu.profiles import Profile

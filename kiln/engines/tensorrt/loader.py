@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kiln.artifact import ArtifactError, EngineArtifact
+from kiln.contract.artifact import ArtifactError, EngineArtifact
 from kiln.engines.gpu.compat import check_tensorrt_record
 from kiln.engines.gpu.device import NoGpuError, cuda_device_count
 

@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.artifact import ArtifactError, EngineArtifact
+from kiln.contract.artifact import ArtifactError, EngineArtifact
 from kiln.config import RuntimeConfig
-from kiln.engines.factory import load_engine
+from kiln.engines.load import load_engine
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request
 from kiln.runtime.runner import paged_batch
 from kiln.runtime.sampling_params import SamplingParams
-from kiln.runtime.scheduler import ScheduledRequest
+from kiln.runtime.step_io import ScheduledRequest
 
 _PARAMS = SamplingParams(temperature=0)
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 import triton_python_backend_utils as pb_utils
 
-from kiln.manifest import MANIFEST, ArtifactError, sha256_file
+from kiln.contract.manifest import MANIFEST, ArtifactError, sha256_file
 from kiln.runtime.llm import LLM
 from kiln.runtime.outputs import StreamDelta
 from kiln.serving.triton.metrics import TritonMetrics

@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.artifact import EngineArtifact
-from kiln.manifest import MANIFEST, sha256_file
+from kiln.contract.artifact import EngineArtifact
+from kiln.contract.manifest import MANIFEST, sha256_file
 from kiln.serving.triton.settings import EXECUTION_ENV_PATH, BackendSettings
 from kiln.serving.triton.templates import CONFIG_PBTXT, MODEL_PY, pbtxt_parameters
 from kiln.serving.triton.tensors import INPUTS, OUTPUTS, pbtxt_list

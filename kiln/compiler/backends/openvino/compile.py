@@ -1,0 +1,123 @@
+"""Build side of the OpenVINO backend: kiln's standard decoder -> paged OpenVINO IR + engine record.
+
+    ONNX ModelProto (fused; fp32 or MatMulNBits-quantized)
+      ─ OpenVINO ONNX frontend ─ mark the attention cuts ─ model.xml/.bin (weights kept as they are)
+      ─ rewrite to the paged model, compile once on this CPU with the recorded precisions
+      ─ the KV cache it allocates ─ engine record
+    Loading repeats the last step (compile_paged).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import onnx
+import openvino as ov
+
+from kiln.contract.artifact import file_record
+from kiln.contract.engine import KvLayout
+from kiln.engines.openvino.engine import compile_paged, describe_kv_cache
+from kiln.engines.openvino.options import OpenVinoOptions
+from kiln.compiler.backends.built import BuiltEngines, StageFn
+from kiln.compiler.backends.openvino.coverage import uncovered
+from kiln.compiler.backends.openvino.cuts import mark_cuts
+from kiln.compiler.backends.openvino.recipe import options_for_quant
+from kiln.compiler.backends.openvino.weights import WeightCompression
+from kiln.compiler.export.external import weights_dir
+from kiln.contract.model_spec import ModelSpec
+
+BACKEND = "openvino"
+MODEL_FILE = "model.xml"
+WEIGHTS_FILE = "model.bin"
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, stage: StageFn) -> BuiltEngines:
+    """OpenVINO's native paged attention replaces the attention core; its plugin picks the block size."""
+    missing = uncovered(spec)
+    if missing:
+        raise ValueError(f"the openvino backend does not support {missing} yet; build with --backend ort "
+                         "(or --backend auto, which picks it)")
+    with stage("compile OpenVINO engine"):
+        records = compile_openvino(model, spec, root / "engines" / "openvino", options_for_quant(config.quant),
+                                   root=root)
+    return BuiltEngines(records, KvLayout(**records[0]["kv_layout"]))
+
+
+def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
+                     options: OpenVinoOptions | None = None, root: Path | None = None) -> list[dict]:
+    """Write engines/openvino/model.{xml,bin} and return the manifest's engine records.
+
+    root: the artifact folder file paths are recorded relative to (default: out_dir/../..).
+    The record's "kv_layout" is the layout the runtime must plan with (the plugin's block size).
+    """
+    options = options or OpenVinoOptions()
+    if options.compresses_weights and _already_quantized(model):
+        # NOTE: OpenVINO runs kiln's MatMulNBits too, but slower than NNCF's per-channel int8 from
+        # the fp32 graph (weights.py); the record says which path the weights took.
+        options = replace(options, weights=WeightCompression.NONE.value)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    root = root or out_dir.parent.parent
+    with tempfile.TemporaryDirectory(prefix="kiln-ov-") as tmp:
+        ov_model = _read_onnx(model, Path(tmp))
+        mark_cuts(ov_model, model, spec)
+        compression = WeightCompression(options.weights).apply(ov_model)
+        if _already_quantized(model):
+            compression["weights"] = "onnx MatMulNBits (kiln's quantize pass)"
+        # NOTE: compress_to_fp16=False: save_model halves fp32 weights by default, which would
+        # break the fp32 artifact's HF parity.
+        ov.save_model(ov_model, out_dir / MODEL_FILE, compress_to_fp16=False)
+        del ov_model
+    compiled = compile_paged(out_dir / MODEL_FILE, spec, options, threads=1)
+    kv = describe_kv_cache(compiled)
+    return [{
+        "backend": BACKEND, **file_record(root, out_dir / MODEL_FILE),
+        "weights": file_record(root, out_dir / WEIGHTS_FILE),
+        "io": _io(compiled), "options": options.to_dict(), "compression": compression, "kv_cache": kv,
+        "kv_layout": kv_layout_for(spec, kv).to_dict(), "openvino": ov.get_version(),
+    }]
+
+
+def _already_quantized(model: onnx.ModelProto) -> bool:
+    return any(n.op_type in ("MatMulNBits", "GatherBlockQuantized") for n in model.graph.node)
+
+
+def kv_layout_for(spec: ModelSpec, kv: dict) -> KvLayout:
+    """The runtime's view of the cache: block size from the plugin's key block shape [kvh, bs(+scales), hd]."""
+    block_size = kv["value_block_shape"][1]
+    dtype = {"f32": "float32", "f16": "float16", "u8": "uint8"}[kv["element_type"]]
+    return KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, dtype, kv["bytes_per_block"])
+
+
+def _read_onnx(model: onnx.ModelProto, tmp: Path) -> ov.Model:
+    """The frontend reads a file (and may map its weights: keep `tmp` until the model is saved)."""
+    path = tmp / "model.onnx"
+    if weights_dir(model) is not None:
+        return _read_external(model, weights_dir(model))
+    if model.ByteSize() < PROTOBUF_LIMIT:
+        onnx.save(model, path)
+    else:
+        # NOTE: saving with external data rewrites the proto's tensors in place: work on a copy.
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        onnx.save(copy, path, save_as_external_data=True, location="model.data")
+    return ov.Core().read_model(path)
+
+
+def _read_external(model: onnx.ModelProto, folder: Path) -> ov.Model:
+    """A graph whose weights are already external (export.external) is read from their folder: its
+    tensors name the weights file relative to the model file, and the frontend refuses paths that
+    leave the model's folder (a link included). The weights file stays until the build ends."""
+    with tempfile.NamedTemporaryFile(dir=folder, prefix="openvino-", suffix=".onnx") as f:
+        f.write(model.SerializeToString())
+        f.flush()
+        return ov.Core().read_model(f.name)
+
+
+def _io(compiled: ov.CompiledModel) -> dict[str, list]:
+    """Every input and output except the per-layer caches (described once under "kv_cache")."""
+    ports = [*compiled.inputs, *compiled.outputs]
+    return {p.get_any_name(): [str(d) for d in p.get_partial_shape()] for p in ports
+            if not p.get_any_name().startswith(("key_cache.", "value_cache."))}

@@ -1,0 +1,26 @@
+"""Which OpenVINO options a build takes for each quant mode (the loader reads them back from the record)."""
+
+from __future__ import annotations
+
+from kiln.compiler.backends.openvino.weights import WeightCompression
+from kiln.contract.quant import QuantMode
+from kiln.engines.openvino.options import OpenVinoOptions
+
+
+def options_for_quant(quant: QuantMode) -> OpenVinoOptions:
+    """fp32 keeps f32 compute and an f32 cache, so HF parity tolerances hold. int8 takes NNCF's
+    per-channel symmetric weights, f32 compute, an f16 cache (f32 compute reads it; the u8 cache's
+    per-token dequantization cost more than its bytes saved) and activations in groups of 128 (on
+    MatMulNBits' blocks of 32, larger groups fall off the fast path). int4 keeps kiln's own 4-bit
+    MatMulNBits, which the plugin reads as it is, activations in groups of 32 (the weights' block).
+    The measurements behind each choice: docs/benchmarks.md (`python bench/bench_openvino_calls.py`)."""
+    if quant is QuantMode.NONE:
+        return OpenVinoOptions()
+    if quant is QuantMode.INT8:
+        return OpenVinoOptions(inference_precision="f32", kv_cache_precision="f16",
+                               weights=WeightCompression.INT8.value, dynamic_quantization_group_size=128)
+    if quant is QuantMode.INT4:
+        return OpenVinoOptions(inference_precision="bf16", kv_cache_precision="u8", weights="none",
+                               dynamic_quantization_group_size=32)
+    raise ValueError(f"the openvino backend has no {quant.value} mode; use --quant int8 (OpenVINO "
+                     f"quantizes activations itself: dynamic quantization, recorded in the artifact)")

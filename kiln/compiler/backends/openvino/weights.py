@@ -1,0 +1,43 @@
+"""Weight compression for the openvino backend, done by NNCF (OpenVINO's compression library).
+
+The CPU plugin runs a compressed weight as a decompression subgraph (u8/i4 constant, convert,
+zero point, scale) folded into its matmul kernel. NNCF's per-channel int8 beat OpenVINO
+reading kiln's own MatMulNBits int8 (blocks of 32) on prefill and decode (docs/benchmarks.md), so an
+openvino build compresses the fp32 graph here instead of taking the quantize pass's output.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import openvino as ov
+
+
+class WeightCompression(enum.Enum):
+    NONE = "none"
+    # Per output channel, symmetric (no zero point): faster than NNCF's asymmetric default, above
+    # all at 32 decodes past 300 tokens, for +0.35 points of perplexity (docs/benchmarks.md).
+    INT8 = "int8_sym"
+    INT4 = "int4_sym_g32"            # symmetric, groups of 32 (SmolLM2's 576 is no multiple of 128);
+                                     # embedding and LM head stay int8 (NNCF's backup precision)
+
+    def apply(self, model: ov.Model) -> dict:
+        """Compress `model` in place; returns what was done, for the engine record."""
+        if self is WeightCompression.NONE:
+            return {"weights": self.value}
+        import nncf
+
+        if self is WeightCompression.INT8:
+            nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM)
+        else:
+            nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_SYM, group_size=32, ratio=1.0)
+        return {"weights": self.value, "nncf": nncf.__version__, "constants_by_type": _constant_types(model)}
+
+
+def _constant_types(model: ov.Model) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for op in model.get_ordered_ops():
+        if op.get_type_name() == "Constant" and op.get_output_size() == 1 and op.shape and len(op.shape) >= 2:
+            name = op.get_output_element_type(0).get_type_name()
+            counts[name] = counts.get(name, 0) + 1
+    return counts

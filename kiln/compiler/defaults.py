@@ -1,0 +1,83 @@
+"""`--backend auto` and `--quant auto`: the fastest correct engine for this machine and this model.
+
+The rules follow the side-by-side measurements (docs/benchmarks.md, `python bench/bench_runtime.py`):
+- int8 weights unless the model is too small to gain: below SMALL_MODEL_PARAMS the weights are a few
+  MB, a step is dispatch-bound, and quantizing only costs accuracy (and build time);
+- OpenVINO's native paged attention on x86 CPUs where the openvino extra is installed and the model
+  is covered, for the modes where it measured fastest (int8: TTFT and batched decodes, ~2-3x the ort
+  backend at 32 streams); ONNX Runtime otherwise (int4 one stream: ort's MatMulNBits beat OpenVINO
+  reading the same 4-bit blocks; fp32 and w8a8: ort's graph).
+Each choice carries its reason; the build prints it and the manifest records it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+from dataclasses import dataclass
+
+from kiln.contract.model_spec import ModelSpec
+from kiln.contract.quant import QuantMode
+
+AUTO = "auto"
+SMALL_MODEL_PARAMS = 20_000_000
+X86 = ("x86_64", "amd64", "i686", "x86")
+OPENVINO_FASTEST_FOR = (QuantMode.INT8,)
+
+
+@dataclass(frozen=True)
+class Choice:
+    value: str
+    chosen_by: str          # "auto" | "user"
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "chosen_by": self.chosen_by, "reason": self.reason}
+
+
+def choose_quant(requested: QuantMode | None, spec: ModelSpec) -> Choice:
+    if requested is not None:
+        return Choice(requested.value, "user", "--quant " + requested.value)
+    params = parameter_count(spec)
+    if params < SMALL_MODEL_PARAMS:
+        return Choice(QuantMode.NONE.value, AUTO, f"{params / 1e6:.1f} M parameters: too small to gain from "
+                      "quantized weights, so fp32")
+    return Choice(QuantMode.INT8.value, AUTO, f"{params / 1e6:.0f} M parameters: int8 weights (accuracy within "
+                  "the build's check, a quarter of fp32's bytes per token)")
+
+
+def choose_backend(requested: str, quant: QuantMode, spec: ModelSpec, ort_options: tuple[str, ...] = ()) -> Choice:
+    """ort_options: the ort-only build options the user set (they narrow auto to the ort backend)."""
+    if requested != AUTO:
+        return Choice(requested, "user", "--backend " + requested)
+    if ort_options:
+        return Choice("ort", AUTO, "ONNX Runtime: " + ", ".join(f"--{o.replace('_', '-')}" for o in ort_options)
+                      + " is an ort backend option")
+    blocker = openvino_blocker(quant, spec)
+    if blocker:
+        return Choice("ort", AUTO, f"ONNX Runtime: {blocker}")
+    return Choice("openvino", AUTO, f"OpenVINO's native paged attention: the fastest {quant.value} engine on "
+                  f"this {platform.machine()} CPU")
+
+
+def openvino_blocker(quant: QuantMode, spec: ModelSpec) -> str:
+    """Why the openvino backend is not the auto choice here; "" when it is."""
+    if platform.machine().lower() not in X86:
+        return f"OpenVINO's CPU paged attention is chosen only on x86 (this is {platform.machine()})"
+    if importlib.util.find_spec("openvino") is None:
+        return "openvino is not installed (pip install 'kiln[openvino]')"
+    if quant not in OPENVINO_FASTEST_FOR:
+        return (f"kiln picks openvino at {', '.join(m.value for m in OPENVINO_FASTEST_FOR)}, where it measured "
+                f"fastest; {'fp32' if quant is QuantMode.NONE else quant.value} engines run on ort")
+    from kiln.compiler.backends.openvino.coverage import uncovered
+
+    missing = uncovered(spec)
+    return f"the openvino backend does not cover {missing} yet" if missing else ""
+
+
+def parameter_count(spec: ModelSpec) -> int:
+    """Weights of the decoder: embeddings (+ an untied LM head) and per layer attention and MLP."""
+    attn = spec.hidden_size * spec.head_dim * (2 * spec.num_heads + 2 * spec.num_kv_heads)
+    mlp = 3 * spec.hidden_size * spec.intermediate_size
+    head = spec.vocab_size * spec.hidden_size * (1 if spec.tie_word_embeddings else 2)
+    return head + spec.num_layers * (attn + mlp)

@@ -1,0 +1,185 @@
+"""4-bit blocks with an integer zero point, chosen by a search instead of min/max.
+
+MatMulNBits runs fast only with an integer (4-bit) zero point: w ≈ s·(q - z), q and z in 0..15.
+Min/max rounding (onnxruntime's quantizer) takes s = (max - min)/15 and z = round(-min/s). On a
+Q4_1 source (w = d·k + m on every block: the SmolLM2 GGUF) that is s = d and the whole block is
+off by the same δ = m + d·z, |δ| <= d/2: an error of one sign that adds up in the dot product.
+
+The search tries several scales per block (llama.cpp make_qkx-style: the block's range spread over
+15 ± a few steps), both neighbouring zero points, and for each a weighted least-squares refit of
+s for the chosen codes, and keeps the candidate of least weighted error
+
+    err(Δ) = Σ_k v_k·Δ_k² + (Σ_k μ_k·Δ_k)²          Δ = w - s·(q - z) over one block
+
+with v = Var[x] and μ = E[x] of the input channels (int4_calibration.py): E[(x·Δ)²] with the
+centred channels taken as independent. Without moments v = 1 and μ = 0: plain squared error.
+Min/max's own (s, z) is one of the candidates, so the search never does worse on err.
+
+Measured on SmolLM2 (Q4_1 source; bench/bench_quant_ppl.py --fuse, tests/data/perplexity.txt,
+fp32 22.197; calibration kiln/data/calibration.txt, 920 tokens; tables 8-bit), all linears 4-bit
+on MatMulNBits alone (1222 nodes against block offsets' 1582):
+    min/max                                   +37%
+    search, plain squared error               +16.37%   25.829
+    search, calibrated (the "search" recipe)  +7.90%    23.951   answers Paris
+    + block size 16                           +5.36%    23.388   answers "L'Alle…" (no Paris)
+    + first token left out of the moments     +10.77%   24.587
+    + a bias giving back E[x]·Δ (centred err) +16.25%   25.805
+    + AWQ input scales in the RMSNorm weights +8.70% (p = 0.5), +9.04% (p = 0.25)
+    GPTQ (K x K Hessian, 920 tokens, λ = 0.01·mean diag)  +19.17%; first token out, λ = 0.1: +22.46%,
+      λ = 1.0: +19.16% — 4-8x less output error than the search on the calibration text, up to
+      2x more on the check text: 920 tokens overfit a 576-1536 wide Hessian
+    GPTQ inside each block of 32 (bs x bs)   +7.87%
+GPTQ, AWQ scaling and the bias were removed again (commit 506b3f9 has them). The error that is left
+is the second rounding of an already 4-bit weight onto a grid that cannot hold its float minimum.
+Mixed splits buy it back: "o=" linears keep block offsets (block_offsets.py: exact Q4_1, 3 more
+nodes each), "8-bit" ones are MatMulNBits 8-bit (no extra node); the rest searched 4-bit:
+    all 4-bit, block offsets (INT4 until 2026-11-30)        +1.61%  1582 nodes  17.9 ms  Paris
+    all 4-bit, search                                       +7.90%  1222        15.8     Paris
+    o=gate_up_proj                                          +4.77%  1312        17.0     Paris
+    o=down_proj / o=qkv_proj+o_proj                         +6.63% / +6.61%  (the latter: no Paris)
+    o=gate_up_proj+down_proj                                +3.00%  1402                 Paris
+    o=gate_up_proj, down_proj 8-bit                         +3.07%  1312                 Paris
+    down_proj 8-bit / qkv_proj 8-bit                        +6.08% / +6.44%
+    gate_up_proj 8-bit                                      —       1222        16.6     Paris
+    gate_up_proj + down_proj 8-bit (the INT4 recipe)        +2.73%  1222                 Paris
+    int8 (all MatMulNBits 8-bit)                            +0.66%  1222        17.3     "L'Étoile"
+(ms: decode CPU time of the fused graph, 1 thread, bench_quant_ppl.py --no-ppl --cpu-time, one
+run.) The recipe's MLP is 8-bit: 75% of the linear weights, 148 MB of weights against 121 MB.
+Same-run artifact A/B, block offsets (old) vs this recipe (new), SmolLM2, best of 5 interleaved
+rounds on a shared 2-core machine (bench/bench_engine_modes.py old new --rounds 5; both built
+with the same code, --attention standard):
+    decode graph nodes 1499 -> 1139; TTFT 512: 827 -> 650 ms (1.27x); 1 stream: 92.0 -> 93.6 tok/s
+    (1.02x; round by round the two are within noise: medians 89.3 and 86.8); 32 streams: 436 -> 487
+    tok/s (1.12x). Build: 23.6 s -> 34.8 s (the quantize pass 1.1 -> 7.1 s: calibration + search).
+At one stream the 360 nodes saved pay for the MLP's doubled weight bytes, no more; the all-4-bit
+search (107 MB, 15.8 against 17.9 ms of decode CPU) would be faster, but is +7.90% and fails the
+build's logit check (0.281 > 0.25).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.compiler.passes.int4_calibration import InputMoments
+
+LEVELS = 15                       # 4 bits: codes 0..15
+SPREADS = np.linspace(-1.0, 1.0, 9)   # extra steps the block's range spans: 15 - 1 .. 15 + 1
+
+
+@dataclass(frozen=True)
+class BlockQuant:
+    """w[k, n] ≈ scales[k // bs, n] · (codes[k, n] - zero_points[k // bs, n])."""
+
+    codes: np.ndarray           # [K, N] uint8
+    scales: np.ndarray          # [K/bs, N] float32
+    zero_points: np.ndarray     # [K/bs, N] uint8
+
+    def dequantize(self) -> np.ndarray:
+        bs = self.codes.shape[0] // self.scales.shape[0]
+        s = np.repeat(self.scales, bs, axis=0)
+        return s * (self.codes.astype(np.float32) - np.repeat(self.zero_points, bs, axis=0))
+
+
+@dataclass(frozen=True)
+class ErrorWeights:
+    """The search's error weights over one block: v [nb, bs, 1] and μ [nb, bs, 1]."""
+
+    variance: np.ndarray
+    mean: np.ndarray
+
+    @classmethod
+    def of(cls, moments: InputMoments | None, k: int, block_size: int) -> ErrorWeights:
+        if moments is None:
+            return cls(np.ones((k // block_size, block_size, 1), np.float32),
+                       np.zeros((k // block_size, block_size, 1), np.float32))
+        variance = np.maximum(moments.square - moments.mean ** 2, 0.0)
+        shape = (k // block_size, block_size, 1)
+        return cls(variance.astype(np.float32).reshape(shape), moments.mean.astype(np.float32).reshape(shape))
+
+    def error(self, delta: np.ndarray) -> np.ndarray:
+        """[nb, N] weighted error of delta [nb, bs, N]."""
+        return (self.variance * delta * delta).sum(axis=1) + (self.mean * delta).sum(axis=1) ** 2
+
+
+def min_max(w: np.ndarray, block_size: int) -> BlockQuant:
+    """onnxruntime's round-to-nearest min/max (the range always includes 0)."""
+    blocks = _blocks(w, block_size)
+    lo, hi = np.minimum(blocks.min(axis=1), 0), np.maximum(blocks.max(axis=1), 0)
+    scale = _safe((hi - lo) / LEVELS)
+    zero = np.clip(np.round(-lo / scale), 0, LEVELS)
+    return _pack(blocks, scale, zero)
+
+
+def search(w: np.ndarray, block_size: int, moments: InputMoments | None = None) -> BlockQuant:
+    """The (scale, zero point) per block of least weighted error among the candidates above."""
+    blocks = _blocks(w, block_size)
+    weights = ErrorWeights.of(moments, w.shape[0], block_size)
+    start = min_max(w, block_size)
+    best_s, best_z = start.scales.copy(), start.zero_points.astype(np.float32)
+    best = weights.error(blocks - _dequant(blocks, best_s, best_z))
+    lo, hi = blocks.min(axis=1), blocks.max(axis=1)
+    for spread in SPREADS:
+        scale = _safe((hi - lo) / (LEVELS + spread))
+        for zero in _zero_candidates(lo, scale):
+            s, z = _refit(blocks, scale, zero, weights), zero
+            err = weights.error(blocks - _dequant(blocks, s, z))
+            better = err < best
+            best = np.where(better, err, best)
+            best_s, best_z = np.where(better, s, best_s), np.where(better, z, best_z)
+    return _pack(blocks, best_s, best_z)
+
+
+def _zero_candidates(lo: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The integer zero points on either side of the one that puts the block minimum on code 0."""
+    exact = -lo / scale
+    return np.clip(np.floor(exact), 0, LEVELS), np.clip(np.ceil(exact), 0, LEVELS)
+
+
+def _refit(blocks: np.ndarray, scale: np.ndarray, zero: np.ndarray, weights: ErrorWeights) -> np.ndarray:
+    """Given the codes that (scale, zero) round to, the scale minimising the weighted error:
+    d err / d s = 0 for Δ = w - s·c, c = q - z."""
+    c = _codes(blocks, scale, zero) - zero[:, None, :]
+    num = (weights.variance * blocks * c).sum(axis=1) + (weights.mean * blocks).sum(axis=1) * (weights.mean * c).sum(axis=1)
+    den = (weights.variance * c * c).sum(axis=1) + (weights.mean * c).sum(axis=1) ** 2
+    refit = np.where(den > 0, num / np.where(den > 0, den, 1), scale)
+    return np.where(refit > 0, refit, scale).astype(np.float32)
+
+
+def _codes(blocks: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    return np.clip(np.round(blocks / scale[:, None, :] + zero[:, None, :]), 0, LEVELS)
+
+
+def _dequant(blocks: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    return scale[:, None, :] * (_codes(blocks, scale, zero) - zero[:, None, :])
+
+
+def _pack(blocks: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> BlockQuant:
+    codes = _codes(blocks, scale, zero).astype(np.uint8)
+    return BlockQuant(codes.reshape(-1, codes.shape[-1]), scale.astype(np.float32), zero.astype(np.uint8))
+
+
+def _blocks(w: np.ndarray, block_size: int) -> np.ndarray:
+    k, n = w.shape
+    if k % block_size:
+        raise ValueError(f"K={k} is not divisible by block_size={block_size}")
+    return np.asarray(w, np.float32).reshape(k // block_size, block_size, n)
+
+
+def _safe(scale: np.ndarray) -> np.ndarray:
+    """A block of equal weights has range 0: any positive scale represents it (with its zero point)."""
+    return np.where(scale > 0, scale, 1.0).astype(np.float32)
+
+
+def matmul_nbits_tensors(q: BlockQuant) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """MatMulNBits' 4-bit B [N, K/bs, bs/2], scales [N, K/bs] and packed zero points
+    [N, ceil(K/bs / 2)]: two codes a byte, the first in the low nibble (an odd count of blocks
+    pads with 8, as onnxruntime's quantizer does, so equal inputs give equal bytes)."""
+    nb, n = q.scales.shape
+    codes = q.codes.T.reshape(n, nb, -1)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    zp = q.zero_points.T
+    if nb % 2:
+        zp = np.concatenate([zp, np.full((n, 1), 8, np.uint8)], axis=1)
+    return packed, np.ascontiguousarray(q.scales.T), (zp[:, 0::2] | (zp[:, 1::2] << 4)).astype(np.uint8)

@@ -1,0 +1,330 @@
+"""Weight-only blockwise quantization: every linear to MatMulNBits, the embedding to GatherBlockQuantized.
+
+The quantized values come from onnxruntime.quantization's MatMulNBits quantizer (round-to-nearest
+min/max per block of `block_size` weights along K); this pass only decides which nodes it touches,
+how the embedding and the LM head are stored, and reports what it did.
+
+    MatMul(x, W[K,N] fp32)          ─▶  MatMulNBits(x, W_Q[N, K/bs, bs·bits/8] u8, scales[N, K/bs], zp?)
+    Gather(E[V,H] fp32, input_ids)  ─▶  GatherBlockQuantized(E_Q[V, H·bits/8] u8, input_ids, scales, zp?)
+
+Tied embeddings share one table: MatMulNBits' B for the LM head [N=V, H/bs, blob] is the embedding
+[V, H] quantized along H, so a Reshape to [V, H·bits/8] feeds GatherBlockQuantized the same bytes
+(the layout onnxruntime-genai uses).
+
+4-bit linears may keep a float minimum per block beside MatMulNBits (block_offsets.py): the INT4
+recipe below, and why.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from kiln.compiler.export.external import fill_tensor, stored_bytes, tensor_array, weights_dir
+from kiln.compiler.passes.block_offsets import offset_linear
+from kiln.compiler.passes.int4_calibration import InputMoments, linear_input_moments
+from kiln.compiler.passes.int4_linear import searched_linear
+from kiln.compiler.passes.dynamic_int8 import dynamic_int8_linear
+from kiln.compiler.passes.quant_tables import QuantizedTable, embedding_node, lm_head_node, quantize_embedding
+from kiln.compiler.passes.quant_tables import weight_quantizer
+from kiln.contract.quant import QuantMode
+from kiln.compiler.graph_utils import MS_DOMAIN, ensure_ms_opset
+
+
+
+# The quantize check (passes/verify_quant.py), on the first 512 tokens of kiln/data/check.txt:
+# max |Δlogit| / max |logit| <= rel tolerance, and top-1 agreement with fp32 >= MIN_TOP1.
+# Measured with the default recipes (rel / top-1): SmolLM2 (fused) int8 0.060 / 0.967, int4
+# 0.160 / 0.873 (the block-offset recipe before it: 0.093 / 0.930; all 4-bit searched: 0.281, over
+# the tolerance); tiny-llama int8 0.019 / 0.969, int4 0.091 / 0.918 (random weights: near-uniform
+# logits, so argmax ties flip easily); tiny-qwen2 int8 0.012, int4 0.067 / 1.0 (one token dominates).
+# A SmolLM2 block-offset int4 graph with one linear's scales shuffled: 0.30 / 0.78 (a middle
+# layer), 0.93 / 0.02 (the first); tiny-llama with every linear's scales shuffled fails both bounds.
+# w8a8 (SmolLM2): 0.176 / 0.865 — one activation scale per call rounds harder than MatMulNBits'
+# blocks of 32.
+REL_TOLERANCE = {QuantMode.NONE: 0.0, QuantMode.INT8: 0.15, QuantMode.INT4: 0.25, QuantMode.W8A8: 0.30}
+MIN_TOP1 = {QuantMode.NONE: 1.0, QuantMode.INT8: 0.90, QuantMode.INT4: 0.70, QuantMode.W8A8: 0.80}
+
+
+# The INT4 recipe (on the ort backend: recipe_options below): MatMulNBits alone, no side path. The
+# attention's linears (qkv, o) 4-bit with integer zero points from a calibrated search, the MLP
+# (gate_up, down) and the embedding / LM head 8-bit. SmolLM2 perplexity over fp32 +2.73% (the
+# all-4-bit block-offset recipe before it: +1.61% with 360 more nodes; all 4-bit searched: +7.90%),
+# answers Paris; the measured splits and the same-run speed A/B are in int4_search.py.
+_TABLE_BITS = {QuantMode.INT8: 8, QuantMode.INT4: 8, QuantMode.W8A8: 8}
+# NOTE: after MergeProjections, v_proj lives inside qkv_proj: a name listed here keeps the whole
+# fused projection at 8 bits.
+_INT8_LINEARS: dict[QuantMode, tuple[str, ...]] = {
+    QuantMode.INT8: (), QuantMode.INT4: ("gate_up_proj", "gate_proj", "up_proj", "down_proj"), QuantMode.W8A8: ()}
+# How 4-bit linears round (INT4_ROUNDINGS): "block_offsets" (a float minimum per block on a side
+# path, block_offsets.py), "min_max" (onnxruntime's quantizer), "search" (integer zero points from a
+# weighted search, int4_search.py).
+INT4_ROUNDINGS = ("block_offsets", "min_max", "search")
+_INT4_ROUNDING = {QuantMode.INT4: "search"}
+# Backends other than ONNX Runtime on CPU keep the all-4-bit block-offset recipe: TensorRT's
+# weight-only path takes 4-bit blocks only (engines/tensorrt/weights.py turns an 8-bit MatMulNBits
+# into a dense MatMul), and what the CPU recipe avoids (MatMulNBits' slow float zero point, one
+# dispatch per node) was measured on the ORT CPU kernels.
+def recipe_options(mode: QuantMode, backend) -> dict:
+    """QuantizePass options for `mode` on `backend` (a kiln.contract.backends.Backend) beyond the mode's defaults."""
+    if mode is QuantMode.INT4 and not backend.cpu_int4_recipe:
+        return {"int4_rounding": "block_offsets", "int8_linears": ()}
+    return {}
+
+
+# How 8-bit linears run (not the LM head): "dynamic" (the w8a8 mode) = DynamicQuantizeMatMul, int8 per output channel with
+# activations quantized per call (passes/dynamic_int8.py: ~2.7x faster than MatMulNBits from 8 rows
+# up, no slower at 1); "nbits" = MatMulNBits blocks of 32. The LM head stays MatMulNBits: it shares
+# its table with the embedding and runs only at the logits rows.
+INT8_KERNELS = ("dynamic", "nbits")
+# ...except these, whose input has outliers that one activation scale per call cannot hold: the
+# MLP's down projection reads SiLU(gate)*up. SmolLM2 perplexity over fp32 (bench/bench_quant_ppl.py
+# --fuse): all 8-bit linears dynamic +26.5%; only down_proj dynamic +18%; all but down_proj +1.8%
+# (answers Paris); all MatMulNBits +0.66% (answers "L'Étoile": fp32's first-token margin is 0.08).
+NBITS_LINEARS = ("down_proj",)
+
+
+class QuantizePass:
+    name = "quantize"
+
+    def __init__(self, mode: QuantMode, block_size: int = 32, quantize_embedding: bool = True,
+                 quantize_lm_head: bool = True, symmetric: bool = False, table_bits: int | None = None,
+                 int8_linears: tuple[str, ...] | None = None, block_offsets: bool | None = None,
+                 int8_kernel: str | None = None, nbits_linears: tuple[str, ...] = NBITS_LINEARS,
+                 int4_rounding: str | None = None, calibration_ids: list[int] | None = None,
+                 offset_linears: tuple[str, ...] = ()):
+        """table_bits: bits of the embedding and LM head; int8_linears: node-name segments (e.g.
+        "down_proj") of linears kept at 8 bits. None takes the mode's recipe; (4, ()) is pure int4.
+        block_offsets: 4-bit linears keep a float minimum per block (passes/block_offsets.py).
+        int8_kernel: how 8-bit linears run (INT8_KERNELS). int4_rounding: INT4_ROUNDINGS (block_offsets,
+        when given, picks "block_offsets" or "min_max"); "search" weighs errors by the inputs of a run
+        over calibration_ids (int4_calibration.py; without them: plain squared error).
+        offset_linears: node-name segments (e.g. "layers.29") of 4-bit linears that keep block offsets
+        whatever int4_rounding says (a mixed split)."""
+        int8_kernel = int8_kernel or ("dynamic" if mode is QuantMode.W8A8 else "nbits")
+        if int8_kernel not in INT8_KERNELS:
+            raise ValueError(f"int8_kernel must be one of {INT8_KERNELS}, not {int8_kernel!r}")
+        self.int8_kernel = int8_kernel
+        self.nbits_linears = tuple(nbits_linears)     # name segments kept on MatMulNBits regardless
+        self.mode, self.block_size, self.symmetric = mode, block_size, symmetric
+        self.int4_rounding = _int4_rounding(mode, int4_rounding, block_offsets)
+        self.block_offsets = self.int4_rounding == "block_offsets"
+        self.offset_linears = tuple(offset_linears)
+        self.calibration_ids = list(calibration_ids) if calibration_ids else None
+        self.quantize_embedding, self.quantize_lm_head = quantize_embedding, quantize_lm_head
+        self.table_bits = table_bits or _TABLE_BITS.get(mode)
+        self.int8_linears = tuple(_INT8_LINEARS.get(mode, ()) if int8_linears is None else int8_linears)
+        self.rel_tolerance = REL_TOLERANCE[mode]
+        self._details: dict = {"mode": mode.value}
+
+    def run(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        if self.mode is QuantMode.NONE:
+            self._details = {"mode": "none", "matmuls_quantized": 0}
+            return model
+        out = onnx.ModelProto()
+        out.CopyFrom(model)     # NOTE: a graph of names and offsets when the weights are external
+        before = weight_bytes(out.graph)
+        rewrite = _Rewrite(self, out.graph, weights_dir(out))
+        rewrite.moments = self._moments(model, rewrite.searched_inputs())
+        rewrite.apply()
+        ensure_ms_opset(out)
+        self._details["weight_bytes_before"] = before
+        self._details["weight_bytes_after"] = weight_bytes(out.graph)
+        return out
+
+    def details(self) -> dict:
+        return dict(self._details)
+
+    def _moments(self, model: onnx.ModelProto, inputs: list[str]) -> dict[str, InputMoments]:
+        """Calibration moments of the searched linears' inputs only (the rest need none)."""
+        if not inputs or not self.calibration_ids:
+            return {}
+        self._details["calibration_tokens"] = len(self.calibration_ids)
+        return linear_input_moments(model, self.calibration_ids, inputs)
+
+
+class _Rewrite:
+    """One run of the pass over a graph: linears first, then the embedding (it may reuse the head)."""
+
+    def __init__(self, p: QuantizePass, graph: onnx.GraphProto, wdir: Path | None = None):
+        self.p, self.graph, self.wdir = p, graph, wdir    # wdir: where external weights are read and written
+        self.moments: dict[str, InputMoments] = {}        # searched linear input -> its calibration moments
+        self.inits = {t.name: t for t in graph.initializer}
+        self.head = lm_head_node(graph)
+        self.embed = embedding_node(graph, self.inits)
+        self.quantized: dict[str, onnx.NodeProto] = {}   # B initializer -> its MatMulNBits node
+        self.groups: dict[str, list[onnx.NodeProto]] = {}  # B initializer -> all nodes replacing its MatMul
+        self.skipped: list[dict] = []
+        self.head_table: QuantizedTable | None = None
+
+    def apply(self) -> None:
+        nodes = [self._linear(n) if n.op_type == "MatMul" else [n] for n in self.graph.node]
+        embed_note = self._embedding(nodes)
+        self.graph.ClearField("node")
+        self.graph.node.extend(n for group in nodes for n in group)
+        _drop_unused_initializers(self.graph, self.replaced)
+        self.p._details |= {
+            "bits": self.p.mode.bits, "table_bits": self.p.table_bits, "block_size": self.p.block_size,
+            "symmetric": self.p.symmetric, "accuracy_level": 4, "block_offsets": self.p.block_offsets,
+            "int4_rounding": self.p.int4_rounding, "offset_linears": list(self.p.offset_linears),
+            "int8_kernel": self.p.int8_kernel, "nbits_linears": list(self.p.nbits_linears),
+            "int8_linears": list(self.p.int8_linears), "matmuls_quantized": len(self.quantized),
+            "matmuls_by_bits": dict(Counter(_bits(n) for n in self.quantized.values())), "skipped": self.skipped,
+            "lm_head": self._head_note(), "embedding": embed_note,
+        }
+
+    @property
+    def replaced(self) -> set[str]:
+        names = set(self.quantized)
+        return names | ({self.embed.input[0]} if self.embed is not None else set())
+
+    def searched_inputs(self) -> list[str]:
+        """Inputs of the linears the zero-point search will round."""
+        return list(dict.fromkeys(n.input[0] for n in self.graph.node if n.op_type == "MatMul" and not self._is_head(n)
+                                  and _skip_reason(n, self.inits, self.p.block_size) is None
+                                  and self._linear_bits(n) == 4 and self._int4_rounding(n) == "search"))
+
+    def _is_head(self, node: onnx.NodeProto) -> bool:
+        return self.head is not None and node.name == self.head.name and node.output == self.head.output
+
+    def _linear(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        is_head = self._is_head(node)
+        reason = _skip_reason(node, self.inits, self.p.block_size)
+        if is_head and not self.p.quantize_lm_head:
+            reason = "LM head kept fp32 (quantize_lm_head=False)"
+        if reason:
+            self.skipped.append({"node": node.name, "reason": reason})
+            return [node]
+        b = node.input[1]
+        if b in self.groups:    # NOTE: a weight shared by two MatMuls keeps one quantized copy
+            return _rewire(self.groups[b], node)
+        bits = self.p.table_bits if is_head else self._linear_bits(node)
+        rounding = self._int4_rounding(node) if bits == 4 and not is_head else None
+        if rounding == "search":
+            group = [searched_linear(self.graph, self.inits[b], node, self.p.block_size,
+                                     self.moments.get(node.input[0]), self.wdir)]
+        elif rounding == "block_offsets":
+            group = offset_linear(self.graph, self.inits[b], node, bits, self.p.block_size, self.wdir)
+        elif bits == 8 and self.p.int8_kernel == "dynamic" and not is_head and self._dynamic(node):
+            group = [dynamic_int8_linear(self.graph, self.inits[b], node, self.wdir)]
+        else:
+            group = [self._nbits_linear(node, bits)]
+        self.quantized[b], self.groups[b] = group[0], group
+        if is_head:
+            self.head_table = QuantizedTable.of_matmul_nbits(group[0], bits)
+        return group
+
+    def _nbits_linear(self, node: onnx.NodeProto, bits: int) -> onnx.NodeProto:
+        """MatMul(x, W) -> MatMulNBits, with onnxruntime's quantizer's values and names, one weight
+        at a time (its quantize_matmul reads only inline weights)."""
+        w = self.inits[node.input[1]]
+        quantizer = weight_quantizer(bits, self.p.block_size, self.p.symmetric)
+        packed, scales, zero_points = quantizer.qbits_block_quant(np.asarray(tensor_array(w, self.wdir)))
+        tables = [(f"{w.name}_Q{bits}", packed), (f"{w.name}_scales", scales)]
+        if not self.p.symmetric:
+            tables.append((f"{w.name}_zero_points", zero_points))
+        self.graph.initializer.extend(fill_tensor(TensorProto(), n, a, self.wdir) for n, a in tables)
+        k, n = w.dims
+        return helper.make_node("MatMulNBits", [node.input[0], *(name for name, _ in tables)], list(node.output),
+                                name=f"{node.name}_Q{bits}", domain=MS_DOMAIN, K=k, N=n, bits=bits,
+                                block_size=self.p.block_size, accuracy_level=4)
+
+    def _dynamic(self, node: onnx.NodeProto) -> bool:
+        return not set(node.name.split("/")) & set(self.p.nbits_linears)
+
+    def _int4_rounding(self, node: onnx.NodeProto) -> str:
+        if set(node.name.split("/")) & set(self.p.offset_linears):
+            return "block_offsets"
+        return self.p.int4_rounding
+
+    def _linear_bits(self, node: onnx.NodeProto) -> int:
+        return 8 if set(node.name.split("/")) & set(self.p.int8_linears) else self.p.mode.bits
+
+    def _embedding(self, nodes: list[list[onnx.NodeProto]]) -> str:
+        if self.embed is None:
+            return "no Gather of a 2-D fp32 table by input_ids found"
+        if not self.p.quantize_embedding:
+            return "fp32 (quantize_embedding=False)"
+        hidden = self.inits[self.embed.input[0]].dims[1]
+        if hidden % self.p.block_size:
+            return f"fp32 (hidden={hidden} is not divisible by block_size={self.p.block_size})"
+        index = next(i for i, n in enumerate(self.graph.node) if n.output == self.embed.output)
+        shared = self.head_table if self._tied() else None
+        nodes[index], note = quantize_embedding(self.graph, self.inits, self.embed, shared, self.p.table_bits,
+                                                self.p.block_size, self.p.symmetric, self.wdir)
+        return note
+
+    def _tied(self) -> bool:
+        if self.head_table is None:
+            return False
+        head_w = tensor_array(self.inits[self.head.input[1]], self.wdir)
+        table = tensor_array(self.inits[self.embed.input[0]], self.wdir)
+        return head_w.shape == table.T.shape and np.array_equal(head_w.T, table)
+
+    def _head_note(self) -> str:
+        if self.head is None:
+            return "no MatMul feeding the logits output found"
+        if self.head_table is None:
+            return "fp32"
+        return f"MatMulNBits {self.head_table.bits}-bit"
+
+
+def _int4_rounding(mode: QuantMode, rounding: str | None, block_offsets: bool | None) -> str:
+    if rounding is None and block_offsets is not None:
+        rounding = "block_offsets" if block_offsets else "min_max"
+    rounding = rounding or _INT4_ROUNDING.get(mode, "min_max")
+    if rounding not in INT4_ROUNDINGS:
+        raise ValueError(f"int4_rounding must be one of {INT4_ROUNDINGS}, not {rounding!r}")
+    return rounding
+
+
+def _bits(node: onnx.NodeProto) -> int:
+    if node.op_type == "DynamicQuantizeMatMul":
+        return 8
+    return next(a.i for a in node.attribute if a.name == "bits")
+
+
+def _skip_reason(node: onnx.NodeProto, inits: dict[str, TensorProto], block_size: int) -> str | None:
+    w = inits.get(node.input[1])
+    if w is None:
+        return "B is not an initializer (activation x activation)"
+    if len(w.dims) != 2:
+        return f"B is {len(w.dims)}-D, not 2-D"
+    if w.data_type != TensorProto.FLOAT:
+        return f"B is {TensorProto.DataType.Name(w.data_type)}, not FLOAT"
+    if w.dims[0] % block_size:
+        return f"K={w.dims[0]} is not divisible by block_size={block_size}"
+    return None
+
+
+def _rewire(group: list[onnx.NodeProto], node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """A copy of the nodes that replaced one MatMul, reading this MatMul's input and writing its output."""
+    x, y = group[0].input[0], group[-1].output[0]
+    inner = {o for n in group for o in n.output} - {y}
+    rename = {x: node.input[0], y: node.output[0]} | {t: f"{node.name}/{t}" for t in inner}
+    out = []
+    for n in group:
+        q = onnx.NodeProto()
+        q.CopyFrom(n)
+        q.input[:] = [rename.get(t, t) for t in n.input]
+        q.output[:] = [rename.get(t, t) for t in n.output]
+        q.name = f"{node.name}/{n.name}_shared"
+        out.append(q)
+    return out
+
+
+def weight_bytes(graph: onnx.GraphProto) -> int:
+    """Bytes of all initializers, as stored (packed sub-byte data counts as stored)."""
+    return sum(stored_bytes(t) for t in graph.initializer)
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto, candidates: set[str]) -> None:
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    keep = [t for t in graph.initializer if t.name in used or t.name not in candidates]
+    graph.ClearField("initializer")
+    graph.initializer.extend(keep)

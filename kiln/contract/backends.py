@@ -1,0 +1,67 @@
+"""The one registry of engine backends: for each, how it builds, how it loads, and what it takes.
+
+The build (kiln.compiler) and the loader (kiln.engines) both read this table, so a backend is named
+once. The builder and the loader are dotted paths resolved on first use: an artifact for one
+backend never imports another backend's library, and this layer imports neither side.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+# The build options only some backends take (BuildConfig field -> its neutral value).
+BACKEND_OPTIONS = {"prefill_engine": "", "attention": "standard", "kv_dtype": "float32"}
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    builder: str                     # "module:function" in kiln.compiler that builds its engines
+    loader: str                      # "module:function" in kiln.engines that loads one
+    device: str                      # "cpu" | "cuda"
+    quant_modes: tuple[str, ...]     # QuantMode values it builds
+    options: tuple[str, ...] = ()    # keys of BACKEND_OPTIONS it takes
+    # QuantMode values whose weights the backend compresses itself from the fp32 graph (kiln's
+    # quantize pass then does not run; the check runs on the compiled engine).
+    compresses_weights: tuple[str, ...] = ()
+    skipped_fusions: tuple[str, ...] = ()    # fusion pass names it does better without
+    # int4 on ORT's CPU kernels takes kiln's searched recipe (MatMulNBits with integer zero points,
+    # 8-bit MLP); elsewhere the block-offset recipe, exact on a Q4_1 source.
+    cpu_int4_recipe: bool = False
+
+    def build_function(self) -> Any:
+        return _resolve(self.builder)
+
+    def load_function(self) -> Any:
+        return _resolve(self.loader)
+
+
+def _resolve(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("ort", "kiln.compiler.backends.ort:build_engines", "kiln.engines.ort.loader:load_ort_engine", "cpu",
+            quant_modes=("none", "int8", "int4", "w8a8"), options=tuple(BACKEND_OPTIONS), cpu_int4_recipe=True),
+    Backend("openvino", "kiln.compiler.backends.openvino.compile:build_engines",
+            "kiln.engines.openvino.loader:load_openvino_engine", "cpu", quant_modes=("none", "int8", "int4"),
+            compresses_weights=("int8",), skipped_fusions=("fuse_rotary",)),
+    Backend("tensorrt", "kiln.compiler.backends.tensorrt.build:build_engines",
+            "kiln.engines.tensorrt.loader:load_tensorrt_engine", "cuda", quant_modes=("none", "int4")),
+    Backend("ort-cuda", "kiln.compiler.backends.ort_cuda.build:build_engines",
+            "kiln.engines.ort_cuda.loader:load_ort_cuda_engine", "cuda", quant_modes=("none", "int8", "int4")),
+)}
+
+
+class UnknownBackend(ValueError):
+    pass
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise UnknownBackend(f"unknown engine backend {name!r}; kiln has {', '.join(BACKENDS)}") from None

@@ -1,0 +1,96 @@
+"""Load-time checks of an artifact folder; each refusal says what is wrong and what to do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnxruntime
+
+from kiln.contract.manifest import MANIFEST, SCHEMA_VERSION, ArtifactError, Manifest, sha256_file
+
+REBUILD = "rebuild it with `kiln build`"
+
+
+def check_artifact(path: Path, verify_checksums: bool = True) -> Manifest:
+    raw = _read_manifest(path)
+    _check_schema(path, raw)
+    try:
+        manifest = Manifest.from_json(raw)
+    except (KeyError, TypeError) as e:
+        raise ArtifactError(f"{path / MANIFEST} is missing or has a malformed field ({e}); {REBUILD}") from None
+    _check_toolchain(path, manifest)
+    _check_kv_layout(path, manifest)
+    for record in _all_files(manifest):
+        _check_file(path, record, verify_checksums)
+    return manifest
+
+
+def _read_manifest(path: Path) -> dict:
+    if not path.is_dir():
+        raise ArtifactError(f"{path} is not an artifact folder; build one with `kiln build MODEL --out {path}`")
+    f = path / MANIFEST
+    if not f.is_file():
+        raise ArtifactError(f"{path} has no {MANIFEST}: not a kiln artifact, or the build did not finish; {REBUILD}")
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{f} is corrupt ({e}); {REBUILD}") from None
+
+
+def _check_schema(path: Path, raw: dict) -> None:
+    version = raw.get("schema_version")
+    if not isinstance(version, int):
+        raise ArtifactError(f"{path / MANIFEST} has no schema_version; {REBUILD}")
+    if version > SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{path} uses artifact schema v{version}, newer than this kiln understands (v{SCHEMA_VERSION}); "
+            "upgrade kiln, or rebuild the artifact with this version")
+    if version < SCHEMA_VERSION:
+        raise ArtifactError(f"{path} uses an old artifact schema v{version}; {REBUILD}")
+
+
+def _major_minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
+
+
+def _check_toolchain(path: Path, m: Manifest) -> None:
+    built = m.versions.get("onnxruntime", "?")
+    if _major_minor(built) != _major_minor(onnxruntime.__version__):
+        raise ArtifactError(
+            f"{path} was built with onnxruntime {built}, but this runtime has {onnxruntime.__version__}; "
+            f"install onnxruntime=={built} or {REBUILD}")
+
+
+def _check_kv_layout(path: Path, m: Manifest) -> None:
+    s, kv = m.spec, m.kv_layout
+    if (kv.num_layers, kv.num_kv_heads, kv.head_dim) != (s.num_layers, s.num_kv_heads, s.head_dim):
+        raise ArtifactError(f"{path}: the KV layout {kv} does not match the model config; {REBUILD}")
+    # NOTE: only the ORT graph reads kiln's own pool layout; other backends check their cache at load.
+    for engine in (e for e in m.engines if e["backend"] == "ort"):
+        for layer_input, shape in engine.get("io", {}).items():
+            if layer_input.startswith("key_cache.") and (shape[0], shape[2], shape[3]) != (
+                    kv.num_kv_heads, kv.block_size, kv.head_dim):
+                raise ArtifactError(f"{path}: engine input {layer_input} {shape} does not match the "
+                                    f"manifest's KV layout; {REBUILD}")
+
+
+def _all_files(m: Manifest) -> list[dict]:
+    tokenizer_files = [{"file": f, "sha256": h} for f, h in m.tokenizer.get("files", {}).items()]
+    return [*(f for e in m.engines for f in _engine_files(e)), *tokenizer_files]
+
+
+def _engine_files(engine: dict) -> list[dict]:
+    """The engine's file and every file record inside its record (an engine's "weights" file)."""
+    return [engine, *(v for v in engine.values() if isinstance(v, dict) and {"file", "sha256"} <= v.keys())]
+
+
+def _check_file(path: Path, record: dict, verify_checksums: bool) -> None:
+    f = path / record["file"]
+    if not f.is_file():
+        raise ArtifactError(f"{path} is incomplete: {record['file']} is missing; {REBUILD}")
+    if "bytes" in record and f.stat().st_size != record["bytes"]:
+        raise ArtifactError(f"{path}: {record['file']} is truncated or altered "
+                            f"({f.stat().st_size} bytes, manifest says {record['bytes']}); {REBUILD}")
+    if verify_checksums and sha256_file(f) != record["sha256"]:
+        raise ArtifactError(f"{path}: {record['file']} is corrupt (sha256 mismatch); {REBUILD}")
