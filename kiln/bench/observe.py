@@ -109,28 +109,30 @@ class MetricsObserver(Observer):
 
 
 class EngineObserver(Observer):
-    """Reads the in-process scheduler's last step (a sample of steps, not every one)."""
+    """Reads the in-process engine client's snapshot: queue lengths, and the last step's batch
+    size (a sample of steps, not every one). Never the engine core: only the client's thread may."""
 
     source = "engine (sampled)"
 
-    def __init__(self, core, interval: float):
+    def __init__(self, client, interval: float):
         super().__init__(interval)
-        self.core = core
+        self.client = client
         self.batch_sizes: list[float] = []
-        self._last_step = core.stats.steps
+        self._last_step = client.snapshot.steps
         self._speculated = self._speculation()
 
     def _speculation(self) -> tuple[int, int] | None:
-        spec = self.core.speculator
-        return None if spec is None else (spec.stats.proposed, spec.stats.accepted)
+        s = self.client.snapshot
+        return (s.speculative_proposed, s.speculative_accepted) if s.speculative else None
 
     async def sample(self) -> None:
-        scheduler, steps = self.core.scheduler, self.core.stats.steps
-        # NOTE: live queue lengths (the last step's stats go stale when the engine idles).
-        self._record(scheduler.num_waiting, scheduler.num_running)
-        if steps != self._last_step:       # a new step since the last sample
-            self.batch_sizes.append(scheduler.last_step_stats.batch_size)
-            self._last_step = steps
+        s = self.client.snapshot
+        # NOTE: queue lengths as of the engine's last loop iteration (published when it idles too).
+        self._record(s.num_waiting, s.num_running)
+        if s.steps != self._last_step:     # a new step since the last sample
+            if s.last_batch_size:          # a step that scheduled nothing is no batch
+                self.batch_sizes.append(s.last_batch_size)
+            self._last_step = s.steps
 
     def view(self) -> ServerView:
         now, then = self._speculation(), self._speculated

@@ -37,7 +37,7 @@ class EngineTarget:
     def observer(self, interval: float):
         from kiln.bench.observe import EngineObserver
 
-        return EngineObserver(self.llm.core, interval)
+        return EngineObserver(self.llm.client, interval)
 
     def prompt_input(self, prompt: Prompt):
         return self.llm.chat_prompt(prompt.as_messages()) if self.endpoint == "chat" else prompt.as_text()

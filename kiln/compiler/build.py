@@ -73,7 +73,8 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> P
 def resolve_defaults(config: BuildConfig, spec) -> tuple[BuildConfig, dict]:
     """The config with `auto` backend and quant replaced by this machine's and model's choice, and
     the choices with their reasons (the manifest records them)."""
-    quant = choose_quant(config.quant, spec)
+    modes = get_backend(config.backend).quant_modes if config.backend != AUTO else ()
+    quant = choose_quant(config.quant, spec, modes)
     ort_options = tuple(o for o, neutral in BACKEND_OPTIONS.items() if getattr(config, o) != neutral)
     backend = choose_backend(config.backend, QuantMode(quant.value), spec, ort_options)
     resolved = replace(config, quant=QuantMode(quant.value), backend=backend.value)

@@ -35,10 +35,14 @@ class Choice:
         return {"value": self.value, "chosen_by": self.chosen_by, "reason": self.reason}
 
 
-def choose_quant(requested: QuantMode | None, spec: ModelSpec) -> Choice:
+def choose_quant(requested: QuantMode | None, spec: ModelSpec, backend_modes: tuple[str, ...] = ()) -> Choice:
+    """backend_modes: the quant modes of a backend the user named (() for --backend auto)."""
     if requested is not None:
         return Choice(requested.value, "user", "--quant " + requested.value)
     params = parameter_count(spec)
+    if backend_modes and QuantMode.INT8.value not in backend_modes:
+        return Choice(QuantMode.NONE.value, AUTO, "the backend has no int8 weight mode, so unquantized weights "
+                      f"(it builds --quant {' | '.join(backend_modes)})")
     if params < SMALL_MODEL_PARAMS:
         return Choice(QuantMode.NONE.value, AUTO, f"{params / 1e6:.1f} M parameters: too small to gain from "
                       "quantized weights, so fp32")

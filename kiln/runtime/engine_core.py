@@ -55,11 +55,6 @@ class EngineCore:
                        max_num_seqs=min(cfg.max_num_seqs, m.buckets.max_batch),
                        long_prefill_token_threshold=min(threshold, m.buckets.max_seq))
 
-    @property
-    def eos_token_id(self) -> int | None:
-        ids = self.artifact.manifest.generation.get("eos_token_ids") or [None]
-        return ids[0]
-
     def add_request(self, request: Request) -> None:
         """Raises ValueError (nothing else changes) when the request can never run."""
         self.scheduler.add_request(request)

@@ -32,10 +32,11 @@ class LLM:
 
     # -- requests -----------------------------------------------------------------------------
     def make_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> Request:
+        """Any thread (the HTTP server's among them): it reads the artifact, never the engine core."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         eos = self.artifact.manifest.generation.get("eos_token_ids") or []
         params = bind_params(params, self.tokenizer, self.artifact.manifest.spec.vocab_size, eos)
-        return Request(request_id or f"req-{next(self._ids)}", ids, params, eos_token_id=self.core.eos_token_id)
+        return Request(request_id or f"req-{next(self._ids)}", ids, params, eos_token_id=eos[0] if eos else None)
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         return self.tokenizer.encode_chat(messages)

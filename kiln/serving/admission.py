@@ -6,7 +6,8 @@ A request counts as waiting from admission until its first token. Its predicted 
     seat wait  +  time to prefill what is left of the waiting prompts ahead of it, and its own
 
 where a prompt's leading tokens already in the prefix cache count as done (the engine computes
-only the uncached tail; KVCacheManager.cached_prefix_tokens asks the cache before admission),
+only the uncached tail; the engine snapshot's view of the prefix cache, PrefixCacheView, answers
+before admission),
 
 both read from the engine's step-cost model (kiln/runtime/step_costs.py), so the decode load
 counts: while d streams decode, a step prefills only the chunk that keeps it within the target
@@ -84,14 +85,18 @@ class Ticket:
 
 
 class Admission:
-    def __init__(self, config: ServeConfig, client,
-                 cached_prefix: Callable[[Sequence[int]], int] = lambda token_ids: 0):
+    def __init__(self, config: ServeConfig, client, cached_prefix: Callable[[Sequence[int]], int] | None = None):
         """`client` is the engine client; its snapshot is read (never written) on each request.
-        `cached_prefix(token_ids)`: a prompt's leading tokens the prefix cache holds."""
-        self.config, self.client, self.cached_prefix = config, client, cached_prefix
+        `cached_prefix(token_ids)`: a prompt's leading tokens the prefix cache holds (by default
+        what the snapshot's prefix-cache view says)."""
+        self.config, self.client = config, client
+        self.cached_prefix = cached_prefix or self._snapshot_prefix
         # Admitted, no first token yet, in admission order (event-loop thread only).
         self.waiting: dict[Ticket, None] = {}
         self.calibration = Calibration()
+
+    def _snapshot_prefix(self, token_ids: Sequence[int]) -> int:
+        return self.client.snapshot.prefix_cache.cached_prefix_tokens(token_ids)
 
     @property
     def pending(self) -> int:

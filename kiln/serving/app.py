@@ -42,13 +42,14 @@ class Server:
         self.metrics = ServerMetrics()
         self.ready = False
         self.client: EngineClient = llm.client
-        self.limits = EngineLimits.of(llm.core)
+        self.limits = EngineLimits.of(self.client.snapshot, llm.artifact.manifest)
         self.generations: Generations | None = None
 
     def start(self) -> None:
         c = self.config
         self.client.step_listeners.append(self.metrics.observe_step)
-        admission = Admission(c, self.client, self.llm.core.kv.cached_prefix_tokens)
+        self.client.publish_prefix_cache()        # admission asks the snapshot's prefix-cache view
+        admission = Admission(c, self.client)
         cache = ResponseCache(c.cache_max_entries, c.cache_max_bytes, c.cache_ttl) if c.response_cache else None
         self.generations = Generations(self.client, admission, self.metrics, cache, c.request_timeout)
         self.metrics.watch(self.client, admission, self.generations)

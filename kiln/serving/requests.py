@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from jinja2 import TemplateError
 
+from kiln.runtime.request import longest_fitting
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.errors import ApiError, bad_request
 from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest
@@ -19,7 +20,8 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
 
 @dataclass(frozen=True)
 class EngineLimits:
-    """Plain numbers read once at start-up, so the HTTP thread never touches the engine core."""
+    """Plain numbers read once at start-up from the engine client's snapshot and the manifest,
+    so the HTTP thread never touches the engine core."""
     max_model_len: int
     num_kv_blocks: int
     block_size: int
@@ -27,15 +29,15 @@ class EngineLimits:
     eos_token_ids: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, core) -> EngineLimits:
-        eos = tuple(core.artifact.manifest.generation.get("eos_token_ids") or ())
-        return cls(core.scheduler.config.max_model_len, core.kv.num_blocks, core.kv.block_size,
-                   core.artifact.manifest.spec.vocab_size, eos)
+    def of(cls, snapshot, manifest) -> EngineLimits:
+        eos = tuple(manifest.generation.get("eos_token_ids") or ())
+        return cls(snapshot.max_model_len, snapshot.kv_blocks_total, snapshot.kv_block_size,
+                   manifest.spec.vocab_size, eos)
 
     @property
     def kv_tokens(self) -> int:
-        # NOTE: the last sampled token is never computed, so a request of kv_tokens + 1 still fits.
-        return self.num_kv_blocks * self.block_size + 1
+        """The longest request (prompt and output tokens) the KV pool can hold."""
+        return longest_fitting(self.num_kv_blocks * self.block_size)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """SmolLM2 (fp32 artifact): 16 prompts of 5 to 1,000 tokens generated together match each prompt
 generated alone and HF transformers' greedy decoding, token for token except at a near-tie (each
-side's token in the other's top-5), after which that prompt's comparison stops. Also with prefix
-caching, a tiny token budget (heavy chunking) and a KV pool small enough to preempt."""
+side's token in the other's top-5, within tests/token_agreement.py's fp32 gap), after which that
+prompt's comparison stops. Also with prefix caching, a tiny token budget (heavy chunking) and a KV
+pool small enough to preempt."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import pytest
 import torch
 
 from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig
+from token_agreement import TOP_K as TOP, assert_outputs_close, logits_top
 
 pytestmark = pytest.mark.slow
 
 NEW_TOKENS = 8
-TOP = 5
 LENGTHS = [5, 12, 30, 60, 100, 150, 200, 250, 300, 400, 500, 600, 700, 800, 900, 1000]
 PARAMS = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, logprobs=TOP)
 
@@ -37,22 +38,10 @@ def hf_greedy(prompts, smollm2_hf):
     with torch.no_grad():
         for p in prompts:
             out = model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+                                 output_logits=True, return_dict_in_generate=True, pad_token_id=0)
             tokens = out.sequences[0, len(p):].tolist()
-            tops = [set(torch.topk(s[0], TOP).indices.tolist()) for s in out.scores]
-            refs.append((tokens, tops))
+            refs.append((tokens, [logits_top(logits[0].numpy()) for logits in out.logits]))
     return refs
-
-
-def _kiln_top(output) -> list[set[int]]:
-    return [{tok for tok, _ in lp.top} for lp in output.logprobs]
-
-
-def _verdict(mine: list[int], mine_top, theirs: list[int], theirs_top) -> str:
-    for t, (a, b) in enumerate(zip(mine, theirs)):
-        if a != b:
-            return "near-tie" if a in theirs_top[t] and b in mine_top[t] else f"diverged at {t}: {a} vs {b}"
-    return "equal"
 
 
 def _run(artifact, prompts, **kw):
@@ -74,19 +63,17 @@ def alone(smollm2_fp32_artifact, prompts):
 
 def _check(outs, alone, hf_greedy):
     report = {"near-tie vs alone": 0, "near-tie vs HF": 0}
-    for o, a, (hf_tokens, hf_tops) in zip(outs, alone, hf_greedy):
-        for name, verdict in (("alone", _verdict(o.token_ids, _kiln_top(o), a.token_ids, _kiln_top(a))),
-                              ("HF", _verdict(o.token_ids, _kiln_top(o), hf_tokens, hf_tops))):
-            assert not verdict.startswith("diverged"), f"prompt of {len(o.prompt_token_ids)} tokens vs {name}: {verdict}"
-            report[f"near-tie vs {name}"] += verdict == "near-tie"
+    for o, a, hf in zip(outs, alone, hf_greedy):
+        mine = f"prompt of {len(o.prompt_token_ids)} tokens"
+        for name, theirs in (("alone", a), ("HF", hf)):
+            report[f"near-tie vs {name}"] += assert_outputs_close(o, theirs, names=(mine, name)) is not None
     print(f"\nnear-ties: {report}")
     return report
 
 
 def test_alone_matches_hf(alone, hf_greedy):
-    for a, (hf_tokens, hf_tops) in zip(alone, hf_greedy):
-        verdict = _verdict(a.token_ids, _kiln_top(a), hf_tokens, hf_tops)
-        assert not verdict.startswith("diverged"), verdict
+    for a, hf in zip(alone, hf_greedy):
+        assert_outputs_close(a, hf, names=(f"alone, prompt of {len(a.prompt_token_ids)} tokens", "HF"))
 
 
 @pytest.mark.parametrize("mode", ["batched", "prefix-cache", "tiny-budget", "preemption"])

@@ -13,6 +13,7 @@ from kiln import LLM, RuntimeConfig, SamplingParams  # noqa: E402
 from kiln.compiler.build import build  # noqa: E402
 from kiln.config import BuildConfig  # noqa: E402
 from kiln.contract.quant import QuantMode  # noqa: E402
+from token_agreement import BF16_GAP, TOP_K, assert_all_close  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -36,10 +37,12 @@ def test_chat_answer_names_paris(smollm2_openvino_int4):
 
 
 def test_batched_decodes_equal_alone(smollm2_openvino_int4):
-    """One sequence's greedy tokens do not depend on what else is in its step (packed rows)."""
+    """One sequence's greedy tokens do not depend on what else is in its step (packed rows), up to
+    the first near-tie: bf16 compute and activations quantized per call round a batch's rows
+    differently from a lone prompt's (on another machine "def fibonacci(n):" parted at token 14)."""
     llm = LLM(smollm2_openvino_int4, RuntimeConfig(kv_cache_memory=256 << 20, threads=2))
-    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=TOP_K)
     prompts = ["The capital of France is", "Once upon a time, in a land far away,", "def fibonacci(n):"]
-    alone = [llm.generate([p], params)[0].token_ids for p in prompts]
-    together = [o.token_ids for o in llm.generate(prompts, params)]
-    assert together == alone
+    alone = [llm.generate([p], params)[0] for p in prompts]
+    together = llm.generate(prompts, params)
+    assert_all_close(together, alone, max_gap=BF16_GAP, names=("together", "alone"))

@@ -1,6 +1,8 @@
 """Runtime behaviour on a tiny model: batching invariance, chunking, prefix caching, preemption,
-cancellation, sampling plumbing. Exact token equality is expected here: tiny models have no
-near-ties at these seeds, and kiln's paged graph computes each row independently."""
+cancellation, sampling plumbing. Another batch shape, chunking or a prefix-cache hit computes a
+row with other arithmetic (fp32, but no kernel promises bit-equal results across shapes), and the
+tiny model's logits are near-uniform, so those comparisons hold up to the first near-tie
+(tests/token_agreement.py); the same request alone on the same engine is bit-exact."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import numpy as np
 import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig
+from token_agreement import TOP_K, assert_all_close, assert_outputs_close
 
-GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=TOP_K)
 
 
 def _prompts(n=6, seed=0):
@@ -29,7 +32,7 @@ def _llm(artifact, **sched):
 @pytest.fixture(scope="module")
 def alone(tiny_llama_artifact):
     llm = _llm(tiny_llama_artifact)
-    return [llm.generate([p], GREEDY)[0].token_ids for p in _prompts()]
+    return [llm.generate([p], GREEDY)[0] for p in _prompts()]
 
 
 def _all_blocks_free(llm) -> bool:
@@ -46,7 +49,7 @@ def _all_blocks_free(llm) -> bool:
 def test_batched_matches_alone(tiny_llama_artifact, alone, sched):
     llm = _llm(tiny_llama_artifact, **dict(sched))
     outs = llm.generate(_prompts(), GREEDY)
-    assert [o.token_ids for o in outs] == alone
+    assert_all_close(outs, alone, names=("batched", "alone"))
     assert all(o.finish_reason == "length" for o in outs)
     assert _all_blocks_free(llm)
     if "max_kv_blocks" in sched:
@@ -60,7 +63,7 @@ def test_prefix_cache_hits_and_same_output(tiny_llama_artifact):
     second = llm.generate([shared + [1, 2, 3]], GREEDY)[0]
     assert first.num_cached_tokens == 0
     assert second.num_cached_tokens == 48                     # 3 full blocks of 16
-    assert second.token_ids == first.token_ids
+    assert_outputs_close(second, first, names=("prefix-cache hit", "miss"))   # the hit prefills 5 tokens, not 53
     assert llm.core.kv.stats().prefix_hits >= 48
 
 
@@ -76,6 +79,7 @@ def test_seeded_sampling_is_batch_invariant(tiny_llama_artifact):
     params = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, seed=123, ignore_eos=True)
     solo = llm.generate([[5, 6, 7]], params)[0].token_ids
     crowd = llm.generate([[9, 9], [5, 6, 7], list(range(30))], params)[1].token_ids
+    # Equal unless a seeded draw lands within the logits' fp32 rounding (~1e-6) of a CDF boundary.
     assert solo == crowd
 
 
@@ -86,7 +90,7 @@ def test_stop_string_is_not_returned(tiny_llama_artifact):
     assert stop and stop not in full.text[:3]
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=[stop]))[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop
-    assert out.text == full.text[: full.text.index(stop)]
+    assert out.text == full.text[: full.text.index(stop)]      # exact: the same lone 3-token request (no cached block)
 
 
 def test_stream_concatenates_to_generate(tiny_llama_artifact):
@@ -98,6 +102,7 @@ def test_stream_concatenates_to_generate(tiny_llama_artifact):
         return [d async for d in llm.stream(prompt, GREEDY)]
     deltas = asyncio.run(collect())
     llm.shutdown()
+    # exact: the same lone 4-token request (no cached block) on the same engine, same arithmetic
     assert sum((d.token_ids for d in deltas), []) == expected.token_ids
     assert "".join(d.text for d in deltas) == expected.text
     assert deltas[-1].finished and deltas[-1].finish_reason == "length"
@@ -122,7 +127,7 @@ def test_cancel_half_the_batch_frees_blocks_and_keeps_others(tiny_llama_artifact
     while llm.core.has_unfinished():
         for d in llm.core.step():
             llm.outputs.process(d)
-    assert [r.output_token_ids for r in requests[1::2]] == alone[1::2]
+    assert_all_close([llm.outputs.result(r) for r in requests[1::2]], alone[1::2], names=("kept", "alone"))
     assert all(r.finish_reason == "abort" for r in cancelled)
     assert _all_blocks_free(llm)
 

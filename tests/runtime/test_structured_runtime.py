@@ -15,6 +15,7 @@ from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig
 from kiln.runtime.sampler import Sampler, SamplingState
 from kiln.runtime.structured import GrammarError, StructuredOutput, compiler_for
 from kiln.tokenizer import Tokenizer
+from token_agreement import TOP_K, assert_all_close
 
 SCHEMA = {"type": "object", "properties": {
     "id": {"type": "integer", "minimum": 0, "maximum": 9999},
@@ -22,7 +23,7 @@ SCHEMA = {"type": "object", "properties": {
     "child": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
               "additionalProperties": False}},
     "required": ["id", "tags", "child"], "additionalProperties": False}
-FREE = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+FREE = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=TOP_K)
 
 
 def _json(max_tokens=200, **kw) -> SamplingParams:
@@ -47,14 +48,16 @@ def test_constrained_replies_validate_greedy_and_seeded(llm):
 
 def test_seeded_constrained_sampling_repeats(llm):
     params = _json(temperature=1.0, seed=42)
+    # exact: the same lone 1-token request twice on one engine (no cached block), the same draws
     assert llm.generate(["q"], params)[0].text == llm.generate(["q"], params)[0].text
 
 
 def test_unconstrained_neighbours_are_unchanged(llm):
     prompts = ["one", "two two", "three three three"]
-    alone = [o.token_ids for o in llm.generate(prompts, FREE)]
+    alone = llm.generate(prompts, FREE)
     mixed = llm.generate(prompts + ["json please"] * 3, [FREE] * 3 + [_json(temperature=0)] * 3)
-    assert [o.token_ids for o in mixed[:3]] == alone
+    # a batch of six computes the three with other shapes: equal up to a near-tie
+    assert_all_close(mixed[:3], alone, names=("mixed", "alone"))
     for out in mixed[3:]:
         jsonschema.validate(json.loads(out.text), SCHEMA)
 

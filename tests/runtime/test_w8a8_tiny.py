@@ -10,6 +10,7 @@ from kiln.compiler.build import build
 from kiln.config import BuildConfig
 from kiln.contract.quant import QuantMode
 from kiln.compiler.passes.quantize import MIN_TOP1
+from token_agreement import QUANT_GAP, TOP_K, assert_all_close
 
 
 def test_w8a8_builds_records_its_check_and_generates(tmp_path):
@@ -19,12 +20,13 @@ def test_w8a8_builds_records_its_check_and_generates(tmp_path):
     assert quant["mode"] == "w8a8" and quant["int8_kernel"] == "dynamic"
     assert quant["top1_agreement"] >= MIN_TOP1[QuantMode.W8A8] and quant["perplexity"] > 0
     prompts = [[5, 9, 13, 200], list(range(40, 90))]
-    together = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))]
-    alone = [llm.generate([p], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0].token_ids for p in prompts]
-    assert [len(t) for t in together] == [12, 12]
-    # activations are quantized per call, so a batch may round differently from a lone prompt;
-    # the first token comes from each prompt's own prefill call in both cases
-    assert [t[0] for t in together] == [t[0] for t in alone]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=TOP_K)
+    together = llm.generate(prompts, params)
+    alone = [llm.generate([p], params)[0] for p in prompts]
+    assert [len(t.token_ids) for t in together] == [12, 12]
+    # activations are quantized per call, so a batch (or a prefix-cache hit: the second prompt's
+    # 48 cached tokens leave a 2-token call) rounds differently from a lone prompt: up to a near-tie
+    assert_all_close(together, alone, max_gap=QUANT_GAP, names=("together", "alone"))
     llm.shutdown()
 
 

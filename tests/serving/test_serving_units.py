@@ -1,9 +1,19 @@
-"""The serving pieces that need no server: response cache bounds (admission: test_admission.py)."""
+"""The serving pieces that need no server: response cache bounds, the engine limits the server checks
+requests against (admission: test_admission.py)."""
 
 from __future__ import annotations
 
+import pytest
+
+from kiln.config import SchedulerConfig
+from kiln.runtime.engine_stats import EngineSnapshot
+from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.outputs import StreamDelta
+from kiln.runtime.request import Request
+from kiln.runtime.sampling_params import SamplingParams
+from kiln.runtime.scheduler import Scheduler
 from kiln.serving.flights import Recording, Usage
+from kiln.serving.requests import EngineLimits
 from kiln.serving.response_cache import ResponseCache
 
 
@@ -67,3 +77,19 @@ def test_log_level_sets_kilns_loggers_and_refuses_unknown_levels():
         kiln_log.setLevel(before)
     with pytest.raises(ValueError, match="log_level"):
         ServeConfig(log_level="loud")
+
+
+def test_the_server_and_the_scheduler_share_one_fit_rule():
+    """The longest request the server lets through is the longest the scheduler can ever run."""
+    manifest = type("Manifest", (), {"generation": {"eos_token_ids": [2]},
+                                     "spec": type("Spec", (), {"vocab_size": 256})})
+    limits = EngineLimits.of(EngineSnapshot(max_model_len=100, kv_blocks_total=4, kv_block_size=4), manifest)
+    assert (limits.max_model_len, limits.num_kv_blocks, limits.block_size, limits.eos_token_ids) == (100, 4, 4, (2,))
+    assert limits.kv_tokens == 17                   # 16 slots: the last sampled token is never computed
+    sched = Scheduler(SchedulerConfig(max_model_len=100), KVCacheManager(4, 4))
+
+    def request(rid, num_tokens):
+        return Request(rid, list(range(10)), SamplingParams(max_tokens=num_tokens - 10))
+    sched.add_request(request("fits", limits.kv_tokens))
+    with pytest.raises(ValueError, match="KV blocks"):
+        sched.add_request(request("too-long", limits.kv_tokens + 1))

@@ -18,14 +18,17 @@ from kiln.serving.triton.repo import RepoOptions, render_repository
 
 from triton_client import MODEL, QUEUE_OF_ONE, infer_inputs, scrape, text_of, token_ids_of, wait_for
 from triton_server import TritonServer, TritonServerError
+from token_agreement import TOP_K, assert_all_close, assert_outputs_close
 
 GREEDY = dict(max_tokens=24, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_llama_artifact):
+    """LLM.generate with top-k logprobs: the server's replies (which carry none) agree with it up to
+    the first near-tie, where the reference's own top-k judges the tie (tests/token_agreement.py)."""
     llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
-    return lambda prompts: llm.generate(prompts, SamplingParams(**GREEDY))
+    return lambda prompts: llm.generate(prompts, SamplingParams(**GREEDY, logprobs=TOP_K))
 
 
 def test_streamed_greedy_equals_generate(open_stream, tiny_server, reference):
@@ -35,8 +38,8 @@ def test_streamed_greedy_equals_generate(open_stream, tiny_server, reference):
     stream.close()
     expected = reference(["The capital of France is"])[0]
     assert len(responses) > 1                                   # streamed, one response per step
-    assert token_ids_of(responses) == expected.token_ids
-    assert text_of(responses) == expected.text
+    if assert_outputs_close(token_ids_of(responses), expected, names=("served", "generated")) is None:
+        assert text_of(responses) == expected.text
     assert responses[-1].as_numpy("finish_reason")[0] == b"length"
 
 
@@ -47,8 +50,9 @@ def test_not_streamed_is_one_response_with_the_whole_text(tiny_server, reference
     with urllib.request.urlopen(request, timeout=30) as r:
         reply = json.loads(r.read())
     expected = reference(["Hello there"])[0]
-    assert reply["text_output"] == expected.text
-    assert reply["token_ids"] == expected.token_ids and reply["finish_reason"] == "length"
+    if assert_outputs_close(reply["token_ids"], expected, names=("served", "generated")) is None:
+        assert reply["text_output"] == expected.text
+    assert reply["finish_reason"] == "length"
 
 
 def test_concurrent_streams_share_one_batch(open_stream, tiny_server, reference):
@@ -61,8 +65,8 @@ def test_concurrent_streams_share_one_batch(open_stream, tiny_server, reference)
     stream.close()
     batch_sizes = [int(r.as_numpy("batch_size")[0]) for rs in responses.values() for r in rs]
     assert max(batch_sizes) > 1
-    expected = reference(prompts)           # same tokens as alone: batching does not change outputs
-    assert [token_ids_of(responses[str(i)])[:24] for i in range(4)] == [e.token_ids for e in expected]
+    expected = reference(prompts)           # the same tokens, up to a near-tie: batching does not change outputs
+    assert_all_close([token_ids_of(responses[str(i)])[:24] for i in range(4)], expected, names=("served", "generated"))
     after = wait_for(lambda: (m := scrape(tiny_server))["kiln_kv_blocks_used"] == 0 and m)
     steps = after["kiln_steps_total"] - before.get("kiln_steps_total", 0)
     sequences = after["kiln_scheduled_sequences_total"] - before.get("kiln_scheduled_sequences_total", 0)

@@ -8,6 +8,7 @@ import pytest
 from kiln import LLM, RuntimeConfig, SamplingParams
 
 from triton_client import scrape, text_of, token_ids_of, wait_for
+from token_agreement import QUANT_GAP, TOP_K, assert_outputs_close
 
 pytestmark = pytest.mark.slow
 
@@ -17,8 +18,10 @@ GREEDY = dict(max_tokens=32, temperature=0.0)
 
 @pytest.fixture(scope="module")
 def expected(smollm2_int4_artifact):
+    """Generated together, with top-k logprobs: the server's replies (batched otherwise, and without
+    logprobs) agree up to the first near-tie, which the reference's top-k judges (int4 weights)."""
     llm = LLM(smollm2_int4_artifact, RuntimeConfig(kv_cache_memory=256 << 20))
-    return llm.generate(PROMPTS, SamplingParams(**GREEDY))
+    return llm.generate(PROMPTS, SamplingParams(**GREEDY, logprobs=TOP_K))
 
 
 def test_streamed_greedy_equals_generate(open_stream, smollm2_server, expected):
@@ -27,8 +30,9 @@ def test_streamed_greedy_equals_generate(open_stream, smollm2_server, expected):
     responses = stream.collect(1, timeout=120)["alone"]
     stream.close()
     assert len(responses) > 1
-    assert text_of(responses) == expected[0].text
-    assert token_ids_of(responses) == expected[0].token_ids
+    if assert_outputs_close(token_ids_of(responses), expected[0], max_gap=QUANT_GAP,
+                            names=("served", "generated")) is None:
+        assert text_of(responses) == expected[0].text
     assert "Paris" in text_of(responses)
 
 
@@ -38,6 +42,9 @@ def test_concurrent_streams_batched_and_equal(open_stream, smollm2_server, expec
         stream.send(str(i), prompt, stream=True, **GREEDY)
     responses = stream.collect(len(PROMPTS), timeout=120)
     stream.close()
-    assert [text_of(responses[str(i)]) for i in range(len(PROMPTS))] == [e.text for e in expected]
+    for i, e in enumerate(expected):
+        served = responses[str(i)]
+        if assert_outputs_close(token_ids_of(served), e, max_gap=QUANT_GAP, names=(f"served {i}", "generated")) is None:
+            assert text_of(served) == e.text
     assert max(int(r.as_numpy("batch_size")[0]) for rs in responses.values() for r in rs) > 1
     wait_for(lambda: scrape(smollm2_server)["kiln_kv_blocks_used"] == 0)

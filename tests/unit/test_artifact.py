@@ -104,12 +104,12 @@ def test_existing_folder_not_overwritten_without_force(tiny_llama_artifact):
 
 
 def test_failed_build_leaves_no_folder(tmp_path, monkeypatch):
-    import kiln.compiler.build as build_mod
+    import kiln.compiler.backends.ort as ort_builder
 
     def explode(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(build_mod, "compile_ort", explode)
+    monkeypatch.setattr(ort_builder, "compile_ort", explode)
     out = tmp_path / "art"
     with pytest.raises(RuntimeError, match="boom"):
         build(BuildConfig(source="tiny-llama", out=out))

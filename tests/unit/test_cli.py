@@ -12,7 +12,7 @@ from kiln.cli import main
 def test_build_inspect_generate(tmp_path):
     runner = CliRunner()
     out = tmp_path / "tiny"
-    res = runner.invoke(main, ["build", "tiny-qwen2", "--out", str(out), "--quant", "int8"])
+    res = runner.invoke(main, ["build", "tiny-qwen2", "--out", str(out), "--quant", "int8", "--backend", "ort"])
     assert res.exit_code == 0, res.output
     assert "pass kv_io" in res.output and "built" in res.output
 
@@ -44,3 +44,16 @@ def test_build_refuses_existing_folder(tmp_path):
 def test_generate_on_missing_artifact_is_a_clear_error(tmp_path):
     res = CliRunner().invoke(main, ["generate", str(tmp_path / "nope"), "--prompt", "hi"])
     assert res.exit_code == 1 and "not an artifact folder" in res.output
+
+
+def test_build_with_no_flags_says_what_it_chose_and_records_it(tmp_path):
+    """--backend auto and --quant auto: a tiny model stays fp32 (too small to gain) on ort."""
+    out = tmp_path / "tiny"
+    res = CliRunner().invoke(main, ["build", "tiny-llama", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "chose ort none" in res.output and "too small to gain" in res.output
+    choices = json.loads((out / "manifest.json").read_text())["choices"]
+    assert choices["backend"]["value"] == "ort" and choices["backend"]["chosen_by"] == "auto"
+    assert choices["quant"] == {"value": "none", "chosen_by": "auto", "reason": choices["quant"]["reason"]}
+    res = CliRunner().invoke(main, ["inspect", str(out)])
+    assert "chosen backend" in res.output and "chosen quant" in res.output

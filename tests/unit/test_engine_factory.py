@@ -1,5 +1,5 @@
-"""The engine factory and the build's backend registry name the same backends, and an artifact
-for a backend this kiln lacks is refused with what to do."""
+"""One backend registry serves the build, the loader and the CLI; every entry resolves on both
+sides; and an artifact for a backend this kiln lacks is refused with what to do."""
 
 from __future__ import annotations
 
@@ -7,15 +7,30 @@ import click
 import pytest
 
 from kiln.contract.artifact import ArtifactError, EngineArtifact
-from kiln.compiler.build import ENGINE_BUILDERS
 from kiln.cli import build as build_command
-from kiln.engines.load import BACKENDS, load_engine
+from kiln.contract.backends import BACKENDS, get_backend
+from kiln.engines.load import load_engine
 
 
-def test_build_and_load_registries_agree_with_the_cli():
+def test_the_cli_offers_every_registered_backend_and_auto():
     choice = next(p for p in build_command.params if p.name == "backend").type
     assert isinstance(choice, click.Choice)
-    assert set(choice.choices) == set(ENGINE_BUILDERS) == set(BACKENDS)
+    assert set(choice.choices) == {"auto", *BACKENDS}
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_every_backend_names_a_builder_and_a_loader_that_exist(name):
+    """Resolving imports the module: only paths are checked for the GPU backends' libraries."""
+    backend = get_backend(name)
+    for path in (backend.builder, backend.loader):
+        module, _, function = path.partition(":")
+        source = module.replace(".", "/") + ".py"
+        assert f"def {function}(" in open(source).read(), f"{path} is not defined"
+
+
+def test_an_unknown_backend_is_refused_by_the_build():
+    with pytest.raises(ValueError, match="unknown engine backend 'tpu-v9'; kiln has ort, openvino"):
+        get_backend("tpu-v9")
 
 
 def test_unknown_backend_is_refused(tmp_path):

@@ -15,8 +15,12 @@ from kiln.compiler.build import build
 from kiln.config import BuildConfig
 from kiln.engines.load import load_engine
 from kiln.engines.ort.kv_pool import quantize_rows
+from token_agreement import QUANT_GAP, TOP_K, assert_all_close, assert_outputs_close, top_of
 
-GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=TOP_K)
+# An f16 pool moves the logprobs by < 0.05 (test_the_pool_is_what_moves_the_logits), so a flip it
+# causes has a gap below 0.1: tighter than QUANT_GAP, which an int8 pool needs.
+FP16_KV_GAP = 0.1
 PROMPTS = [np.random.default_rng(s).integers(0, 256, n).tolist() for s, n in enumerate([3, 17, 40, 100])]
 
 
@@ -40,16 +44,16 @@ def test_fp16_pool_halves_the_bytes_and_keeps_the_tokens(artifacts, attention):
     assert 2 * layouts[half].bytes_per_token == layouts[full].bytes_per_token
     llm = _llm(half)
     assert llm.core.runner.engine.pool.data.dtype == np.float16
-    got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
-    want = [o.token_ids for o in _llm(full).generate(PROMPTS, GREEDY)]
-    assert got == want
+    got = llm.generate(PROMPTS, GREEDY)
+    want = _llm(full).generate(PROMPTS, GREEDY)
+    assert_all_close(got, want, max_gap=FP16_KV_GAP, names=("fp16 pool", "fp32 pool"))
 
 
 @pytest.mark.parametrize("attention", ["standard", "gqa"])
 def test_int8_pool_takes_a_quarter_and_stays_close(artifacts, attention):
     """int8 values + one fp32 scale per token and head: (head_dim + 4) / (4 head_dim) of fp32's bytes.
     The random-weight model's logits are near-uniform, so a rounded K/V may flip a near-tie: the
-    first tokens (one prefill each) must agree, and the log-probabilities stay close."""
+    tokens agree up to the first near-tie, and the log-probabilities stay close."""
     full, small = artifacts["float32", attention], artifacts["int8", attention]
     m = EngineArtifact.load(small).manifest
     hd = m.spec.head_dim
@@ -58,9 +62,9 @@ def test_int8_pool_takes_a_quarter_and_stays_close(artifacts, attention):
     llm = _llm(small)
     pool = llm.core.runner.engine.pool
     assert pool.data.dtype == np.int8 and pool.scales.dtype == np.float32
-    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=1)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=TOP_K)
     got, want = llm.generate(PROMPTS, params), _llm(full).generate(PROMPTS, params)
-    assert [g.token_ids[0] for g in got] == [w.token_ids[0] for w in want]
+    assert_all_close(got, want, max_gap=QUANT_GAP, names=("int8 pool", "fp32 pool"))
     # the second token: the first one decoded over the prompt's K/V read back from the pool
     diffs = [abs(g.logprobs[1].token_logprob - w.logprobs[1].token_logprob)
              for g, w in zip(got, want) if g.token_ids[:2] == w.token_ids[:2]]
@@ -84,8 +88,11 @@ def test_the_pool_is_what_moves_the_logits(artifacts):
         return _llm(path).generate(PROMPTS[3:], params)[0]
 
     full, half = logprobs(artifacts["float32", "standard"]), logprobs(artifacts["float16", "standard"])
-    assert full.token_ids == half.token_ids
-    diffs = [abs(a.token_logprob - b.token_logprob) for a, b in zip(full.logprobs, half.logprobs)]
+    tie = assert_outputs_close(full, half, max_gap=FP16_KV_GAP, names=("fp32 pool", "fp16 pool"))
+    # every candidate both top-5s hold, while the contexts are equal (to the near-tie, if any)
+    upto = len(full.token_ids) if tie is None else tie + 1
+    diffs = [abs(top_of(a)[t] - top_of(b)[t]) for a, b in list(zip(full.logprobs, half.logprobs))[:upto]
+             for t in top_of(a).keys() & top_of(b).keys()]
     assert 0 < max(diffs) < 0.05
 
 

@@ -156,7 +156,7 @@ def int8_setup(tmp_path_factory):
 
     spec, model = standard_graph("tiny-llama")
     root = tmp_path_factory.mktemp("ov-int8")
-    options = OpenVinoOptions(inference_precision="bf16", kv_cache_precision="u8", weights="int8_asym",
+    options = OpenVinoOptions(inference_precision="bf16", kv_cache_precision="u8", weights="int8_sym",
                               dynamic_quantization_group_size=32)
     record = compile_openvino(model, spec, root / "engines" / "openvino", options, root=root)[0]
     return spec, record, root, KvLayout(**record["kv_layout"]), DenseReference(spec, model)
@@ -166,8 +166,8 @@ def test_int8_u8_cache_engine_stays_close_to_fp32(int8_setup):
     """Lossy by design (int8 weights, bf16 compute, u8 K/V): a sanity bound, far below the O(1)
     error of a wrong block or mask, checked over chunked, ragged steps so the u8 cache is read back."""
     spec, record, *_, reference = int8_setup
-    assert record["compression"]["weights"] == "int8_asym"
-    assert record["compression"]["constants_by_type"].get("u8", 0) >= 2 * spec.num_layers
+    assert record["compression"]["weights"] == "int8_sym"
+    assert record["compression"]["constants_by_type"].get("i8", 0) >= 2 * spec.num_layers   # symmetric: signed codes
     engine = _engine(int8_setup)
     rng = np.random.default_rng(4)
     seqs = Sequences([rng.integers(0, spec.vocab_size, n).tolist() for n in (20, 50)], engine.block_size,

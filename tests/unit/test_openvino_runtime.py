@@ -13,8 +13,9 @@ from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig  # noqa: E4
 from kiln.contract.artifact import ArtifactError  # noqa: E402
 from kiln.compiler.build import build  # noqa: E402
 from kiln.config import BuildConfig  # noqa: E402
+from token_agreement import TOP_K, assert_all_close, assert_outputs_close  # noqa: E402
 
-GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=TOP_K)
 
 
 def _prompts(seed=0):
@@ -35,7 +36,7 @@ def ov_tiny_llama(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ort_tokens(tiny_llama_artifact):
     llm = _llm(tiny_llama_artifact)
-    return [o.token_ids for o in llm.generate(_prompts(), GREEDY)]
+    return llm.generate(_prompts(), GREEDY)
 
 
 @pytest.mark.parametrize("sched", [dict(), dict(max_num_batched_tokens=24), dict(max_num_seqs=3)])
@@ -43,7 +44,8 @@ def test_greedy_generation_equals_ort_backend(ov_tiny_llama, ort_tokens, sched):
     llm = _llm(ov_tiny_llama, **sched)
     assert llm.core.engine.kv_layout.block_size == 32
     outs = llm.generate(_prompts(), GREEDY)
-    assert [o.token_ids for o in outs] == ort_tokens
+    # two backends' fp32 kernels (and block sizes 32 vs 16): equal up to the first near-tie
+    assert_all_close(outs, ort_tokens, names=("openvino", "ort"))
 
 
 def test_prefix_cache_hit_gives_same_tokens(ov_tiny_llama):
@@ -52,7 +54,7 @@ def test_prefix_cache_hit_gives_same_tokens(ov_tiny_llama):
     first = llm.generate([shared + [1, 2, 3]], GREEDY)[0]
     second = llm.generate([shared + [1, 2, 3]], GREEDY)[0]
     assert second.num_cached_tokens >= 64
-    assert second.token_ids == first.token_ids
+    assert_outputs_close(second, first, names=("prefix-cache hit", "miss"))   # the hit prefills 19 tokens, not 83
 
 
 def _edit_manifest(path, edit):
@@ -149,7 +151,7 @@ def test_int8_engine_serves_close_to_fp32(ov_tiny_llama_int8, ov_tiny_llama):
     """f16 cache, f32 compute: greedy tokens of the int8 engine mostly follow the fp32 engine's."""
     got = [o.token_ids for o in _llm(ov_tiny_llama_int8).generate(_prompts(), GREEDY)]
     want = [o.token_ids for o in _llm(ov_tiny_llama).generate(_prompts(), GREEDY)]
-    first = [g[0] == w[0] for g, w in zip(got, want)]
+    first = [g[0] == w[0] for g, w in zip(got, want)]       # a quality bound (int8 vs fp32), not an identity
     assert sum(first) >= len(first) - 1
 
 

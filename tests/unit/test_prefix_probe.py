@@ -1,7 +1,7 @@
-"""KVCacheManager.cached_prefix_tokens, the probe admission control uses: what get_computed_blocks
-would hit, no state change."""
+"""KVCacheManager.cached_prefix_tokens and the PrefixCacheView the engine client publishes for
+admission control: what get_computed_blocks would hit, no state change."""
 
-from kiln.runtime.kv_manager import KVCacheManager
+from kiln.runtime.kv_manager import KVCacheManager, PrefixCacheView
 from kiln.runtime.request import Request
 from kiln.runtime.sampling_params import SamplingParams
 
@@ -34,3 +34,24 @@ def test_no_caching_no_hits():
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_caching=False)
     computed(kv, list(range(10)))
     assert kv.cached_prefix_tokens(list(range(12))) == 0
+
+
+def test_the_view_answers_as_the_probe_did_when_it_was_taken():
+    kv = KVCacheManager(num_blocks=4, block_size=4)
+    prompt = list(range(10))
+    empty = kv.prefix_view()
+    a = computed(kv, prompt)
+    view = kv.prefix_view()
+    assert view is not empty and empty.cached_prefix_tokens(prompt + [50]) == 0
+    for probe in (prompt + [50, 51], prompt[:4] + [99] * 8, [99] + prompt, prompt[:8], [1]):
+        assert view.cached_prefix_tokens(probe) == kv.cached_prefix_tokens(probe)
+    assert kv.prefix_view() is view                  # unchanged cache: the same view
+    kv.free(a)
+    assert kv.prefix_view() is view                  # freed blocks keep their hashes
+    computed(kv, [90 + i for i in range(16)], "b")   # reuses every block: the old hashes are evicted
+    assert kv.prefix_view() is not view and kv.prefix_view().cached_prefix_tokens(prompt + [50]) == 0
+    assert view.cached_prefix_tokens(prompt + [50]) == 8          # a view never changes
+
+
+def test_an_empty_view_hits_nothing():
+    assert PrefixCacheView().cached_prefix_tokens(list(range(40))) == 0

@@ -1,47 +1,93 @@
-"""The README stands on its own: it names no file outside the repository, and its metric table
-lists every engine metric (the names kiln serve and the Triton backend share) as exported by both."""
+"""The README is for users: short, with an install section that matches pyproject.toml and the set-up
+scripts, and a quick start whose commands exist as shown (build with the defaults, serve, then curl
+and the openai client against what the server really serves). The checks every document shares
+(commands, options, links, metrics) are in test_docs.py."""
 
 from __future__ import annotations
 
+import json
 import re
-from pathlib import Path
+import shlex
 
-from kiln.serving import engine_metrics as em
+import pytest
 
-README = (Path(__file__).parents[2] / "README.md").read_text()
+from test_docs import ROOT, _api_routes, code_blocks, command_problems, kiln_invocations, shell_lines
 
-
-def test_no_references_outside_the_repository():
-    outside = re.findall(r"(?:\.\./|shared/notes|shared/design|ARCHITECTURE\.md|/work/)\S*", README)
-    assert not outside, f"the README points outside the repository: {outside}"
-
-
-def test_metric_table_lists_every_engine_metric_for_both_front_ends():
-    rows = [line for line in README.splitlines() if line.startswith("| `kiln_")]
-    both = " ".join(r.split("|")[1] for r in rows if r.split("|")[3].strip() == "both")
-    for metric in (*em.GAUGES, *em.COUNTERS, em.FINISHED, em.BATCH_SIZE):
-        assert f"`{metric.name}" in both, f"{metric.name} is missing from the README's metric table"
+README = (ROOT / "README.md").read_text()
+MAX_LINES = 250
+QUICK_START_MAX_LINES = 30
 
 
-def _readme_commands() -> list[tuple[str, list[str]]]:
-    """(subcommand, options) of every `kiln ...` line in the README's shell blocks."""
-    blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
-    lines = re.sub(r"\\\n\s*", " ", "\n".join(blocks)).splitlines()
-    found = []
-    for line in lines:
-        m = re.match(r"\s*(?:\S*/)?kiln ([a-z-]+)(.*)", line.split("#")[0])
-        if m:
-            found.append((m.group(1), re.findall(r"(--[a-z][a-z-]*)", m.group(2))))
-    return found
+def section(title: str) -> str:
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.S | re.M)
+    assert m, f"the README has no '## {title}' section"
+    return m.group(1)
 
 
-def test_every_cli_command_in_the_readme_exists_with_its_options():
-    from kiln.cli import main
+def test_the_readme_is_short():
+    assert len(README.splitlines()) <= MAX_LINES
 
-    commands = _readme_commands()
-    assert {c for c, _ in commands} >= {"build", "inspect", "generate", "serve", "bench", "triton-repo"}
-    for cmd, options in commands:
-        assert cmd in main.commands, f"README shows `kiln {cmd}`, which the CLI does not have"
-        known = {o for p in main.commands[cmd].params for o in p.opts}
-        missing = [o for o in options if o not in known]
-        assert not missing, f"README shows `kiln {cmd}` with {missing}, which it does not take"
+
+def test_the_first_screen_says_what_kiln_is_then_how_to_install():
+    headings = re.findall(r"^## (.+)$", README, re.M)
+    assert headings[:2] == ["Install", "Quick start"], headings
+    intro = README.split("\n## ")[0].split("\n", 1)[1].strip()
+    sentences = re.findall(r"[^.]+\.(?:\s|$)", intro.replace("\n", " "))
+    assert 2 <= len(sentences) <= 4, f"the introduction should be 2-4 sentences, it has {len(sentences)}"
+
+
+def test_the_install_section_names_every_extra_and_both_scripts():
+    tomllib = pytest.importorskip("tomllib")     # Python 3.11+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    install = section("Install")
+    missing = [e for e in extras if f"| `{e}` |" not in install]
+    assert not missing, f"the README's install table lacks the extras {missing}"
+    for script in ("scripts/demo.sh", "scripts/test.sh"):
+        assert (ROOT / script).exists(), f"{script} is gone"
+        assert f"bash {script}" in install, f"the install section does not show `bash {script}`"
+
+
+def test_the_demo_quant_override_is_documented_while_the_script_has_it():
+    demo = (ROOT / "scripts" / "demo.sh").read_text()
+    if "QUANT" in demo:
+        assert "QUANT=" in section("Install"), "scripts/demo.sh reads QUANT; the README should say so"
+    else:
+        assert "QUANT=" not in README, "the README documents a QUANT override scripts/demo.sh no longer has"
+
+
+def _quick_start() -> str:
+    text = section("Quick start")
+    assert len(text.strip().splitlines()) < QUICK_START_MAX_LINES, "the quick start is over 30 lines"
+    return text
+
+
+def test_the_quick_start_builds_with_the_defaults_then_serves():
+    commands = [(sub, tokens) for sub, tokens, _ in kiln_invocations(_quick_start())]
+    assert [sub for sub, _ in commands] == ["build", "serve"], commands
+    (_, build), (_, serve) = commands
+    assert build == ["smollm2-135m", "--out", "engines/smollm2"], "the quick start builds with no backend/quant flags"
+    for sub, tokens in commands:
+        assert command_problems(sub, tokens) == [], command_problems(sub, tokens)
+    assert serve[0] == "engines/smollm2", "the quick start serves the artifact it built"
+
+
+def test_the_quick_start_calls_what_the_server_serves():
+    text = _quick_start()
+    (_, serve), = [(sub, t) for sub, t, _ in kiln_invocations(text) if sub == "serve"]
+    port = serve[serve.index("--port") + 1] if "--port" in serve else "8000"
+    model = serve[0].rstrip("/").rsplit("/", 1)[-1]     # the served model id: the folder's name
+
+    (curl,) = [line for line in shell_lines(text) if line.startswith("curl")]
+    args = shlex.split(curl)
+    url = next(a for a in args if a.startswith("http"))
+    assert url.startswith(f"http://127.0.0.1:{port}/"), url
+    path = "/" + url.split("/", 3)[3]
+    assert path in _api_routes(), f"the quick start's curl calls {path}, which kiln serve does not serve"
+    body = json.loads(args[args.index("-d") + 1])
+    assert body["model"] == model and body["messages"], body
+
+    (client,) = code_blocks(text, ("python",))
+    assert "from openai import OpenAI" in client
+    assert f'base_url="http://127.0.0.1:{port}/v1"' in client
+    assert f'model="{model}"' in client
+    assert "chat.completions.create" in client

@@ -27,7 +27,7 @@ def step(sched, token=7):
     out = sched.schedule()
     sampled = {s.request.request_id: token(s.request) if callable(token) else token
                for s in out.scheduled if s.samples_token}
-    return out, sched.update(out, RunnerOutput(sampled))
+    return out, sched.update(out, RunnerOutput(sampled)).finished
 
 
 def chunks(out):
@@ -79,6 +79,35 @@ def test_mid_prefill_chunk_samples_nothing():
     assert not out.scheduled[0].samples_token
     sched.update(out, RunnerOutput({}))
     assert a.num_computed_tokens == 8 and a.output_token_ids == []
+
+
+def test_update_returns_each_requests_new_tokens_and_what_finished():
+    sched = make_scheduler(max_num_batched_tokens=8)
+    a, b = make_request("a", max_tokens=2), make_request("b", n_prompt=10, max_tokens=1, start=50)
+    sched.add_request(a)
+    sched.add_request(b)
+    out = sched.schedule()
+    assert chunks(out) == {"a": 4, "b": 4}
+    update = sched.update(out, RunnerOutput({"a": 7}, logprobs={"a": "lp"}))
+    # b is mid-prefill: nothing sampled, so no delta
+    assert [(d.request, d.new_token_ids, d.logprobs) for d in update.deltas] == [(a, [7], "lp")]
+    assert update.finished == [] and not update.deltas[0].finished
+    out = sched.schedule()
+    update = sched.update(out, RunnerOutput({"a": 8, "b": 9}))
+    assert [(d.request.request_id, d.new_token_ids) for d in update.deltas] == [("a", [8]), ("b", [9])]
+    assert update.finished == [a, b] and all(d.finished for d in update.deltas)
+
+
+def test_update_skips_a_request_aborted_while_its_step_ran():
+    sched = make_scheduler()
+    a, b = make_request("a"), make_request("b", start=50)
+    sched.add_request(a)
+    sched.add_request(b)
+    out = sched.schedule()
+    sched.abort("a")
+    update = sched.update(out, RunnerOutput({"a": 7, "b": 7}))
+    assert [d.request for d in update.deltas] == [b] and update.finished == []
+    assert a.output_token_ids == [] and a.finish_reason == "abort"
 
 
 def test_budget_is_shared_between_decodes_and_a_prefill():

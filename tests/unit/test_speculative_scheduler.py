@@ -86,6 +86,18 @@ def test_proposals_ride_in_the_decode_chunk_and_rejected_ones_roll_back():
     assert (stats.proposed, stats.accepted) == (3, 1)
 
 
+def test_update_returns_the_accepted_tokens_up_to_a_stop_token():
+    sched = make_scheduler(ScriptedProposer({"a": [20, 21, 22, 23, 24]}), block_size=4, k=5)
+    a = Request("a", [1, 2, 3], SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[21]))
+    sched.add_request(a)
+    _prefill(sched)
+    out = sched.schedule()
+    update = sched.update(out, RunnerOutput({"a": 9}, num_accepted={"a": 3}))
+    (delta,) = update.deltas
+    assert delta.new_token_ids == [20, 21] and a.output_token_ids == [7, 20, 21]   # 22 and 9 dropped
+    assert update.finished == [a] and a.finish_reason == "stop" and a.stop_reason == 21
+
+
 def test_a_block_holding_only_rejected_proposals_is_freed():
     sched = make_scheduler(ScriptedProposer({"a": [20, 21, 22, 23, 24]}), block_size=4, k=5)
     a = greedy("a", [1, 2, 3], max_tokens=20)

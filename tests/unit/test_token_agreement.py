@@ -69,7 +69,7 @@ def test_lengths_must_match_unless_told():
 
 def test_string_tokens_as_an_openai_api_reports_them():
     a = (["Hel", "lo", " world"], [{"Hel": -0.1}, {"lo": -0.2}, {" world": -0.9, " there": -0.91}])
-    b = (["Hel", "lo", " there"], [{"Hel": -0.1}, {"lo": -0.2}, {" there": -0.9, " world": -0.92}])
+    b = (["Hel", "lo", " there"], [{"Hel": -0.1}, {"lo": -0.2}, {" there": -0.9, " world": -0.915}])
     assert assert_outputs_close(a, b) == 2
 
 
@@ -128,3 +128,28 @@ def test_all_close_names_the_failing_pair():
     assert assert_all_close([good, good], [good, good]) == [None, None]
     with pytest.raises(AssertionError, match=r"batched\[1\] and alone\[1\] diverge at token 1"):
         assert_all_close([good, bad], [good, good], names=("batched", "alone"))
+
+
+def test_text_known_only_as_text_follows_the_reference_to_a_near_tie():
+    from token_agreement import assert_text_close
+
+    ref_tokens = ["o", "n", "e", " ", "t"]
+    ref_top = [{"o": -0.1}, {"n": -0.1}, {"e": -0.1}, {" ": -0.2, ",": -0.21, "!": -3.0}, {"t": -0.1}]
+    assert assert_text_close("one t", ref_tokens, ref_top) is None
+    assert assert_text_close("one,x", ref_tokens, ref_top) == 3                   # ',' nearly tied ' '
+    with pytest.raises(AssertionError, match="not with a near-tie"):
+        assert_text_close("one!t", ref_tokens, ref_top)                           # '!' is 2.8 nats below
+    with pytest.raises(AssertionError, match="not with a near-tie"):
+        assert_text_close("onex t", ref_tokens, ref_top)                          # 'x' not in the top-5
+    with pytest.raises(AssertionError, match="goes on past"):
+        assert_text_close("one tt", ref_tokens, ref_top)
+
+
+def test_logits_top_matches_the_samplers_logprobs():
+    from token_agreement import logits_top
+
+    row = np.random.default_rng(1).standard_normal(VOCAB).astype(np.float32) * 3
+    state = SamplingState.from_params(SamplingParams(temperature=0, logprobs=5))
+    mine = dict(Sampler().sample(row[None], [state]).logprobs[0].top)
+    theirs = logits_top(row)
+    assert list(mine) == list(theirs) and all(abs(mine[t] - theirs[t]) < 1e-5 for t in mine)

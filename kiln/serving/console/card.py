@@ -8,8 +8,8 @@ from __future__ import annotations
 _CHECK_KEYS = ("check_text", "check_tokens", "top1_agreement", "min_top1_agreement", "perplexity", "perplexity_fp32")
 
 
-def artifact_card(llm, model_name: str, max_model_len: int) -> dict:
-    m = llm.artifact.manifest
+def artifact_card(m, plan, model_name: str, max_model_len: int) -> dict:
+    """`m`: the artifact's manifest; `plan`: the KV plan (the engine snapshot's kv_plan)."""
     return {
         "model": model_name,
         "architecture": _architecture(m.spec),
@@ -17,7 +17,7 @@ def artifact_card(llm, model_name: str, max_model_len: int) -> dict:
         "config_hash": m.spec.config_hash(),
         "quantization": _quantization(m.quant),
         "buckets": m.buckets.to_dict(),
-        "kv": _kv(m.kv_layout, llm.core.plan),
+        "kv": _kv(m.kv_layout, plan),
         "max_model_len": max_model_len,
         "engines": [{k: e[k] for k in ("backend", "file", "bytes") if k in e} for e in m.engines],
         "passes": [_pass(r) for r in m.passes],

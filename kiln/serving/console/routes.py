@@ -58,7 +58,9 @@ def _refused(server, request: HttpRequest) -> Response | None:
 async def _card(server, request: HttpRequest) -> Response:
     if (refused := _refused(server, request)) is not None:
         return refused
-    return JSONResponse(artifact_card(server.llm, server.model_name, server.limits.max_model_len))
+    card = artifact_card(server.llm.artifact.manifest, server.client.snapshot.kv_plan, server.model_name,
+                         server.limits.max_model_len)
+    return JSONResponse(card)
 
 
 async def _stats(server, history: StatsHistory, request: HttpRequest) -> Response:

@@ -34,11 +34,12 @@ class TritonPythonModel:
         self.settings = BackendSettings.from_parameters(model_config_parameters(config))
         _check_rendered_from(self.settings)
         self.llm = LLM(self.settings.artifact_path, self.settings.runtime_config())
-        pb_utils.Logger.log_info(f"kiln: {args['model_instance_name']}: {self.llm.core.plan.describe()}")
+        self.client = self.llm.client
+        plan = self.client.snapshot.kv_plan
+        pb_utils.Logger.log_info(f"kiln: {args['model_instance_name']}: {plan.describe()}")
         labels = {"model": args["model_name"], "version": args["model_version"],
                   "instance": args["model_instance_name"]}
         self.metrics = TritonMetrics(pb_utils, labels)
-        self.client = self.llm.client
         self.client.step_listeners.append(self.metrics.observe_step)
         self.client.snapshot_listeners.append(self.metrics.publish)
 
@@ -64,7 +65,7 @@ class TritonPythonModel:
 
     def _batch_size(self) -> int:
         """The last step's batch size (read on the engine thread, right after that step)."""
-        return self.llm.core.scheduler.last_step_stats.batch_size
+        return self.client.last_step.batch_size
 
     def finalize(self) -> None:
         self.llm.shutdown()

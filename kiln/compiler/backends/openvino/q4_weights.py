@@ -1,0 +1,80 @@
+"""4-bit weights with a float minimum per group of 32 (llama.cpp's Q4_1) as OpenVINO compressed weights.
+
+Q4_1 stores each block of 32 weights along K as w = d·q + m, q in 0..15, d and m f16. OpenVINO's
+CPU plugin folds a decompression subgraph on a u4 constant into its FullyConnected kernel:
+
+    Constant u4 [N, K/32, 32] ─ Convert f16 ─ Subtract(zp f16 [N, K/32, 1]) ─ Multiply(d f16 [N, K/32, 1])
+      ─ Reshape [N, K] ─ Convert f32 ─ MatMul(x, ·, transpose_b)
+
+NNCF writes the zero point as a u4 constant (INT4_ASYM); here it is a float constant, zp = -m/d,
+so d·(q - zp) = d·q + m: the Q4_1 weight itself, no second rounding onto an integer zero point.
+A Q4_1 source read back from its dequantized fp32 weights gives its blocks again (the block's
+minimum is m, its range 15·d: from_weight), so a build from the GGUF runs the GGUF's own 4-bit numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+LEVELS = 15
+GROUP_SIZE = 32
+
+
+@dataclass(frozen=True)
+class Q4Blocks:
+    """w[n, k] = scales[n, k // g] · codes[n, k] + mins[n, k // g] (an [N, K] weight, groups along K)."""
+
+    codes: np.ndarray       # [N, K] uint8, 0..15
+    scales: np.ndarray      # [N, K/g] float16: d
+    mins: np.ndarray        # [N, K/g] float16: m
+
+    @property
+    def group_size(self) -> int:
+        return self.codes.shape[1] // self.scales.shape[1]
+
+    def zero_points(self, dtype=np.float32) -> np.ndarray:
+        """[N, K/g]: -m/d, the float zero point (0 where d = 0: the block is m throughout)."""
+        d, m = self.scales.astype(np.float32), self.mins.astype(np.float32)
+        safe = np.where(d == 0, 1.0, d)
+        return np.where(d == 0, 0.0, -m / safe).astype(dtype)
+
+    def dequantize(self) -> np.ndarray:
+        """[N, K] float32 by the Q4_1 formula (as gguf dequantizes it: f32(d)·q + f32(m))."""
+        g = self.group_size
+        d = np.repeat(self.scales.astype(np.float32), g, axis=1)
+        m = np.repeat(self.mins.astype(np.float32), g, axis=1)
+        return d * self.codes.astype(np.float32) + m
+
+    @classmethod
+    def from_weight(cls, w: np.ndarray, group_size: int = GROUP_SIZE) -> "Q4Blocks":
+        """Q4_1 blocks of an [N, K] float weight: m = the group's minimum, d = its range / 15 (both
+        f16, like llama.cpp's reference quantizer), codes rounded to nearest."""
+        w = np.asarray(w, np.float32)
+        n, k = w.shape
+        if k % group_size:
+            raise ValueError(f"K = {k} is no multiple of the group size {group_size}")
+        blocks = w.reshape(n, k // group_size, group_size)
+        lo, hi = blocks.min(axis=2), blocks.max(axis=2)
+        d = ((hi - lo) / LEVELS).astype(np.float16)
+        m = lo.astype(np.float16)
+        d32 = d.astype(np.float32)[..., None]
+        inv = np.where(d32 == 0, 0.0, 1.0 / np.where(d32 == 0, 1.0, d32))
+        codes = np.clip(np.rint((blocks - m.astype(np.float32)[..., None]) * inv), 0, LEVELS).astype(np.uint8)
+        return cls(codes.reshape(n, k), d, m)
+
+
+def decompression_subgraph(blocks: Q4Blocks, dtype=np.float16, name: str = "w"):
+    """The [N, K] f32 output of the u4 decompression subgraph (dtype: the decompression's float type)."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    n, k = blocks.codes.shape
+    g = blocks.group_size
+    codes = ops.constant(blocks.codes.reshape(n, k // g, g), dtype=ov.Type.u4, name=f"{name}/q4")
+    zp = ops.constant(blocks.zero_points(np.float32).astype(dtype)[..., None], name=f"{name}/zero_point")
+    scale = ops.constant(blocks.scales.astype(dtype)[..., None], name=f"{name}/scale")
+    x = ops.multiply(ops.subtract(ops.convert(codes, dtype), zp), scale)
+    w = ops.reshape(x, ops.constant(np.array([n, k], np.int64)), special_zero=False)
+    return ops.convert(w, ov.Type.f32) if dtype != np.float32 else w

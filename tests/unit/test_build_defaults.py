@@ -1,0 +1,72 @@
+"""--backend auto / --quant auto: the choice rules, on model specs (no build)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import platform
+
+import pytest
+
+from kiln.compiler import defaults
+from kiln.compiler.defaults import choose_backend, choose_quant, parameter_count
+from kiln.contract.model_spec import ModelSpec
+from kiln.contract.quant import QuantMode
+
+HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
+
+
+def spec(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int) -> ModelSpec:
+    return ModelSpec("llama", vocab, hidden, layers, heads, kv_heads, hidden // heads, intermediate, 1e-5, 1e4,
+                     2048, tie_word_embeddings=True, attention_bias=False)
+
+
+def preset_spec(name: str) -> ModelSpec:
+    return {"smollm2-135m": spec(576, 30, 9, 3, 1536, 49152), "tiny-llama": spec(64, 2, 4, 2, 128, 256)}[name]
+
+
+@pytest.fixture
+def smollm2():
+    return preset_spec("smollm2-135m")
+
+
+def test_parameter_count_of_smollm2_is_its_135m(smollm2):
+    assert 134e6 < parameter_count(smollm2) < 136e6
+
+
+def test_quant_auto_is_int8_for_a_real_model_and_fp32_for_a_tiny_one(smollm2):
+    assert choose_quant(None, smollm2).value == "int8"
+    assert choose_quant(None, preset_spec("tiny-llama")).value == "none"
+    assert choose_quant(QuantMode.INT4, smollm2).chosen_by == "user"
+
+
+@pytest.mark.skipif(not HAS_OPENVINO or platform.machine().lower() not in defaults.X86, reason="needs openvino on x86")
+def test_backend_auto_picks_openvino_for_int8_where_it_covers_the_model(smollm2):
+    assert choose_backend("auto", QuantMode.INT8, smollm2).value == "openvino"
+    assert choose_backend("auto", QuantMode.INT4, smollm2).value == "ort"      # ort measured faster at int4
+    assert choose_backend("auto", QuantMode.W8A8, smollm2).value == "ort"      # only ort builds w8a8
+
+
+def test_backend_auto_falls_back_to_ort_and_says_why(smollm2, monkeypatch):
+    windowed = dataclasses.replace(smollm2, sliding_window=4096)
+    monkeypatch.setattr("kiln.compiler.backends.openvino.coverage.uncovered", lambda spec: "sliding-window attention")
+    choice = choose_backend("auto", QuantMode.INT8, windowed)
+    assert choice.value == "ort" and "sliding-window" in choice.reason
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert "only on x86" in choose_backend("auto", QuantMode.INT8, smollm2).reason
+
+
+def test_ort_only_options_narrow_auto_to_ort(smollm2):
+    choice = choose_backend("auto", QuantMode.INT8, smollm2, ort_options=("kv_dtype",))
+    assert choice.value == "ort" and "--kv-dtype" in choice.reason
+
+
+def test_an_explicit_backend_wins(smollm2):
+    choice = choose_backend("ort", QuantMode.INT8, smollm2)
+    assert (choice.value, choice.chosen_by) == ("ort", "user")
+
+
+def test_quant_auto_respects_a_named_backends_modes(smollm2):
+    """tensorrt has no int8 weight-only path: auto gives it unquantized weights, not a refusal."""
+    choice = choose_quant(None, smollm2, backend_modes=("none", "int4"))
+    assert choice.value == "none" and "no int8" in choice.reason
