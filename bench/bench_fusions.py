@@ -2,8 +2,7 @@
 
     .venv/bin/python bench/bench_fusions.py [--model smollm2-135m] [--decode-iterations 100]
 
-Variants: no fusion, each fusion alone (FuseSkipRMSNorm needs FuseRMSNorm first, so its row
-is the pair), and all fusions. Every session: ORT_ENABLE_ALL, 2 intra-op threads, 1 inter-op
+Variants: no fusion, each fusion alone, and all fusions. Every session: ORT_ENABLE_ALL, 2 intra-op threads, 1 inter-op
 thread, sequential. Shapes: decode B=1, S=1 over a past of 256; prefill B=1, S=256, no past.
 Variants run round-robin, one run each per iteration, so drift on the machine hits all of them
 alike; the ratio is the median of each iteration's time over "none"'s in that same iteration.
@@ -22,17 +21,16 @@ import onnxruntime as ort
 
 from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.export.sources import load_source
-from kiln.compiler.passes.fusion import FuseRMSNorm, FuseRotary, FuseSkipRMSNorm, MergeProjections
+from kiln.compiler.passes.fusion import FuseRMSNorm, FuseRotary, MergeProjections
 
 VARIANTS = {
     "none": [],
     "rms_norm": [FuseRMSNorm],
-    "rms_norm+skip": [FuseRMSNorm, FuseSkipRMSNorm],
     "rotary": [FuseRotary],
     "merge_projections": [MergeProjections],
     "rms_norm+rotary": [FuseRMSNorm, FuseRotary],
     "rms_norm+rotary+merge": [FuseRMSNorm, FuseRotary, MergeProjections],
-    "all": [FuseRMSNorm, FuseSkipRMSNorm, FuseRotary, MergeProjections],
+    "all": [FuseRMSNorm, FuseRotary, MergeProjections],
 }
 
 

@@ -60,9 +60,8 @@ class SchedulerConfig:
     # the measured step costs), never fewer than min_prefill_chunk. target_itl 0 = prefill bounded
     # only by the token budget; itl_stretch 0 = no bound relative to the decode step.
     target_itl: float = 0.1
-    # 1.8 rather than 2: the step-cost model's errors spend the margin. SmolLM2 int8 on openvino,
-    # quiet machine, one run each: long-short p99 ITL during / otherwise 2.26x at 2.0, 1.70x at 1.8
-    # (4 clients); chat goodput at 16 / 32 clients 89 / 93 % at 2.0, 89 / 91 % at 1.8 (1.5: 74 %).
+    # 1.8 rather than 2: the step-cost model's errors spend the margin (at 2.0 long-short's p99
+    # ITL passed 2x the idle gaps; at 1.5 chat goodput fell: docs/benchmarks.md, serving under load).
     itl_stretch: float = 1.8
     min_prefill_chunk: int = 16
 

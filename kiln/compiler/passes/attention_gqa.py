@@ -1,5 +1,5 @@
 """The kv_io layout "paged-gqa": ONNX Runtime's fused GroupQueryAttention as the paged graph's
-attention core (ORT CPU; `kiln build --attention gqa`, not the default: see the figures below).
+attention core (ORT CPU; `kiln build --attention gqa`, not the default: see below).
 
 Per layer, the unfused core of the standard graph (QKᵀ MatMul, scale, mask Add, Softmax, PV
 MatMul, the head transposes and GQA broadcasts around them, the past+new Concats: ~17 nodes)
@@ -13,7 +13,7 @@ becomes one com.microsoft GroupQueryAttention node fed by a token gather from th
 How kiln's paged call meets GroupQueryAttention's contract (ORT 1.32 CPU):
 - past_key/past_value [B,kvh,P,hd]: each sequence's past tokens, gathered token by token through a
   flat view of the pool (token_index [B,kvh,MB·bs], computed once per call). Measured against the
-  block gather + Transpose at B=32, 320 past tokens: 0.6-0.8 ms against 1.2-4.1 ms per tensor.
+  block gather + Transpose at B=32, 320 past tokens it measured ~2-5x cheaper per tensor.
 - seqlens_k[b] = past_len_b + S - 1 for every row: padding tokens (right of the real ones in a
   [B,S] bucket) only ever sit after a row's real tokens, where causality hides them.
 - total_sequence_length = P + S, P = MB·bs the past buffer's length: ORT 1.32 takes a total of
@@ -31,25 +31,9 @@ return the rotated new K for the runtime to scatter into the pool, and only `pre
 each row's own offset; RotaryEmbedding (passes/fuse_rotary.py) stays before the core.
 present_key/present_value are required outputs (without them the op skips the past) and unused.
 
-Measured on SmolLM2-135M (2 threads, a 2-core machine shared with other jobs, 2026-11-30), same-run
-ratios of gqa to the standard core (bench/bench_attention_calls.py: the median over 5 rounds of the
-fastest of 3 engine calls; bench/bench_engine_modes.py: best of 2 rounds):
-
-    decode graph nodes                          int4 1499 -> 958          int8 1139 -> 598
-    decode x1, past 300                         1.05x                     1.07x
-    decode x32, past 300                        0.76x                     0.66x
-    first chunks 32 x 13                        1.14x                     1.02x
-    4 chunks of 128 continuing (past 256)       0.95x                     1.01x
-    8 chunks of 4 continuing (past 200)         0.59x                     0.51x   (one call each)
-    32 chunks of 13 continuing (past 64)        0.66x                     0.69x   (one call each)
-    LLM: TTFT 512 / 1 stream / 32 streams       1.08 / 1.02 / 0.73x       1.05 / 1.13 / 1.05x
-    (a second engine-level run, int8 only, 3 rounds: decode x1 1.23x, x32 0.58x, first chunks 1.17x,
-    8 chunks of 4 0.43x, 32 chunks of 13 0.71x, 4 chunks of 128 1.05x)
-
-Reading: the op itself is no faster than the unfused MatMul/Softmax core at decode (one layer,
-B=32, 304 past tokens: 2.1 against 1.9 ms at best), and in one int4 profile of 32 decodes the
-token gathers took 27 ms against the block gathers' 18. What it saves is nodes, which pays at one
-sequence and in prefill. Chunks that continue their sequences (prefix-cache hits, batched
+Why it is opt-in (figures and commands: docs/benchmarks.md, "Attention core: gqa vs standard"): the
+op itself is no faster than the unfused MatMul/Softmax core at decode, and its token gathers cost
+more than the block gathers. What it saves is nodes, which pays at one sequence and in prefill. Chunks that continue their sequences (prefix-cache hits, batched
 speculative verification) lose most: they run one sequence per call. So the standard core stays
 the default, and this one is opt-in.
 """
