@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 from selenium.webdriver.common.by import By
 
-from kiln.serving.console.headless import Browser, missing
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "console"))
+from headless import Browser, missing  # noqa: E402  (a test helper: selenium and Debian chromium)
 
 ROOT = Path(__file__).resolve().parents[1]
 KILN = Path(sys.executable).parent / "kiln"

@@ -160,7 +160,7 @@ def _check_engine_quant(built: BuiltEngines, fp32_model: onnx.ModelProto, src: M
 
 
 def _checked_quantize(src: ModelSource, mode: QuantMode, backend: str) -> tuple[QuantizePass, Callable]:
-    """The quantize pass for `mode` and its check against fp32 on the check text (verify_quant.py)."""
+    """The quantize pass for `mode` and its check against fp32 on the check text (passes/verify_quant.py)."""
     from kiln.compiler.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
     from kiln.compiler.passes.quantize import MIN_TOP1, recipe_options
     from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids

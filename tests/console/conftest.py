@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.serving.console.headless import Browser, missing
+from headless import Browser, missing
 
 SERVING = Path(__file__).resolve().parents[1] / "serving"
 sys.path.insert(0, str(SERVING))      # serving_flags, which the serving conftest imports by name

@@ -29,7 +29,8 @@ def test_chat_streams_a_reply(tiny_server, browser):
     assert reply.get_attribute("data-finish") == "length"
     text = reply.find_element("css selector", ".text").get_attribute("textContent")
     # The same conversation through the official client: the page used the chat template and
-    # sampling controls as sent (greedy, so both produce the same tokens).
+    # sampling controls as sent (greedy, so both produce the same tokens). Exact: with the same prompt
+    # and params the client's request is the page's cache key, answered from the response cache.
     client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="none", max_retries=0)
     expected = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello there"}],
                                               temperature=0, max_tokens=200,

@@ -49,7 +49,7 @@ def test_ort_cuda_refuses_fp32(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     ([], "build with --no-fuse"),
-    (["--no-fuse", "--quant", "int8"], "takes --quant none or int4"),
+    (["--no-fuse", "--quant", "int8"], "has no int8 mode; it builds --quant none | int4"),
     (["--no-fuse"], "needs a CUDA GPU"),
 ])
 def test_tensorrt_build_refuses_without_a_gpu_and_leaves_nothing(tmp_path, args, message):

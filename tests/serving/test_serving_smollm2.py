@@ -26,16 +26,20 @@ def client(smol_server):
     return openai.OpenAI(base_url=f"{smol_server.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def test_chat_answers(client):
+def test_chat_answers(client, smol_server):
     question = [{"role": "user", "content": "What is the capital of France?"}]
     out = client.chat.completions.create(model="smollm2", messages=question, max_tokens=30, temperature=0)
     assert "Paris" in out.choices[0].message.content
     assert out.choices[0].finish_reason == "stop"
+    hits = sum(v for k, v in smol_server.metrics().items() if k.startswith("kiln_response_cache_hits_total"))
     stream = client.chat.completions.create(model="smollm2", messages=question, max_tokens=30, temperature=0,
                                             stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == out.choices[0].message.content          # the response cache or a recomputation
+    # exact: the same prompt and params, answered from the response cache (a replay, not a recomputation,
+    # which would hit the prefix cache and compute with other shapes)
+    assert sum(v for k, v in smol_server.metrics().items() if k.startswith("kiln_response_cache_hits_total")) == hits + 1
+    assert text == out.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == out.usage.completion_tokens
 
 

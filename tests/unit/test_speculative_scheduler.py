@@ -185,6 +185,7 @@ def _cached_blocks_hold_their_tokens(sched, engine):
 
 
 def _reference(prompt, max_tokens):
+    # exact: the fake engine's next token is integer arithmetic on the context (no near-ties)
     tokens = list(prompt)
     for _ in range(max_tokens):
         tokens.append(next_token(tokens))

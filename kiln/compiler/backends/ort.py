@@ -45,7 +45,7 @@ def compile_ort(model: onnx.ModelProto, out_dir: Path) -> tuple[Path, Path | Non
 def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
                stage: StageFn, folder: str = "ort") -> BuiltEngines:
     """Paged IO in the graph (a gather from the runtime's pool), then ORT's offline optimization."""
-    # NOTE: checked at fp32 activations (verify_paged.py)
+    # NOTE: checked at fp32 activations (passes/verify_paged.py)
     kv_io = KvIoPass(spec, config.block_size, attention=config.attention, kv_dtype=config.kv_dtype)
     with stage(f"pass {kv_io.name}"):
         check = (lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size, kv_dtype=config.kv_dtype)
@@ -62,7 +62,7 @@ def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
 
 
 def int8_block_bytes(spec: ModelSpec, block_size: int) -> int:
-    """An int8 pool's block: the values and one fp32 scale per token and head (engines/kv_pool.py)."""
+    """An int8 pool's block: the values and one fp32 scale per token and head (engines/ort/kv_pool.py)."""
     return spec.num_layers * 2 * spec.num_kv_heads * block_size * (spec.head_dim + 4)
 
 

@@ -1,7 +1,7 @@
-"""Gemma 2 and Gemma 3 (text): what their configs turn on in kiln's decoder graph.
+"""Gemma, Gemma 2 and Gemma 3 (text): what their configs turn on in kiln's decoder graph.
 
-Both: RMSNorm scaling by (1 + weight), embeddings times sqrt(hidden_size), GeGLU (tanh GELU),
-sandwich norms, scores scaled by query_pre_attn_scalar^-1/2, sliding-window layers interleaved
+Gemma (1): RMSNorm scaling by (1 + weight), embeddings times sqrt(hidden_size), GeGLU (tanh GELU).
+Gemma 2 and 3 add sandwich norms, scores scaled by query_pre_attn_scalar^-1/2, sliding-window layers interleaved
 with full ones (layer_types). Gemma 2 adds tanh soft-capping of scores and logits; Gemma 3 adds
 q/k RMSNorm and a rope base of its own for the sliding layers.
 """
@@ -36,6 +36,11 @@ def _common(cfg: dict, every: int) -> dict:
         # NOTE: HF multiplies by the fp32 value of sqrt(hidden_size); the graph's constant is that fp32.
         embed_scale=float(np.float32(cfg["hidden_size"] ** 0.5)), sandwich_norms=True,
         query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)))
+
+
+def gemma_extras(cfg: dict) -> dict:
+    """Gemma (1): the (1 + w) norms, scaled embeddings and GeGLU, without Gemma 2's additions."""
+    return dict(activation="gelu_tanh", norm_offset=1.0, embed_scale=float(np.float32(cfg["hidden_size"] ** 0.5)))
 
 
 def gemma2_extras(cfg: dict) -> dict:

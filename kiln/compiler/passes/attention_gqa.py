@@ -19,7 +19,7 @@ How kiln's paged call meets GroupQueryAttention's contract (ORT 1.32 CPU):
 - total_sequence_length = P + S, P = MB·bs the past buffer's length: ORT 1.32 takes a total of
   P + S ("dynamic cache") or at most P ("static"), and reads total == S as a first prompt (any
   batch). A call of S > 1 tokens with a past buffer is taken at batch 1 only ("batch_size must be 1
-  when sequence_length > 1 and past context is given"). So the ORT planner (engines/ort_batching.py)
+  when sequence_length > 1 and past context is given"). So the ORT planner (engines/ort/batching.py)
   sends first chunks (no past) with block tables of width 0 (P = 0, batched), runs each chunk that
   continues a sequence in a call of its own, and batches decodes (S = 1) freely.
 - Sliding windows: local_window_size = W (a key is visible iff q - k < W, as HF's; measured against
@@ -85,7 +85,7 @@ def gather_past(b: GraphBuilder, spec: ModelSpec, layer: int, kind: str, shared:
                 pool_dtype: str = "float32") -> str:
     """[B, kvh, MB·bs, hd]: the call's past K or V of one layer, read from its pool. An fp16 pool is
     gathered at half the bytes and widened for the fp32 core; an int8 one also gathers each token's
-    scale ([kvh, NB, bs, 1] beside the pool: engines/kv_pool.py) and multiplies it back."""
+    scale ([kvh, NB, bs, 1] beside the pool: engines/ort/kv_pool.py) and multiplies it back."""
     with b.scope("model"), b.scope(f"layers.{layer}"), b.scope("attn"):
         flat = b.op("Reshape", [f"{kind}_cache.{layer}", b.const([-1, spec.head_dim])], f"{kind}_pool_rows")
         past = b.op("Gather", [flat, shared.token_index], f"past_{kind}s_pool", axis=0)

@@ -44,7 +44,7 @@ ATTENTION_CORES = {"standard": "paged-gather", "gqa": attention_gqa.LAYOUT}     
 # pool dtype -> (ONNX element type, the paged graph's tolerance against the dense one). fp16: past
 # K/V rounded to 11 significant bits (relative 2^-11 each) before attention reads them; measured on
 # tiny-llama and SmolLM2 the logits move by ~1e-3 of their range, so 1e-2 bounds it with room.
-# int8: each token's head rounded to 1/254 of its largest value (engines/kv_pool.py); SmolLM2's
+# int8: each token's head rounded to 1/254 of its largest value (engines/ort/kv_pool.py); SmolLM2's
 # logits move by ~1e-2 of their range.
 KV_DTYPES = {"float32": (TensorProto.FLOAT, 1e-4), "float16": (TensorProto.FLOAT16, 1e-2),
              "int8": (TensorProto.INT8, 5e-2)}
@@ -124,7 +124,7 @@ class KvIoPass:
             for kind in KV_KINDS:
                 b.input(f"{kind}_cache.{i}", KV_DTYPES[self.kv_dtype][0],
                         [s.num_kv_heads, "num_blocks", self.block_size, s.head_dim])
-                if self.kv_dtype == "int8":     # one scale per token and head (engines/kv_pool.py)
+                if self.kv_dtype == "int8":     # one scale per token and head (engines/ort/kv_pool.py)
                     b.input(f"{kind}_scale.{i}", FLOAT, [s.num_kv_heads, "num_blocks", self.block_size, 1])
 
     # key_positions: [past slots: j if j < past_len else FAR | new tokens: past_len + s]

@@ -67,7 +67,7 @@ _INT8_LINEARS: dict[QuantMode, tuple[str, ...]] = {
 INT4_ROUNDINGS = ("block_offsets", "min_max", "search")
 _INT4_ROUNDING = {QuantMode.INT4: "search"}
 # Backends other than ONNX Runtime on CPU keep the all-4-bit block-offset recipe: TensorRT's
-# weight-only path takes 4-bit blocks only (engines/tensorrt/weights.py turns an 8-bit MatMulNBits
+# weight-only path takes 4-bit blocks only (compiler/backends/tensorrt/weights.py turns an 8-bit MatMulNBits
 # into a dense MatMul), and what the CPU recipe avoids (MatMulNBits' slow float zero point, one
 # dispatch per node) was measured on the ORT CPU kernels.
 def recipe_options(mode: QuantMode, backend) -> dict:

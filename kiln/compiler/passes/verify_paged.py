@@ -71,7 +71,7 @@ def _pool_from_past(feeds: dict, num_layers: int, past_lens: np.ndarray, block_s
 
 
 def _pool_feeds(pool: np.ndarray, kv_dtype: str) -> dict[str, np.ndarray]:
-    """The pool as the runtime would hold it (engines/kv_pool.py): cast, or int8 values + scales."""
+    """The pool as the runtime would hold it (engines/ort/kv_pool.py): cast, or int8 values + scales."""
     scales = None
     if kv_dtype == "int8":
         pool, scales = quantize_rows(pool)

@@ -5,6 +5,5 @@ device.py     DeviceInfo, the CUDA probe that guards every GPU library, and the 
 profiles.py   optimization profiles per bucket range, planned from the artifact's bucket grid
 kv_copy.py    the new tokens' K/V into their pool slots as strided device-to-device copies
 compat.py     the engine record's toolchain and device fields, and the refusal when they differ
-compare.py    Polygraphy comparison of two engines over the same paged steps, per-output tolerances
-onnx_files.py the graph file (+ weights) a GPU backend keeps in the artifact
+(The build side they share, the Polygraphy comparison and the graph files, is kiln.compiler.backends.gpu.)
 """

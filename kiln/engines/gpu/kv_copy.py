@@ -25,7 +25,7 @@ from kiln.engines.gpu.device import DeviceMemory
 
 @dataclass(frozen=True)
 class DevicePool:
-    """The KV pool in device memory: one allocation, in KvPool's layout (engines/kv_pool.py)."""
+    """The KV pool in device memory: one allocation, in KvPool's layout (engines/ort/kv_pool.py)."""
     layout: KvLayout
     num_blocks: int
     address: int

@@ -3,7 +3,7 @@
 The graph gathers each sequence's past K/V from the paged pool (passes/kv_io.py) and returns the
 new tokens' K/V, which this engine scatters into their pool slots in one vectorised write. The
 graph's metadata names its attention core; a GroupQueryAttention core takes a chunk with a past
-only at batch 1, and the call planner keeps to that (engines/ort_batching.py). An artifact whose
+only at batch 1, and the call planner keeps to that (engines/ort/batching.py). An artifact whose
 decode engine has that core and whose prefill engine the standard one (the ORT default with
 --prefill-engine) is planned for the standard core, and the few calls that reach the decode engine
 with several chunks (speculative verifications of 2-3 sequences) run one sequence each.

@@ -16,7 +16,7 @@ from kiln.engines.gpu.profiles import Profile
 from kiln.engines.ort.batching import OrtCall
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
-# Every input but the pool is int64 (kv_io.py); new_kv has the pool's element type.
+# Every input but the pool is int64 (compiler/passes/kv_io.py); new_kv has the pool's element type.
 OUTPUT_DTYPES = {"logits": np.float32}
 
 

@@ -15,7 +15,7 @@ def load_tensorrt_engine(artifact: EngineArtifact, record: dict, threads: int | 
                             f"has none; {REBUILD}")
     try:
         from kiln.engines.gpu.device import CudaMemory
-        from kiln.engines.tensorrt.compile import import_tensorrt
+        from kiln.engines.tensorrt.library import import_tensorrt
 
         trt = import_tensorrt()
         device = CudaMemory()

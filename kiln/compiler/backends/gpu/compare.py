@@ -4,7 +4,7 @@ Each engine is wrapped as a Polygraphy runner whose feeds are a PagedBatch's fie
 backends compare through the Engine protocol: the TensorRT or ONNX Runtime CUDA engine against the
 ONNX Runtime CPU run of the same artifact. The steps run in order on each runner's own KV pool
 (a prefill, then decodes that read what it wrote), so a wrong cache write shows in later logits.
-On a CPU the same wiring compares two CPU engines (tests/gpu/test_compare.py).
+On a CPU the same wiring compares two CPU engines (tests/gpu/test_gpu_records.py).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def build_tensorrt(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
     """kiln.compiler.build's tensorrt step: (engine records, KV layout, pass reports). Refuses early without
     a GPU and TensorRT."""
     from kiln.engines.gpu.device import require_cuda
-    from kiln.engines.tensorrt.compile import import_tensorrt
+    from kiln.engines.tensorrt.library import import_tensorrt
 
     check_graph_for_tensorrt(model, config)
     try:
@@ -153,7 +153,7 @@ def compile_and_check(prepared: PreparedGraph, spec: ModelSpec, config, root: Pa
     from kiln.compiler.backends.gpu.compare import compare_engines, engine_runner, probe_steps
     from kiln.engines.gpu.device import CudaMemory
     from kiln.engines.ort.engine import OrtEngine
-    from kiln.engines.tensorrt.compile import compile_engine
+    from kiln.compiler.backends.tensorrt.compile import compile_engine
     from kiln.engines.tensorrt.engine import TrtEngine
 
     out = prepared.onnx_path.parent

@@ -1,6 +1,6 @@
 """Headless Chromium driven by selenium, for the console's browser tests and
 scripts/console_screenshots.py. Needs the dev extra (selenium) and Debian's chromium and
-chromium-driver (scripts/setup.sh installs them); the server never imports this module."""
+chromium-driver (scripts/setup.sh installs them)."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.engines.gpu.profiles import Profile
+from kiln.engines.tensorrt.library import import_tensorrt
 
 WORKSPACE_BYTES = 8 << 30
 
@@ -23,15 +24,6 @@ class CompileResult:
     plan: bytes
     timing_cache: bytes
     tensorrt_version: str
-
-
-def import_tensorrt():
-    try:
-        import tensorrt as trt
-    except (ImportError, OSError) as e:
-        raise RuntimeError(f"the tensorrt backend needs TensorRT ({e}); install it with pip install "
-                           "'kiln[gpu]' where pypi.nvidia.com is reachable") from None
-    return trt
 
 
 def compile_engine(onnx_path: Path, inputs: dict[str, list], profiles: list[Profile], precision: str,
