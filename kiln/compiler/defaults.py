@@ -3,7 +3,7 @@
 The rules follow the side-by-side measurements (docs/benchmarks.md, `python bench/bench_runtime.py`):
 - int8 weights unless the model is too small to gain: below SMALL_MODEL_PARAMS the weights are a few
   MB, a step is dispatch-bound, and quantizing only costs accuracy (and build time);
-- OpenVINO's native paged attention on x86 CPUs where the openvino extra is installed and the model
+- OpenVINO's native paged attention on x86 CPUs where openvino is installed (a kiln dependency) and the model
   is covered, for the modes where it measured fastest (int8: TTFT and batched decodes, ~2-3x the ort
   backend at 32 streams); ONNX Runtime otherwise (int4 one stream: ort's MatMulNBits beat OpenVINO
   reading the same 4-bit blocks; fp32 and w8a8: ort's graph).
@@ -69,7 +69,7 @@ def openvino_blocker(quant: QuantMode, spec: ModelSpec) -> str:
     if platform.machine().lower() not in X86:
         return f"OpenVINO's CPU paged attention is chosen only on x86 (this is {platform.machine()})"
     if importlib.util.find_spec("openvino") is None:
-        return "openvino is not installed (pip install 'kiln[openvino]')"
+        return "openvino is not installed (it comes with `pip install kiln`)"
     if quant not in OPENVINO_FASTEST_FOR:
         return (f"kiln picks openvino at {', '.join(m.value for m in OPENVINO_FASTEST_FOR)}, where it measured "
                 f"fastest; {'fp32' if quant is QuantMode.NONE else quant.value} engines run on ort")

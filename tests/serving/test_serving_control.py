@@ -163,7 +163,7 @@ def test_response_cache_hit(tiny_server):
     hits, engine = _hits(tiny_server), _engine_requests(tiny_server)
     first = httpx.post(f"{tiny_server.url}/v1/completions", json=body).json()
     second = httpx.post(f"{tiny_server.url}/v1/completions", json=body).json()
-    assert second["choices"][0]["text"] == first["choices"][0]["text"]
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]      # exact: a replay of the first
     assert second["usage"] == first["usage"] and second["id"] != first["id"]
     assert _hits(tiny_server) == hits + 1 and _engine_requests(tiny_server) == engine + 1
     # A seeded sampled request is deterministic too; a different seed is another entry.

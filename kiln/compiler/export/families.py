@@ -24,6 +24,7 @@ class Family:
     fused_projections: bool = False   # checkpoint holds qkv_proj / gate_up_proj (Phi-3)
     sliding_window: Callable[[dict], int] = lambda cfg: 0
     activation: str = "silu"          # the HF hidden_act the graph implements
+    activation_aliases: tuple = ()    # other hidden_act values HF itself runs as `activation`
     rope: Callable[[dict], tuple[str, dict]] = read_rope
     extras: Callable[[dict], dict] = lambda cfg: {}    # further ModelSpec fields (Gemma)
 
@@ -79,7 +80,10 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family("qwen3", _llama_bias, qk_norm=True, sliding_window=_qwen_window, extras=_qwen_extras),
     # Phi-3 / Phi-3.5 / Phi-4-mini: fused qkv_proj and gate_up_proj (split at load), partial rotary, longrope.
     "phi3": Family("phi3", lambda cfg: False, fused_projections=True, sliding_window=_window_everywhere),
-    # Gemma 2 / Gemma 3 (text): see kiln.compiler.export.gemma.
+    # Gemma / Gemma 2 / Gemma 3 (text): see kiln.compiler.export.gemma. Gemma's config.json says "gelu",
+    # which GemmaConfig itself replaces by the tanh approximation it was trained with.
+    "gemma": Family("gemma", _llama_bias, activation="gelu_pytorch_tanh", activation_aliases=("gelu",),
+                    extras=gemma.gemma_extras),
     "gemma2": Family("gemma2", _llama_bias, activation="gelu_pytorch_tanh", extras=gemma.gemma2_extras),
     "gemma3_text": Family("gemma3", _llama_bias, qk_norm=True, activation="gelu_pytorch_tanh",
                           rope=gemma.gemma3_rope, extras=gemma.gemma3_extras),
@@ -87,7 +91,7 @@ FAMILIES: dict[str, Family] = {
 
 # Named in the refusal so a user sees what would build, not only what did not.
 SUPPORTED = ("llama (Llama 1/2/3.x, SmolLM), mistral (sliding window), qwen2 (Qwen2/2.5), qwen3, "
-             "phi3 (Phi-3/3.5, Phi-4-mini), gemma2, gemma3_text (Gemma 3 text-only); rope types "
+             "phi3 (Phi-3/3.5, Phi-4-mini), gemma, gemma2, gemma3_text (Gemma 3 text-only); rope types "
              + ", ".join(ROPE_TYPES))
 
 
@@ -139,7 +143,7 @@ def _rope_json(rope_type: str, params: dict) -> str:
 
 def _refuse_unsupported_features(cfg: dict, family: Family) -> None:
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or family.activation
-    if act != family.activation:
+    if act != family.activation and act not in family.activation_aliases:
         raise UnsupportedModelError(f"activation {act!r} is not supported for {family.name} "
                                     f"(kiln runs its gated MLP with {family.activation})")
     for key in ("num_attention_heads", "hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"):

@@ -1,9 +1,9 @@
 """Gemma, Gemma 2 and Gemma 3 (text): what their configs turn on in kiln's decoder graph.
 
 Gemma (1): RMSNorm scaling by (1 + weight), embeddings times sqrt(hidden_size), GeGLU (tanh GELU).
-Gemma 2 and 3 add sandwich norms, scores scaled by query_pre_attn_scalar^-1/2, sliding-window layers interleaved
-with full ones (layer_types). Gemma 2 adds tanh soft-capping of scores and logits; Gemma 3 adds
-q/k RMSNorm and a rope base of its own for the sliding layers.
+Gemma 2 and 3 add sandwich norms, scores scaled by query_pre_attn_scalar^-1/2 and sliding-window
+layers interleaved with full ones (layer_types). Gemma 2 adds tanh soft-capping of scores and
+logits; Gemma 3 adds q/k RMSNorm and a rope base of its own for the sliding layers.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -95,7 +96,9 @@ class _Cursor:
 class GGUFFile:
     """The metadata (key -> value) and tensor table of a GGUF file, with its data memory-mapped."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, check_architecture: Callable[[str], None] = lambda arch: None):
+        """`check_architecture` sees general.architecture as soon as it is read (llama.cpp writes it
+        first), so an unknown one is refused before the vocabulary and the tensor table are walked."""
         self.path = Path(path)
         name = self.path.name
         with open(self.path, "rb") as f:
@@ -106,7 +109,7 @@ class GGUFFile:
         tensor_count, kv_count = _header(cur)
         if kv_count * MIN_KV_BYTES > cur.remaining:
             raise GGUFError(f"{name} is damaged: it claims {kv_count} metadata entries, which cannot fit in the file")
-        self.metadata = _metadata(cur, kv_count)
+        self.metadata = _metadata(cur, kv_count, check_architecture)
         if tensor_count > MAX_TENSORS or tensor_count * MIN_TENSOR_BYTES > cur.remaining:
             raise GGUFError(f"{name} is damaged: it claims {tensor_count} tensors, which cannot fit in the file")
         self.tensors = _tensor_table(cur, tensor_count, self._alignment())
@@ -142,7 +145,7 @@ def _header(cur: _Cursor) -> tuple[int, int]:
     return cur.unpack("<Q", "the tensor count"), cur.unpack("<Q", "the metadata count")
 
 
-def _metadata(cur: _Cursor, kv_count: int) -> dict:
+def _metadata(cur: _Cursor, kv_count: int, check_architecture: Callable[[str], None]) -> dict:
     metadata = {}
     for _ in range(kv_count):
         key = cur.string("a metadata key")
@@ -150,6 +153,8 @@ def _metadata(cur: _Cursor, kv_count: int) -> dict:
             raise GGUFError(f"{cur.name} is damaged: metadata key {key!r} appears twice")
         value_type = cur.unpack("<I", f"the type of {key!r}")
         metadata[key] = _value(cur, value_type, key)
+        if key == "general.architecture":
+            check_architecture(str(metadata[key]))
     return metadata
 
 

@@ -127,6 +127,12 @@ def _longrope(spec: ModelSpec, params: dict) -> Rotary:
     return Rotary(freqs(params["short_factor"]), float(attention), freqs(params["long_factor"]), original_max)
 
 
+def _freq_factors(spec: ModelSpec, params: dict) -> Rotary:
+    """A GGUF's rope_freqs table (how llama.cpp stores Llama 3.x's llama3 scaling): each frequency
+    divided by its own factor, as ggml's rope does; the llama3 rule computed once by the converter."""
+    return Rotary((_base_inv_freq(spec) / np.asarray(params["freq_factors"], np.float32)).astype(np.float32))
+
+
 ROPE_TYPES = {
     "default": _default,
     "linear": _linear,
@@ -134,6 +140,7 @@ ROPE_TYPES = {
     "llama3": _llama3,
     "yarn": _yarn,
     "longrope": _longrope,
+    "freq_factors": _freq_factors,
 }
 
 # The parameters each type needs, checked when the config is read so a bad config fails up front.
@@ -142,6 +149,7 @@ REQUIRED_PARAMS = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("original_max_position_embeddings",),
     "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+    "freq_factors": ("freq_factors",),
 }
 
 
@@ -152,7 +160,7 @@ def check_rope(rope_type: str, params: dict, rotary_dim: int) -> None:
     missing = [k for k in REQUIRED_PARAMS[rope_type] if params.get(k) is None]
     if missing:
         raise UnsupportedModelError(f"rope scaling {rope_type!r} needs {', '.join(missing)} in the config")
-    for key in ("short_factor", "long_factor"):
+    for key in ("short_factor", "long_factor", "freq_factors"):
         if key in params and len(params[key]) != rotary_dim // 2:
             raise UnsupportedModelError(
                 f"rope scaling {rope_type!r}: {key} has {len(params[key])} entries, rotary needs {rotary_dim // 2}")
