@@ -103,7 +103,7 @@ def _build_code_hash() -> str:
     import kiln
 
     root = Path(kiln.__file__).parent
-    files = [root / "build.py", *sorted(f for d in ("export", "passes", "engines") for f in (root / d).rglob("*.py"))]
+    files = sorted(f for d in ("contract", "compiler", "engines") for f in (root / d).rglob("*.py"))
     digest = hashlib.sha256()
     for f in files:
         digest.update(f.read_bytes())
@@ -119,7 +119,8 @@ def _build_kiln(out: Path, backend: str, quant: str, marker: Path) -> None:
     # and an attention core, int8+w8a8@gqa (`--attention`)
     quant, _, attention = quant.partition("@")
     weights, _, prefill = quant.partition("+")
-    mode = QuantMode.NONE if weights == "fp32" else QuantMode(weights)
+    # auto: the build's own choice (`kiln build` with no --quant / --backend), recorded in the manifest
+    mode = None if weights == "auto" else QuantMode.NONE if weights == "fp32" else QuantMode(weights)
     with console.status(f"building kiln {backend} {quant}") as status:
         try:
             build(_build_config(out, backend, mode, True, prefill, attention), stage=lambda name: _stage(status, name))
@@ -134,11 +135,9 @@ def _build_config(out: Path, backend: str, mode, verify: bool, prefill_engine: s
 
     from kiln.compiler.build import BuildConfig
 
-    extra = {}
-    if backend != "ort":      # NOTE: the default; named only when asked, so older kilns still build it
-        if "backend" not in {f.name for f in fields(BuildConfig)}:
-            raise SystemExit(f"this kiln has no {backend!r} build backend (BuildConfig has no backend field)")
-        extra["backend"] = backend
+    if "backend" not in {f.name for f in fields(BuildConfig)}:
+        raise SystemExit(f"this kiln has no {backend!r} build backend (BuildConfig has no backend field)")
+    extra = {"backend": backend}
     if prefill_engine:
         extra["prefill_engine"] = prefill_engine
     if attention:

@@ -33,6 +33,9 @@ class Summary:
 
     @property
     def quant(self) -> str:
+        """The weights the targets compare: a default build's come from its label (what it chose)."""
+        if self.name.startswith("kiln defaults"):
+            return self.name.rsplit(" ", 1)[-1]
         return self.system.rsplit(":", 1)[-1]
 
 

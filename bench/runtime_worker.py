@@ -35,7 +35,16 @@ def _kiln(variant: str, plan: dict):
     logging.getLogger("kiln").setLevel(logging.WARNING)
     backend, quant = variant.split(":")
     artifact = ensure_kiln(Path(plan["cache"]), backend, quant, reuse=plan.get("reuse_kiln", False))
-    return KilnRunner(artifact, plan["threads"], f"{backend} {quant}")
+    return KilnRunner(artifact, plan["threads"], _label(artifact, backend, quant))
+
+
+def _label(artifact: Path, backend: str, quant: str) -> str:
+    """auto:auto is `kiln build` with no flags: the label names what the build chose (its manifest)."""
+    if "auto" not in (backend, quant):
+        return f"{backend} {quant}"
+    choices = json.loads((artifact / "manifest.json").read_text())["choices"]
+    flags = "no flags" if (backend, quant) == ("auto", "auto") else f"--quant {quant}"
+    return f"defaults ({flags}): {choices['backend']['value']} {choices['quant']['value']}"
 
 
 def _genai(quant: str, plan: dict):

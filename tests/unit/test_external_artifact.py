@@ -59,7 +59,7 @@ def test_engine_weights_are_a_checksummed_file_of_the_artifact(pair):
 
 def test_generation_equals_the_in_graph_weights(pair):
     inline, outside = pair
-    assert _tokens(outside) == _tokens(inline)
+    assert _tokens(outside) == _tokens(inline)      # exact: the same graph and weights, stored elsewhere, same batch
 
 
 def test_damaged_weights_file_is_refused(pair, tmp_path):
