@@ -1,8 +1,10 @@
-"""One request as the client saw it: when it started, when each content chunk arrived, how it ended.
+"""One request as the client saw it: when it started, when each content chunk arrived, how it ended,
+and what the server said (status, Retry-After, finish reason, usage, text).
 
 Every time is client-side (perf_counter) in seconds since the level started. TTFT is the first
 content chunk; inter-token latencies are the gaps between content chunks (a chunk may carry
-several tokens; the token count comes from the server's usage chunk when it sends one).
+several tokens; the token count comes from the server's usage chunk when it sends one). A reply
+asked for whole (not streamed) has no chunk times: no TTFT, no inter-token gaps, only its end.
 """
 
 from __future__ import annotations
@@ -24,11 +26,33 @@ class Outcome(str, enum.Enum):
     ERROR = "error"             # refused, failed, or the connection broke
 
 
+class TargetError(RuntimeError):
+    """A target's failure; an HTTP refusal carries its status and Retry-After (seconds)."""
+
+    def __init__(self, message: str, status: int = 0, retry_after: float | None = None):
+        super().__init__(message)
+        self.status, self.retry_after = status, retry_after
+
+    @classmethod
+    def refusal(cls, status: int, body: str, retry_after: str | None) -> "TargetError":
+        return cls(f"HTTP {status}: {body[:200]}", status, _seconds(retry_after))
+
+
+def _seconds(header: str | None) -> float | None:
+    """Retry-After in seconds; None when absent or an HTTP date (no server of ours sends one)."""
+    try:
+        return float(header) if header is not None else None
+    except ValueError:
+        return None
+
+
 @dataclass
 class Chunk:
     text: str = ""
     num_tokens: int = 0                 # tokens this chunk carries, when the target knows
     usage_tokens: int | None = None     # the server's completion_tokens (the usage chunk)
+    status: int | None = None           # the HTTP status, on the chunk that first knows it
+    finish_reason: str | None = None
 
     @property
     def has_content(self) -> bool:
@@ -52,6 +76,17 @@ class RequestRecord:
     output_tokens: int = 0
     outcome: Outcome = Outcome.OK
     error: str | None = None
+    max_tokens: int = 0                 # as the workload asked for
+    status: int = 0                     # HTTP status; 0 where none was read (gave up first, in-process)
+    retry_after: float | None = None    # a refusal's Retry-After, seconds
+    finish_reason: str | None = None
+    completion_tokens: int | None = None    # the server's usage count, when it sent one
+    text: str = ""
+
+    @property
+    def cancelled(self) -> bool:
+        """The client hung up or gave up on purpose."""
+        return self.outcome is Outcome.CANCELLED
 
     @property
     def ttft(self) -> float | None:
@@ -81,33 +116,53 @@ class RequestRecord:
 
 async def issue(target: Target, prompt: Prompt, spec: RequestSpec, timeout: float,
                 clock: Callable[[], float]) -> RequestRecord:
-    """Send one request and record it; never raises (a failure is an outcome)."""
-    record = RequestRecord(spec.index, spec.prefix_tokens + spec.prompt_tokens, start=clock())
+    """Send one request and record it; never raises (a failure is an outcome). A client that gives
+    up (spec.give_up_after) or hangs up (spec.cancel_after) closes the stream, aborting the request."""
+    record = RequestRecord(spec.index, spec.prefix_tokens + spec.prompt_tokens, start=clock(),
+                           max_tokens=spec.max_tokens)
+    gives_up = spec.give_up_after is not None and spec.give_up_after < timeout
     try:
-        await asyncio.wait_for(_consume(target.stream(prompt, spec), record, spec.cancel_after, clock), timeout)
+        await asyncio.wait_for(_consume(target.stream(prompt, spec), record, spec, clock),
+                               spec.give_up_after if gives_up else timeout)
     except asyncio.TimeoutError:
-        record.outcome = Outcome.TIMEOUT
+        record.outcome = Outcome.CANCELLED if gives_up else Outcome.TIMEOUT
     except Exception as e:            # noqa: BLE001 - any failure of the target is the request's outcome
-        record.outcome, record.error = Outcome.ERROR, f"{type(e).__name__}: {e}"[:300]
+        _failed(record, e)
     record.end = clock()
     return record
 
 
-async def _consume(chunks: AsyncIterator[Chunk], record: RequestRecord, cancel_after: int | None,
+def _failed(record: RequestRecord, e: Exception) -> None:
+    record.outcome, record.error = Outcome.ERROR, f"{type(e).__name__}: {e}"[:300]
+    if isinstance(e, TargetError) and e.status:
+        record.status, record.retry_after = e.status, e.retry_after
+
+
+async def _consume(chunks: AsyncIterator[Chunk], record: RequestRecord, spec: RequestSpec,
                    clock: Callable[[], float]) -> None:
-    usage = None
+    seen = 0                          # content chunks read
     # aclosing: leaving early (cancel, timeout) closes the stream now, which aborts the request.
     async with aclosing(chunks) as stream:
         async for chunk in stream:
-            now = clock()
-            if chunk.usage_tokens is not None:
-                usage = chunk.usage_tokens
-            if not chunk.has_content:
-                continue
-            record.chunk_times.append(now)
-            record.output_tokens += chunk.num_tokens or 1
-            if cancel_after is not None and len(record.chunk_times) >= cancel_after:
+            seen += _take(record, chunk, clock(), spec.stream)
+            # cancel_after 0 hangs up on the first chunk, which may be the status line alone.
+            if spec.cancel_after is not None and seen >= spec.cancel_after:
                 record.outcome = Outcome.CANCELLED
                 break
-    if usage is not None:
-        record.output_tokens = usage
+    if record.completion_tokens is not None:
+        record.output_tokens = record.completion_tokens
+
+
+def _take(record: RequestRecord, chunk: Chunk, now: float, streamed: bool) -> bool:
+    """Fold one chunk into the record; True when it carried content."""
+    record.status = chunk.status or record.status
+    record.finish_reason = chunk.finish_reason or record.finish_reason
+    if chunk.usage_tokens is not None:
+        record.completion_tokens = chunk.usage_tokens
+    if not chunk.has_content:
+        return False
+    record.text += chunk.text
+    record.output_tokens += chunk.num_tokens or 1
+    if streamed:
+        record.chunk_times.append(now)
+    return True

@@ -1,5 +1,6 @@
-"""Any OpenAI-compatible server, measured from the client: streaming completions or chat
-completions over httpx, with `stream_options.include_usage` so token counts are the server's."""
+"""Any OpenAI-compatible server, measured from the client: completions or chat completions over
+httpx, raw SSE (`stream_options.include_usage`, so token counts are the server's) or whole replies.
+A refusal is a TargetError with its status and Retry-After; a stream must end with data: [DONE]."""
 
 from __future__ import annotations
 
@@ -12,16 +13,14 @@ from urllib.parse import urlsplit
 import httpx
 
 from kiln.bench import structured
-from kiln.bench.records import Chunk
+from kiln.bench.records import Chunk, TargetError
 from kiln.bench.text import ExactCounter, Prompt, RatioCounter, TokenCounter, corpus_words
 from kiln.bench.workloads import RequestSpec
 
 CALIBRATION_CHARS = 2000
 DEFAULT_CONTEXT = 2048
 
-
-class TargetError(RuntimeError):
-    pass
+__all__ = ["HttpTarget", "TargetError", "check_loopback"]
 
 
 def check_loopback(url: str) -> None:
@@ -46,8 +45,9 @@ def _cut_chars(words, max_chars: int) -> str:
 
 class HttpTarget:
     def __init__(self, url: str, endpoint: str = "chat", model: str | None = None, temperature: float = 1.0,
-                 api_key: str | None = None):
+                 api_key: str | None = None, ignore_eos: bool = True):
         self.url, self.endpoint, self.model, self.temperature = url.rstrip("/"), endpoint, model, temperature
+        self.ignore_eos = ignore_eos
         self.name = url
         self.context_len = DEFAULT_CONTEXT
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -56,9 +56,8 @@ class HttpTarget:
                                         timeout=httpx.Timeout(None, connect=10.0),
                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
 
-    @property
-    def path(self) -> str:
-        return "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
+    def path(self, endpoint: str | None = None) -> str:
+        return "/v1/chat/completions" if (endpoint or self.endpoint) == "chat" else "/v1/completions"
 
     async def discover(self) -> None:
         """The served model's id and context length from /v1/models (vLLM and kiln report max_model_len)."""
@@ -92,25 +91,38 @@ class HttpTarget:
         # NOTE: at most half the context in characters fits even a byte-level tokenizer.
         text = _cut_chars(corpus_words(), min(CALIBRATION_CHARS, self.context_len // 2))
         body = {**self._body(Prompt(None, text), max_tokens=1), "stream": False}
-        r = await self.client.post(self.path, json=body)
+        r = await self.client.post(self.path(), json=body)
         if r.status_code != 200:
             raise TargetError(f"calibration request answered {r.status_code}: {r.text[:200]}")
         return RatioCounter(len(text) / r.json()["usage"]["prompt_tokens"])
 
     async def stream(self, prompt: Prompt, spec: RequestSpec) -> AsyncIterator[Chunk]:
-        body = self._body(prompt, spec.max_tokens)
-        if spec.json_schema:
-            body.update(structured.http_fields(self.endpoint))
-        async with self.client.stream("POST", self.path, json=body) as r:
+        body = self._request_body(prompt, spec)
+        if not spec.stream:
+            yield await self._whole(spec, body)
+            return
+        async with self.client.stream("POST", self.path(spec.endpoint), json=body) as r:
             if r.status_code != 200:
-                raise TargetError(f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}")
+                raise TargetError.refusal(r.status_code, (await r.aread()).decode(errors="replace"),
+                                          r.headers.get("retry-after"))
+            yield Chunk(status=r.status_code)
             async for line in r.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
+                data = line[5:].strip() if line.startswith("data:") else None
                 if data == "[DONE]":
                     return
-                yield self._chunk(json.loads(data))
+                if data is not None:
+                    yield self._chunk(json.loads(data))
+        raise TargetError("the stream ended before data: [DONE]")
+
+    async def _whole(self, spec: RequestSpec, body: dict) -> Chunk:
+        r = await self.client.post(self.path(spec.endpoint), json=body)
+        if r.status_code != 200:
+            raise TargetError.refusal(r.status_code, r.text, r.headers.get("retry-after"))
+        reply = r.json()
+        choice = reply["choices"][0]
+        text = choice.get("text") or (choice.get("message") or {}).get("content") or ""
+        return Chunk(text=text, usage_tokens=(reply.get("usage") or {}).get("completion_tokens"),
+                     status=r.status_code, finish_reason=choice.get("finish_reason"))
 
     async def metrics_text(self) -> str | None:
         try:
@@ -122,11 +134,20 @@ class HttpTarget:
     async def close(self) -> None:
         await self.client.aclose()
 
-    def _body(self, prompt: Prompt, max_tokens: int) -> dict:
-        # ignore_eos (vLLM's and kiln's extension; others ignore it) keeps reply lengths the workload's.
+    def _request_body(self, prompt: Prompt, spec: RequestSpec) -> dict:
+        endpoint = spec.endpoint or self.endpoint
+        body = self._body(prompt, spec.max_tokens, endpoint)
+        if not spec.stream:
+            body = {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False}
+        return body | structured.http_fields(endpoint) if spec.json_schema else body
+
+    def _body(self, prompt: Prompt, max_tokens: int, endpoint: str | None = None) -> dict:
         body = {"model": self.model, "max_tokens": max_tokens, "temperature": self.temperature,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-        if self.endpoint == "chat":
+                "stream": True, "stream_options": {"include_usage": True}}
+        if self.ignore_eos:
+            # vLLM's and kiln's extension (others ignore it): reply lengths stay the workload's.
+            body["ignore_eos"] = True
+        if (endpoint or self.endpoint) == "chat":
             return {**body, "messages": prompt.as_messages()}
         return {**body, "prompt": prompt.as_text()}
 
@@ -136,4 +157,4 @@ class HttpTarget:
         usage = (obj.get("usage") or {}).get("completion_tokens")
         choices = obj.get("choices") or [{}]
         text = choices[0].get("text") or (choices[0].get("delta") or {}).get("content") or ""
-        return Chunk(text=text, usage_tokens=usage)
+        return Chunk(text=text, usage_tokens=usage, finish_reason=choices[0].get("finish_reason"))

@@ -28,6 +28,9 @@ class RequestSpec:
     prefix_offset: int = 0
     cancel_after: int | None = None     # content chunks the client reads before hanging up
     json_schema: bool = False           # the reply must match kiln.bench.structured's JSON Schema
+    give_up_after: float | None = None  # seconds the client waits before it abandons the request
+    stream: bool = True                 # False: the reply asked for whole (no TTFT, no inter-token gaps)
+    endpoint: str | None = None         # "chat" or "completions" for this request; None: the target's own
 
 
 @dataclass(frozen=True)
@@ -95,12 +98,12 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
 ]}
 
 
-def request_specs(workload: str, seed: int, context_len: int, max_tokens_cap: int | None = None
+def request_specs(workload: str | Workload, seed: int, context_len: int, max_tokens_cap: int | None = None
                   ) -> Iterator[RequestSpec]:
-    """The workload's requests, in order, without end."""
-    w = WORKLOADS[workload]
+    """The workload's requests (a name in WORKLOADS, or a Workload of the caller's), in order, without end."""
+    w = workload if isinstance(workload, Workload) else WORKLOADS[workload]
     for i in itertools.count():
-        rng = random.Random(f"{workload}:{seed}:{i}")     # str seeds hash the same in every process
+        rng = random.Random(f"{w.name}:{seed}:{i}")       # str seeds hash the same in every process
         spec = RequestSpec(index=i, text_offset=rng.randrange(1 << 31), **w.draw(rng, context_len, seed))
         yield fit_context(spec, context_len, max_tokens_cap)
 
@@ -113,5 +116,6 @@ def fit_context(spec: RequestSpec, context_len: int, max_tokens_cap: int | None)
         raise ValueError(f"a context of {context_len} tokens leaves no room for a prompt with "
                          f"{spec.prefix_tokens} prefix and {max_tokens} reply tokens")
     # A client that would hang up after the reply's end would not hang up at all: keep it inside.
-    cancel = None if spec.cancel_after is None else max(1, min(spec.cancel_after, max_tokens - 1))
+    # (0, hanging up before the first token, stays 0.)
+    cancel = spec.cancel_after and max(1, min(spec.cancel_after, max_tokens - 1))
     return replace(spec, max_tokens=max_tokens, prompt_tokens=min(spec.prompt_tokens, room), cancel_after=cancel)

@@ -37,6 +37,8 @@ class ArtifactWriter:
         self.out = Path(out).resolve()
         if self.out.exists() and not force:
             raise ArtifactError(f"{self.out} already exists; pass --force to overwrite it")
+        if self.out.exists():
+            _refuse_to_replace_a_non_artifact(self.out)
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.building-", dir=self.out.parent))
 
@@ -57,6 +59,14 @@ class ArtifactWriter:
         else:
             self.tmp.rename(self.out)
         return self.out
+
+
+def _refuse_to_replace_a_non_artifact(out: Path) -> None:
+    """--force replaces an artifact, never someone's folder: it must be empty or hold a manifest."""
+    if out.is_dir() and ((out / MANIFEST).is_file() or not any(out.iterdir())):
+        return
+    raise ArtifactError(f"{out} is not a kiln artifact (no {MANIFEST}); --force replaces artifacts only, "
+                        "so choose another --out or remove it yourself")
 
 
 @dataclass

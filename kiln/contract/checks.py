@@ -23,6 +23,7 @@ def check_artifact(path: Path, verify_checksums: bool = True) -> Manifest:
     _check_kv_layout(path, manifest)
     for record in _all_files(manifest):
         _check_file(path, record, verify_checksums)
+    _check_no_unlisted_tokenizer_files(path, manifest)
     return manifest
 
 
@@ -86,7 +87,7 @@ def _engine_files(engine: dict) -> list[dict]:
 
 
 def _check_file(path: Path, record: dict, verify_checksums: bool) -> None:
-    f = path / record["file"]
+    f = _confined(path, record["file"])
     if not f.is_file():
         raise ArtifactError(f"{path} is incomplete: {record['file']} is missing; {REBUILD}")
     if "bytes" in record and f.stat().st_size != record["bytes"]:
@@ -94,3 +95,28 @@ def _check_file(path: Path, record: dict, verify_checksums: bool) -> None:
                             f"({f.stat().st_size} bytes, manifest says {record['bytes']}); {REBUILD}")
     if verify_checksums and sha256_file(f) != record["sha256"]:
         raise ArtifactError(f"{path}: {record['file']} is corrupt (sha256 mismatch); {REBUILD}")
+
+
+def _confined(path: Path, name: str) -> Path:
+    """A file the manifest names must lie inside the artifact: relative, no `..`, no symlink on the way."""
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise ArtifactError(f"{path}: the manifest names {name!r}, outside the artifact folder; {REBUILD}")
+    f, here = path / rel, path
+    for part in rel.parts:
+        here = here / part
+        if here.is_symlink():
+            raise ArtifactError(f"{path}: {name} is a symbolic link; an artifact holds its own files; {REBUILD}")
+    return f
+
+
+def _check_no_unlisted_tokenizer_files(path: Path, m: Manifest) -> None:
+    """The tokenizer loads every file its folder holds (a chat template among them), so each must be
+    one the manifest lists with its sha256."""
+    listed = set(m.tokenizer.get("files", {}))
+    folder = path / "tokenizer"
+    extra = sorted(f"tokenizer/{f.name}" for f in folder.iterdir() if f"tokenizer/{f.name}" not in listed) \
+        if folder.is_dir() else []
+    if extra:
+        raise ArtifactError(f"{path}: {', '.join(extra)} is not listed in the manifest (an unchecked file the "
+                            f"tokenizer would load); remove it or {REBUILD}")

@@ -119,8 +119,50 @@ def test_failed_build_leaves_no_folder(tmp_path, monkeypatch):
 
 def test_force_replaces_existing(tmp_path):
     out = tmp_path / "art"
-    out.mkdir()
+    build(BuildConfig(source="tiny-llama", out=out))
     (out / "stale.txt").write_text("old")
     build(BuildConfig(source="tiny-qwen2", out=out, force=True))
     assert not (out / "stale.txt").exists()
     assert EngineArtifact.load(out).manifest.spec.family == "qwen2"
+
+
+def test_force_never_replaces_a_folder_that_is_not_an_artifact(tmp_path):
+    """Someone's notes survive `kiln build --out DIR --force`."""
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "todo.txt").write_text("keep me")
+    with pytest.raises(ArtifactError, match="is not a kiln artifact"):
+        build(BuildConfig(source="tiny-llama", out=out, force=True))
+    assert (out / "todo.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]      # no temporary folder left
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../outside.onnx", "engines/../../outside.onnx"])
+def test_a_manifest_file_outside_the_artifact_is_refused(tiny_llama_artifact, tmp_path, name):
+    art = tmp_path / "art"
+    shutil.copytree(tiny_llama_artifact, art)
+    raw = json.loads((art / MANIFEST).read_text())
+    raw["engines"][0]["file"] = name
+    (art / MANIFEST).write_text(json.dumps(raw))
+    with pytest.raises(ArtifactError, match="outside the artifact folder"):
+        EngineArtifact.load(art)
+
+
+def test_a_symlinked_engine_file_is_refused(tiny_llama_artifact, tmp_path):
+    art = tmp_path / "art"
+    shutil.copytree(tiny_llama_artifact, art)
+    engine = art / EngineArtifact.load(art).manifest.engines[0]["file"]
+    real = tmp_path / "elsewhere.onnx"
+    engine.rename(real)
+    engine.symlink_to(real)
+    with pytest.raises(ArtifactError, match="symbolic link"):
+        EngineArtifact.load(art)
+
+
+def test_an_unlisted_chat_template_is_refused(tiny_llama_artifact, tmp_path):
+    """A template dropped into tokenizer/ after the build would be rendered unchecked."""
+    art = tmp_path / "art"
+    shutil.copytree(tiny_llama_artifact, art)
+    (art / "tokenizer" / "chat_template.jinja").write_text("{{ messages }}")
+    with pytest.raises(ArtifactError, match="tokenizer/chat_template.jinja is not listed"):
+        EngineArtifact.load(art)
