@@ -130,35 +130,3 @@ def assert_all_close(a_list: Sequence, b_list: Sequence, **kw) -> list[int | Non
     return [assert_outputs_close(a, b, names=(f"{names[0]}[{i}]", f"{names[1]}[{i}]"), **kw)
             for i, (a, b) in enumerate(zip(a_list, b_list))]
 
-
-def assert_text_close(text: str, ref_tokens: Sequence[str], ref_top: Sequence, *, k: int = TOP_K,
-                      max_gap: float = FP32_GAP, names: tuple[str, str] = ("text", "reference")) -> int | None:
-    """One-sided assert_greedy_close for a side known only by its text (a server asked without
-    logprobs, as speculation needs): walk the reference's token strings along the text; where the
-    text stops following them, it must go on with one of the reference's near-tied candidates.
-
-    For tokenizers whose token strings do not prefix one another ambiguously (the tiny models'
-    byte-level one, on ASCII text). Returns the near-tie's token position (None: the same text).
-    """
-    pos = 0
-    for t, tok in enumerate(ref_tokens):
-        if text.startswith(tok, pos):
-            pos += len(tok)
-            continue
-        ranked = sorted(top_of(ref_top[t]).items(), key=lambda c: -c[1])[:k]
-        best = dict(ranked).get(tok, ranked[0][1] if ranked else 0.0)
-        if not any(c != tok and c and text.startswith(c, pos) and best - lp <= max_gap for c, lp in ranked):
-            raise AssertionError(f"{names[0]} leaves {names[1]} at token {t} ({text[pos:pos + 16]!r} vs {tok!r}), "
-                                 f"not with a near-tie in its top-{k} {ranked}\n{names[0]}: {text!r}\n"
-                                 f"{names[1]}: {''.join(ref_tokens)!r}")
-        return t
-    assert pos == len(text), f"{names[0]} goes on past {names[1]}: {text[pos:]!r}"
-    return None
-
-
-def completion_tokens_and_top(choice) -> tuple[list[str], list[dict]]:
-    """An OpenAI completions choice asked with logprobs=k: its token strings and per-token top-k."""
-    lp = choice["logprobs"] if isinstance(choice, dict) else choice.logprobs
-    tokens = lp["tokens"] if isinstance(lp, dict) else lp.tokens
-    top = lp["top_logprobs"] if isinstance(lp, dict) else lp.top_logprobs
-    return list(tokens), [dict(t) for t in top]

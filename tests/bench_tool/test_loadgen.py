@@ -1,15 +1,21 @@
-"""Arrival processes and the client's bookkeeping against a fake target (no model)."""
+"""Arrival processes and the client's bookkeeping against a fake target (no model), then the shared
+load generator over HTTP (raw httpx SSE and the openai client) against a tiny in-process server:
+hang-ups close the server's streams, give-ups abandon whole replies, 429s are waited out."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
+from fake_openai_server import FakeOpenAI, Running
 
-from kiln.bench.loadgen import Level, Limits, run_level
-from kiln.bench.records import Chunk, Outcome
+from kiln.bench.loadgen import POLITE, Level, Limits, RetryAfter, run_level, run_load
+from kiln.bench.records import Chunk, Outcome, RequestRecord
+from kiln.bench.target_http import HttpTarget
+from kiln.bench.target_openai import OpenAITarget
 from kiln.bench.text import Prompt
-from kiln.bench.workloads import request_specs
+from kiln.bench.workloads import Workload, request_specs
 
 
 class FakeTarget:
@@ -89,3 +95,89 @@ def test_cancelling_clients_close_their_stream_after_k_chunks():
 def test_a_level_is_a_positive_concurrency_or_rate(bad):
     with pytest.raises(ValueError):
         Level(**bad)
+
+
+# -- over HTTP, against an in-process server ---------------------------------------------------------
+
+SENDERS = {"httpx": lambda url: HttpTarget(url, model="fake"), "openai": lambda url: OpenAITarget(url, "fake")}
+
+
+@pytest.fixture
+def serve():
+    running: list[Running] = []
+
+    def start(**kw) -> FakeOpenAI:
+        running.append(Running(FakeOpenAI(**kw)))
+        return running[-1]
+    yield start
+    for server in running:
+        server.stop()
+
+
+def alike(**fields):
+    """Requests that are all the same: 8 reply tokens unless `fields` say otherwise."""
+    w = Workload("alike", "every request the same", lambda rng, ctx, seed: {"prompt_tokens": 4, "max_tokens": 8,
+                                                                              **fields})
+    return request_specs(w, 0, 1024)
+
+
+def drive(server, sender, specs, clients, requests, backoff=RetryAfter(cap=0.0)):
+    return run_load(lambda: SENDERS[sender](server.url), specs, lambda spec: Prompt(None, "hi"),
+                    Level(concurrency=clients), Limits(duration=30.0, timeout=10.0, max_requests=requests), backoff)
+
+
+def eventually(check, within=5.0) -> bool:
+    deadline = time.monotonic() + within
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return check()
+
+
+@pytest.mark.parametrize("sender", SENDERS)
+def test_a_stream_is_recorded_as_the_server_sent_it(serve, sender):
+    server = serve()
+    for r in drive(server, sender, alike(), clients=2, requests=4).records:
+        assert (r.outcome, r.status, r.finish_reason, r.completion_tokens, r.output_tokens, r.max_tokens) == (
+            Outcome.OK, 200, "length", 8, 8, 8), r
+        assert r.text == "".join(f"w{i} " for i in range(8)) and len(r.chunk_times) == 8 and r.ttft > 0
+    assert server.fake.finished == 4 and server.fake.hung_up == 0
+
+
+@pytest.mark.parametrize("sender", SENDERS)
+@pytest.mark.parametrize("after", [0, 3])
+def test_hang_ups_close_the_stream_on_the_server(serve, sender, after):
+    server = serve()
+    run = drive(server, sender, alike(max_tokens=50, cancel_after=after), clients=2, requests=4)
+    assert all(r.cancelled and r.status == 200 and len(r.chunk_times) == after for r in run.records), run.records
+    assert eventually(lambda: server.fake.hung_up == 4), server.fake.hung_up
+    assert server.fake.finished == 0
+
+
+@pytest.mark.parametrize("sender", SENDERS)
+def test_429s_are_recorded_and_waited_out(serve, sender):
+    server = serve(refuse_every=2, retry_after="1")
+    run = drive(server, sender, alike(), clients=1, requests=4, backoff=RetryAfter(cap=0.5))
+    assert [r.status for r in run.records] == [200, 429, 200, 429] and run.statuses[429] == 2
+    refused = run.records[1]
+    assert refused.outcome is Outcome.ERROR and refused.retry_after == 1.0 and "HTTP 429" in refused.error
+    after_reply, after_refusal = (run.records[i + 1].start - run.records[i].end for i in (0, 1))
+    assert after_refusal >= 0.5 > after_reply          # Retry-After 1 s, capped at 0.5 s; none after a reply
+    assert "429 answered in" in run.summary()
+
+
+@pytest.mark.parametrize("sender", SENDERS)
+def test_a_client_that_gives_up_abandons_a_whole_reply(serve, sender):
+    server = serve(whole_delay=0.5)
+    gave_up = drive(server, sender, alike(stream=False, give_up_after=0.05), clients=2, requests=2).records
+    assert all(r.cancelled and r.status == 0 and r.end - r.start < 0.4 for r in gave_up), gave_up
+    (whole,) = drive(server, sender, alike(stream=False, endpoint="completions"), clients=1, requests=1).records
+    assert (whole.outcome, whole.status, whole.finish_reason, whole.completion_tokens) == (Outcome.OK, 200, "length", 8)
+    assert whole.ttft is None and whole.chunk_times == [] and whole.text.startswith("w0 w1 ")
+
+
+def test_retry_after_is_honoured_within_its_floor_and_cap():
+    refusal = (lambda seconds: RequestRecord(0, 1, 0.0, status=429, retry_after=seconds))
+    assert RetryAfter(cap=2.0)(refusal(1.5)) == 1.5 and RetryAfter(cap=2.0)(refusal(30.0)) == 2.0
+    assert RetryAfter(cap=2.0, default=0.7)(refusal(None)) == 0.7
+    assert POLITE(refusal(0.0)) == POLITE(refusal(5.0)) == 1.0         # kiln bench: 1 s, whatever it says
+    assert RetryAfter(cap=2.0)(RequestRecord(0, 1, 0.0, status=200)) == 0.0

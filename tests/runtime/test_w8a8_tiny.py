@@ -31,5 +31,5 @@ def test_w8a8_builds_records_its_check_and_generates(tmp_path):
 
 
 def test_openvino_refuses_w8a8_with_what_to_use(tmp_path):
-    with pytest.raises(ValueError, match="no w8a8 mode; use --quant int8"):
+    with pytest.raises(ValueError, match="no w8a8 mode; it builds --quant none | int8 | int4"):
         build(BuildConfig(source="tiny-llama", out=tmp_path / "ov", quant=QuantMode.W8A8, backend="openvino"))

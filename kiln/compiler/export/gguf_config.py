@@ -5,8 +5,8 @@ states llama.cpp hard-codes per architecture instead (Gemma's sliding-window pat
 base, its attention scale). Each architecture string llama.cpp writes for a family kiln builds maps
 here to that family's HF `model_type` plus the conventions of its tensors:
 - `permuted_qk`: llama.cpp's converter interleaves the q/k rows of every architecture it runs with
-  its NORM (GPT-J) rope -- llama, mistral3 -- so kiln's rotate-half graph needs them undone. NEOX-rope
-  architectures (qwen2/3, phi3, gemma*) are stored in HF's row order.
+  its NORM (GPT-J) rope -- llama, mistral3 (and mistral) -- so kiln's rotate-half graph needs them
+  undone. NEOX-rope architectures (qwen2/3, phi3, gemma*) are stored in HF's row order.
 - `norm_offset`: Gemma's converters store every RMSNorm weight (q/k norms too) as w + 1.
 What kiln cannot run faithfully (experts, extra scales) is refused from the metadata alone.
 """
@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from kiln.compiler.export.gguf_reader import GGUFError, GGUFFile
+from kiln.compiler.export.gguf_reader import GGUFError, GGUFFile, readable
 from kiln.contract.model_spec import UnsupportedModelError
 
 
@@ -123,9 +123,9 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "llama": GGUFArch("llama", permuted_qk=True),
     # Ministral 3 / Mistral 3 text: llama's layout under its own name.
     "mistral3": GGUFArch("mistral", permuted_qk=True, extras=_windowed),
-    # No llama.cpp converter writes "mistral"; transformers' GGUF loader, the one reader of it, takes
-    # its q/k as stored, and so does kiln.
-    "mistral": GGUFArch("mistral", extras=_windowed),
+    # No llama.cpp converter writes "mistral" (nor does llama.cpp or transformers read it); a file
+    # that says it is taken in the layout every llama.cpp Mistral has, llama's.
+    "mistral": GGUFArch("mistral", permuted_qk=True, extras=_windowed),
     "qwen2": GGUFArch("qwen2"),
     "qwen3": GGUFArch("qwen3"),
     "phi3": GGUFArch("phi3", extras=_phi3),
@@ -204,7 +204,7 @@ def _rope(f: GGUFFile, key: _Keys, arch: str) -> dict:
     if kind == "longrope":
         return {"rope_scaling": _longrope(f, key, arch)}
     if has_freqs:
-        return {"rope_scaling": {"rope_type": "freq_factors", "freq_factors": f.read("rope_freqs.weight").tolist()}}
+        return {"rope_scaling": {"rope_type": "freq_factors", "freq_factors": _table(f, "rope_freqs.weight")}}
     if kind == "none":
         return {}
     if kind == "linear":
@@ -223,6 +223,15 @@ def _rope(f: GGUFFile, key: _Keys, arch: str) -> dict:
 def _longrope(f: GGUFFile, key: _Keys, arch: str) -> dict:
     if "rope_factors_short.weight" not in f.tensors:
         raise GGUFError(f"{f.path.name}: longrope needs rope_factors_long and rope_factors_short")
-    return {"rope_type": "longrope", "long_factor": f.read("rope_factors_long.weight").tolist(),
-            "short_factor": f.read("rope_factors_short.weight").tolist(),
+    return {"rope_type": "longrope", "long_factor": _table(f, "rope_factors_long.weight"),
+            "short_factor": _table(f, "rope_factors_short.weight"),
             "original_max_position_embeddings": key("rope.scaling.original_context_length")}
+
+
+def _table(f: GGUFFile, name: str) -> list[float]:
+    """A small per-frequency rope table, as the shortest decimals of its f32 values (see _Keys)."""
+    info = f.tensors[name]
+    if len(info.shape) != 1 or info.shape[0] > 4096 or not readable(info.ggml_type):
+        raise GGUFError(f"{f.path.name}: {name} ({info.type_name}, shape {list(info.shape)}) is not a "
+                        "per-frequency table kiln can read")
+    return [float(str(v)) for v in f.read(name)]

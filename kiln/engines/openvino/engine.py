@@ -16,7 +16,7 @@ import openvino as ov
 from kiln.contract.engine import BucketGrid, EngineResult, KvLayout, PagedBatch
 from kiln.engines.openvino.feeds import paged_feeds
 from kiln.engines.openvino.options import KV_DTYPES, OpenVinoOptions
-from kiln.engines.openvino.paged_graph import paged_model
+from kiln.engines.openvino.paged_graph import paged_attention_extension, paged_model
 from kiln.contract.model_spec import ModelSpec
 
 
@@ -24,6 +24,21 @@ def compile_paged(xml: Path, spec: ModelSpec, options: OpenVinoOptions, threads:
     """Read the standard IR, rewrite it to the paged model, compile it for this CPU."""
     core = ov.Core()
     return core.compile_model(paged_model(core.read_model(xml), spec), "CPU", options.compile_properties(threads))
+
+
+def import_paged(blob: Path, spec: ModelSpec, options: OpenVinoOptions,
+                 threads: int) -> tuple[ov.CompiledModel, np.ndarray]:
+    """The build's compiled paged model, without the rewrite or the plugin's transformations; and
+    the blob's mapping, which must live as long as the model (the plugin may keep pointing into it).
+
+    Raises RuntimeError when the plugin refuses the blob: it checks the OpenVINO release and the CPU
+    instruction set the blob was compiled for, and refuses any other (or a damaged header)."""
+    core = ov.Core()
+    core.add_extension(paged_attention_extension(spec))
+    # NOTE: a private (copy-on-write) mapping: no copy of the file, its pages shared with the page cache.
+    mapped = np.memmap(blob, dtype=np.uint8, mode="c")
+    compiled = core.import_model(ov.Tensor(mapped, shared_memory=True), "CPU", options.compile_properties(threads))
+    return compiled, mapped
 
 
 class KvCacheMismatch(RuntimeError):
@@ -52,8 +67,11 @@ def _block_shape(port: ov.ConstOutput) -> list[int]:
 
 class OpenVinoEngine:
     def __init__(self, compiled: ov.CompiledModel, buckets: BucketGrid, kv_layout: KvLayout,
-                 options: OpenVinoOptions, expected_kv: dict | None = None):
+                 options: OpenVinoOptions, expected_kv: dict | None = None, blob: np.ndarray | None = None,
+                 loaded_from: str = "compiled"):
         self.compiled, self.buckets, self.options = compiled, buckets, options
+        self._blob = blob                          # the imported blob's mapping, kept with the model
+        self.loaded_from = loaded_from             # "blob" (imported) | "compiled" (rewrite + compile)
         self.kv_cache = describe_kv_cache(compiled)
         if expected_kv is not None and self.kv_cache != expected_kv:
             raise KvCacheMismatch(f"the OpenVINO CPU plugin here allocates the KV cache as {self.kv_cache}, "

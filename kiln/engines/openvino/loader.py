@@ -1,16 +1,26 @@
-"""Load an artifact's OpenVINO engine: verify its files and toolchain, compile once, check the cache."""
+"""Load an artifact's OpenVINO engine: verify its files and toolchain, import (or compile), check the cache.
+
+The build saves the compiled paged model (engines/openvino/compiled.blob, recorded under the engine
+record's "compiled" with its sha256): importing it skips the paged rewrite and the CPU plugin's
+transformations, most of a cold start. The plugin refuses a blob compiled by another OpenVINO
+release or for another CPU instruction set; the loader then rewrites and compiles the IR, as an
+artifact without a blob always does, and says so once.
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import openvino as ov
 
 from kiln.contract.artifact import ArtifactError, EngineArtifact
 from kiln.contract.engine import BucketGrid, KvLayout, default_threads
-from kiln.engines.openvino.engine import KvCacheMismatch, OpenVinoEngine, compile_paged
+from kiln.engines.openvino.engine import KvCacheMismatch, OpenVinoEngine, compile_paged, import_paged
 from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.contract.model_spec import ModelSpec
+
+log = logging.getLogger("kiln")
 
 REBUILD = "rebuild it with `kiln build --backend openvino`"
 
@@ -21,18 +31,39 @@ def load_openvino_engine(artifact: EngineArtifact, record: dict, threads: int | 
 
 
 def open_openvino(root: Path, record: dict, spec: ModelSpec, buckets: BucketGrid, kv_layout: KvLayout,
-                  threads: int | None = None) -> OpenVinoEngine:
+                  threads: int | None = None, use_blob: bool = True) -> OpenVinoEngine:
+    """use_blob=False: always rewrite and compile the IR (what a load falls back to)."""
     _check_record(root, record, kv_layout)
     options = OpenVinoOptions.from_dict(record["options"])
+    threads = threads or default_threads()
+    imported = _import(root, record, spec, options, threads) if use_blob else None
+    compiled, blob = imported or (None, None)
+    if compiled is None:
+        try:
+            compiled = compile_paged(root / record["file"], spec, options, threads)
+        except (RuntimeError, ValueError) as e:
+            raise ArtifactError(f"{root}: OpenVINO cannot read or compile {record['file']} ({_first_line(e)}); "
+                                f"{REBUILD}") from None
     try:
-        compiled = compile_paged(root / record["file"], spec, options, threads or default_threads())
-    except (RuntimeError, ValueError) as e:
-        raise ArtifactError(f"{root}: OpenVINO cannot read or compile {record['file']} ({_first_line(e)}); "
-                            f"{REBUILD}") from None
-    try:
-        return OpenVinoEngine(compiled, buckets, kv_layout, options, expected_kv=record["kv_cache"])
+        return OpenVinoEngine(compiled, buckets, kv_layout, options, expected_kv=record["kv_cache"], blob=blob,
+                              loaded_from="blob" if blob is not None else "compiled")
     except KvCacheMismatch as e:
         raise ArtifactError(f"{root}: {e}; {REBUILD} on this machine") from None
+
+
+def _import(root: Path, record: dict, spec: ModelSpec, options: OpenVinoOptions, threads: int):
+    """(compiled model, blob mapping) from the build's blob, or None (logged) when the plugin refuses it."""
+    blob = record.get("compiled")
+    if not blob:
+        return None
+    try:
+        return import_paged(root / blob["file"], spec, options, threads)
+    except (RuntimeError, ValueError, OSError) as e:
+        log.warning("%s: OpenVINO %s on this CPU does not take the compiled blob built with OpenVINO %s on %s (%s); "
+                    "compiling the IR instead, which makes every start slower: %s on this machine to start fast",
+                    root, ov.get_version().split("-")[0], blob.get("openvino", "?").split("-")[0],
+                    blob.get("device", "?"), _reason(e), REBUILD.replace("rebuild it", "rebuild the artifact"))
+        return None
 
 
 def _check_record(root: Path, record: dict, kv_layout: KvLayout) -> None:
@@ -46,8 +77,8 @@ def _check_record(root: Path, record: dict, kv_layout: KvLayout) -> None:
     if KvLayout(**record["kv_layout"]) != kv_layout:
         raise ArtifactError(f"{root}: the manifest's KV layout {kv_layout} is not the one the openvino "
                             f"engine was compiled for ({record['kv_layout']}); {REBUILD}")
-    # NOTE: model.bin's size and sha256 are checked with every other file an engine record names
-    # (artifact_checks), once, when the artifact loads.
+    # NOTE: model.bin's and compiled.blob's sizes and sha256 are checked with every other file an
+    # engine record names (artifact_checks), once, when the artifact loads.
 
 
 def _release(version: str) -> str:
@@ -57,3 +88,10 @@ def _release(version: str) -> str:
 
 def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _reason(e: Exception) -> str:
+    """The plugin's own words: OpenVINO's message opens with lines of source locations."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    said = [ln for ln in lines if not ln.startswith(("Exception from", "Check '"))]
+    return " ".join(said)[:400] if said else _first_line(e)

@@ -4,11 +4,15 @@
       ─ OpenVINO ONNX frontend ─ mark the attention cuts ─ model.xml/.bin (weights kept as they are)
       ─ rewrite to the paged model, compile once on this CPU with the recorded precisions
       ─ the KV cache it allocates ─ engine record
-    Loading repeats the last step (compile_paged).
+      ─ the compiled model exported (compiled.blob) and imported back once ─ the record's "compiled"
+    Loading imports the blob (kiln.engines.openvino.loader); where the plugin refuses it (another
+    OpenVINO release or CPU instruction set) it repeats the last steps from model.xml (compile_paged).
 """
 
 from __future__ import annotations
 
+import io
+import logging
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +22,7 @@ import openvino as ov
 
 from kiln.contract.artifact import file_record
 from kiln.contract.engine import KvLayout
-from kiln.engines.openvino.engine import compile_paged, describe_kv_cache
+from kiln.engines.openvino.engine import compile_paged, describe_kv_cache, import_paged
 from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.compiler.backends.built import BuiltEngines, StageFn
 from kiln.compiler.backends.openvino.coverage import uncovered
@@ -28,9 +32,12 @@ from kiln.compiler.backends.openvino.weights import WeightCompression
 from kiln.compiler.export.external import weights_dir
 from kiln.contract.model_spec import ModelSpec
 
+log = logging.getLogger("kiln")
+
 BACKEND = "openvino"
 MODEL_FILE = "model.xml"
 WEIGHTS_FILE = "model.bin"
+BLOB_FILE = "compiled.blob"
 PROTOBUF_LIMIT = 2**31 - 1
 
 
@@ -72,12 +79,41 @@ def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
         del ov_model
     compiled = compile_paged(out_dir / MODEL_FILE, spec, options, threads=1)
     kv = describe_kv_cache(compiled)
-    return [{
+    record = {
         "backend": BACKEND, **file_record(root, out_dir / MODEL_FILE),
         "weights": file_record(root, out_dir / WEIGHTS_FILE),
         "io": _io(compiled), "options": options.to_dict(), "compression": compression, "kv_cache": kv,
         "kv_layout": kv_layout_for(spec, kv).to_dict(), "openvino": ov.get_version(),
-    }]
+    }
+    blob = export_compiled(compiled, spec, options, out_dir / BLOB_FILE, kv)
+    if blob is not None:
+        record["compiled"] = {**file_record(root, blob), "openvino": ov.get_version(),
+                              "device": ov.Core().get_property("CPU", "FULL_DEVICE_NAME")}
+    return [record]
+
+
+def export_compiled(compiled: ov.CompiledModel, spec: ModelSpec, options: OpenVinoOptions, path: Path,
+                    kv: dict) -> Path | None:
+    """Write the compiled model's blob; None (and no file) when it does not import back here.
+
+    NOTE: the blob is the plugin's transformed graph for this OpenVINO release and this CPU's
+    instruction set (its header says which; the plugin refuses any other), so the artifact keeps
+    model.xml/.bin for the loads it refuses."""
+    # NOTE: export_model writes to an io.BytesIO only (not a file): the blob passes through memory once.
+    stream = io.BytesIO()
+    compiled.export_model(stream)
+    path.write_bytes(stream.getbuffer())
+    del stream
+    try:
+        back, _ = import_paged(path, spec, options, threads=1)
+        if describe_kv_cache(back) != kv:
+            raise RuntimeError(f"the imported model allocates the KV cache as {describe_kv_cache(back)}")
+    except RuntimeError as e:
+        path.unlink()
+        log.warning("the compiled OpenVINO model does not import back (%s); the artifact's loads will "
+                    "compile it from model.xml", str(e).strip().splitlines()[-1][:300])
+        return None
+    return path
 
 
 def _already_quantized(model: onnx.ModelProto) -> bool:

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from kiln.contract.model_spec import ModelSpec
+from kiln.engines.openvino.paged_graph import unsupported
 
 
 def uncovered(spec: ModelSpec) -> str:
     """What of `spec` the paged-attention rewrite does not compute yet ("" when it covers it all).
 
-    The rewrite replaces kiln's attention core with OpenVINO's PagedAttentionExtension, which takes a
-    scale, one sliding window and no score soft-capping; anything else would be computed wrongly, so
-    it is refused (and `--backend auto` picks ort)."""
-    if spec.sliding_window or any(spec.layer_window(i) for i in range(spec.num_layers)):
-        return "sliding-window attention"
-    if spec.attn_softcap:
-        return "attention soft-capping"
-    if abs(spec.query_scale - spec.head_dim ** -0.5) > 1e-12:
-        return "a query scale other than head_dim ** -0.5"
-    return ""
+    The rewrite replaces kiln's attention core with OpenVINO's PagedAttentionExtension. It takes each
+    layer's sliding window (the operation's convention is kiln's, tests/unit/test_openvino_windows.py)
+    and the scale head_dim**-0.5 (the exporter folds any other query scale into q), and everything
+    outside the core (Gemma's norms and scaled embeddings, partial rotary, every rope type, final
+    logit soft-capping) stays kiln's graph. What the operation cannot compute is refused, and
+    `--backend auto` picks ort: today attention-score soft-capping (Gemma 2)."""
+    return unsupported(spec)

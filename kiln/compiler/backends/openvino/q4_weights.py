@@ -78,3 +78,38 @@ def decompression_subgraph(blocks: Q4Blocks, dtype=np.float16, name: str = "w"):
     x = ops.multiply(ops.subtract(ops.convert(codes, dtype), zp), scale)
     w = ops.reshape(x, ops.constant(np.array([n, k], np.int64)), special_zero=False)
     return ops.convert(w, ov.Type.f32) if dtype != np.float32 else w
+
+
+def offset_linear(x, blocks: Q4Blocks, offsets: str = "f32", name: str = "w"):
+    """x·Wᵀ for the Q4_1 weight W as a symmetric 4-bit FullyConnected plus a block-offset side product:
+
+        d·q + m = d·(q - 8) + c,   c = m + 8·d per block
+        x·Wᵀ = FC(x, i4 codes q - 8, scale d) + (x summed over each block of 32) · cᵀ
+
+    The main product has no zero point, so the CPU plugin runs it on its dynamic-quantization
+    kernel (int8 activations; a float zero point keeps it off that kernel). offsets: "f32" keeps c
+    as is, "i8" stores it 8-bit per output channel (symmetric)."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    n, k = blocks.codes.shape
+    g = blocks.group_size
+    signed = (blocks.codes.astype(np.int8) - 8).reshape(n, k // g, g)
+    codes = ops.constant(signed, dtype=ov.Type.i4, name=f"{name}/i4")
+    scale = ops.constant(blocks.scales.astype(np.float16)[..., None], name=f"{name}/scale")
+    w = ops.reshape(ops.multiply(ops.convert(codes, ov.Type.f16), scale),
+                    ops.constant(np.array([n, k], np.int64)), special_zero=False)
+    main = ops.matmul(x, ops.convert(w, ov.Type.f32), transpose_a=False, transpose_b=True)
+    c = blocks.scales.astype(np.float32) * 8 + blocks.mins.astype(np.float32)          # [N, K/g]
+    rank = (x.output(0) if isinstance(x, ov.Node) else x).get_partial_shape().rank.get_length()
+    sums = ops.reduce_sum(ops.reshape(x, ops.constant(np.array([0] * (rank - 1) + [k // g, g], np.int64)),
+                                      special_zero=True), ops.constant(np.array([rank], np.int64)), keep_dims=False)
+    if offsets == "f32":
+        cw = ops.constant(c, name=f"{name}/block_offset")
+    else:
+        amax = np.abs(c).max(axis=1, keepdims=True)
+        cs = np.where(amax == 0, 1.0, amax / 127).astype(np.float16)
+        cq = np.clip(np.rint(c / cs.astype(np.float32)), -127, 127).astype(np.int8)
+        cw = ops.convert(ops.multiply(ops.convert(ops.constant(cq, name=f"{name}/block_offset_i8"), ov.Type.f16),
+                                      ops.constant(cs, name=f"{name}/block_offset_scale")), ov.Type.f32)
+    return ops.add(main, ops.matmul(sums, cw, transpose_a=False, transpose_b=True))

@@ -1,0 +1,97 @@
+"""HF parity of every family and variant on the openvino backend (OpenVINO's paged attention), as
+test_family_parity.py does for the default (ort) build: fp32 logits over a prefill and greedy
+decode steps within the same golden tolerance, each sequence alone and all in one packed call.
+
+A broken window or query scale is far outside that tolerance: past the window (8) the logits of
+full attention differ from the windowed ones by > 100x TOL (test_sliding_window_hides_keys_older_than
+_the_window), and Gemma's query scale (query_pre_attn_scalar 24 against head_dim 16) scales every
+score by 0.82. Gemma 2 (attention-score soft-capping) is refused: the operation cannot cap scores.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("openvino")
+
+from kiln.compiler.build import build  # noqa: E402
+from kiln.compiler.defaults import openvino_blocker  # noqa: E402
+from kiln.compiler.eval.sequence import SequenceRunner  # noqa: E402
+from kiln.compiler.export.families import spec_from_hf_config  # noqa: E402
+from kiln.config import BuildConfig  # noqa: E402
+from kiln.contract.artifact import EngineArtifact  # noqa: E402
+from kiln.contract.quant import QuantMode  # noqa: E402
+from model_checkpoints import VARIANTS  # noqa: E402
+from test_family_parity import (TOL, _prompts, hf_reference, run_alone, run_batched,  # noqa: E402
+                                worst_difference)
+
+REFUSED = {"gemma2": "attention soft-capping"}
+COVERED = sorted(set(VARIANTS) - set(REFUSED))
+
+
+@pytest.fixture(scope="session")
+def openvino_artifact(tmp_path_factory, variant_checkpoint):
+    made = {}
+
+    def get(variant: str):
+        if variant not in made:
+            out = tmp_path_factory.mktemp("openvino-artifacts") / variant
+            made[variant] = build(BuildConfig(source=str(variant_checkpoint(variant)), out=out, backend="openvino",
+                                              quant=QuantMode.NONE))
+        return made[variant]
+    return get
+
+
+@pytest.mark.parametrize("variant", COVERED)
+def test_variant_matches_transformers_alone_and_batched(variant, variant_checkpoint, openvino_artifact, variant_hf):
+    artifact, model = openvino_artifact(variant), variant_hf(variant)
+    manifest = EngineArtifact.load(artifact).manifest
+    assert manifest.engines[0]["backend"] == "openvino" and "compiled" in manifest.engines[0]
+    saved = json.loads((variant_checkpoint(variant) / "config.json").read_text())
+    assert manifest.spec == spec_from_hf_config(saved)
+    assert "does not cover" not in openvino_blocker(QuantMode.INT8, manifest.spec)   # --backend auto takes it
+    refs = [hf_reference(model, p) for p in _prompts()]
+    alone = max(worst_difference(run_alone(artifact, p, toks), ref) for p, (ref, toks) in zip(_prompts(), refs))
+    batched = run_batched(artifact, _prompts(), [toks for _, toks in refs])
+    together = max(worst_difference(mine, ref) for mine, (ref, _) in zip(batched, refs))
+    assert alone <= TOL and together <= TOL, f"{variant}: alone {alone:.2e}, batched {together:.2e} > {TOL}"
+
+
+@pytest.mark.parametrize("variant", sorted(REFUSED))
+def test_uncovered_variant_is_refused_in_one_line(variant, variant_checkpoint, tmp_path):
+    saved = json.loads((variant_checkpoint(variant) / "config.json").read_text())
+    assert REFUSED[variant] in openvino_blocker(QuantMode.INT8, spec_from_hf_config(saved))
+    with pytest.raises(ValueError, match=REFUSED[variant]):
+        build(BuildConfig(source=str(variant_checkpoint(variant)), out=tmp_path / "a", backend="openvino",
+                          quant=QuantMode.NONE))
+    assert not (tmp_path / "a").exists()
+
+
+def test_sliding_window_hides_keys_older_than_the_window(openvino_artifact, variant_hf):
+    """Past the window (8) the logits differ from full attention, so the parity above tests the window."""
+    artifact, model = openvino_artifact("mistral-window"), variant_hf("mistral-window")
+    prompt = _prompts()[2]
+    ref, tokens = hf_reference(model, prompt)
+    model.config.sliding_window = None
+    try:
+        full, _ = hf_reference(model, prompt)
+    finally:
+        model.config.sliding_window = 8
+    mine = run_alone(artifact, prompt, tokens)
+    assert worst_difference(mine, ref) <= TOL
+    assert float(np.abs(mine[0][8:] - full[0][8:]).max()) > 100 * TOL     # keys out of the window matter
+    assert float(np.abs(mine[0][:8] - full[0][:8]).max()) <= TOL          # and inside it nothing changes
+
+
+@pytest.mark.parametrize("variant", ["mistral-window", "qwen2-window-some-layers", "gemma3"])
+def test_chunked_prefill_past_the_window_matches_one_prefill(variant, openvino_artifact, variant_hf):
+    """Chunks of 7 over a 40-token prompt: the window then spans keys read from the paged blocks."""
+    prompt = _prompts()[2]
+    with torch.no_grad():
+        ref = variant_hf(variant)(torch.tensor([prompt])).logits[0].numpy()
+    runner = SequenceRunner(EngineArtifact.load(openvino_artifact(variant)), len(prompt))
+    assert worst_difference([runner.feed_chunked(prompt, 7)], [ref]) <= TOL
