@@ -74,7 +74,8 @@ class Written:
     tokenizer: dict               # what was written as tokenizer metadata
 
 
-def write_gguf(name: str, folder: Path, quants=MIXED, seed: int = 0, arch: str | None = None) -> Written:
+def write_gguf(name: str, folder: Path, quants=MIXED, seed: int = 0, arch: str | None = None,
+               with_tokenizer: bool = True) -> Written:
     """A tiny `name` model as a GGUF file in `folder`, and its HF reference model."""
     arch_default, cls_name, overrides = MODELS[name]
     arch = arch or arch_default
@@ -84,7 +85,8 @@ def write_gguf(name: str, folder: Path, quants=MIXED, seed: int = 0, arch: str |
     path = folder / f"tiny-{name}.gguf"
     w = gguf.GGUFWriter(str(path), arch)
     _metadata(w, model.config)
-    _tokenizer_metadata(w, tok)
+    if with_tokenizer:
+        _tokenizer_metadata(w, tok)
     _tensors(w, model, arch, quants, np.random.default_rng(seed))
     w.write_header_to_file()
     w.write_kv_data_to_file()
