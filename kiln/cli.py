@@ -158,6 +158,73 @@ def triton_repo(artifact, out, instances, max_queue, name, print_command, **runt
         click.echo(_guarded(lambda: command_text(out)))
 
 
+def _security_options(fn):
+    """Who may call the server and from where (docs/serving.md, Security and tenants)."""
+    options = [
+        click.option("--api-key-file", "api_key_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+                     help="Accept several API keys: a file of 'name key' lines; each key gets its own prefix cache."),
+        click.option("--allowed-hosts", "allowed_hosts", default=None,
+                     help="Comma-separated Host names served ('*': any; default: loopback names on loopback)."),
+        click.option("--cors-origins", "cors_origins", default=None,
+                     help="Comma-separated browser origins allowed to call the API (default: none)."),
+        click.option("--allow-control-tokens-in-messages", "allow_control_tokens_in_messages", is_flag=True,
+                     help="Parse special-token text inside messages as control tokens (the old behaviour)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+SECURITY_OPTIONS = ("api_key_file", "allowed_hosts", "cors_origins", "allow_control_tokens_in_messages")
+
+
+def _security_config(api_key_file, allowed_hosts, cors_origins, allow_control_tokens_in_messages) -> dict:
+    from kiln.serving.http_io import read_api_key_file
+
+    def names(text):
+        return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
+    return dict(api_keys=read_api_key_file(api_key_file) if api_key_file else (),
+                allowed_hosts=names(allowed_hosts), cors_origins=names(cors_origins) or (),
+                allow_control_tokens_in_messages=allow_control_tokens_in_messages)
+
+
+def _limit_options(fn):
+    """Connection, time and fault limits, on by default (docs/serving.md, Limits and faults)."""
+    options = [
+        click.option("--limit-concurrency", type=int, default=None,
+                     help="Answer 503 past N open connections or requests in flight (default 512; 0 = no limit)."),
+        click.option("--keep-alive-timeout", type=float, default=None,
+                     help="Close an idle keep-alive connection after S seconds (default 5)."),
+        click.option("--body-timeout", type=float, default=None,
+                     help="Answer 408 when a request body takes over S seconds to arrive (default 30; 0 = off)."),
+        click.option("--max-body-size", default=None, help="Answer 413 past this body size, e.g. 8MiB (default 4MiB)."),
+        click.option("--step-timeout", type=float, default=None,
+                     help="Fault the server (503, requests errored) when an engine step runs over S seconds "
+                          "(default 60; 0 = no watchdog)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+LIMIT_OPTIONS = ("limit_concurrency", "keep_alive_timeout", "body_timeout", "max_body_size", "step_timeout")
+
+
+def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_timeout, body_timeout,
+                   max_body_size, step_timeout) -> dict:
+    """The limits given on the command line (0: off); the others keep ServeConfig's defaults."""
+    from kiln.units import parse_bytes
+
+    given = dict(max_waiting=max_waiting, request_timeout=request_timeout, limit_concurrency=limit_concurrency,
+                 body_timeout=body_timeout, step_timeout=step_timeout)
+    out = {name: value or None for name, value in given.items() if value is not None}
+    if keep_alive_timeout is not None:
+        out["keep_alive_timeout"] = keep_alive_timeout
+    if max_body_size is not None:
+        out["max_body_bytes"] = parse_bytes(max_body_size)
+    return out
+
+
 @main.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
@@ -167,13 +234,17 @@ def triton_repo(artifact, out, instances, max_queue, name, print_command, **runt
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the folder name).")
 @click.option("--ttft-slo", type=float, default=None,
               help="Refuse (429) when the predicted TTFT exceeds S seconds (default 2; 0 = never).")
-@click.option("--max-waiting", type=int, default=None, help="Refuse when N requests await their first token.")
+@click.option("--max-waiting", type=int, default=None,
+              help="Refuse when N requests await their first token (default 256; 0 = no bound).")
 @click.option("--max-waiting-tokens", type=int, default=None, help="Refuse when their prompts exceed N tokens.")
-@click.option("--request-timeout", type=float, default=None, help="End requests after S seconds (finish_reason timeout).")
+@click.option("--request-timeout", type=float, default=None,
+              help="End requests after S seconds, finish_reason timeout (default 600; 0 = never).")
 @click.option("--no-response-cache", is_flag=True, help="Do not cache deterministic responses.")
 @click.option("--no-console", is_flag=True, help="Do not serve the playground and dashboard at /.")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info",
               show_default=True, help="kiln's logs; debug traces admission and every engine step.")
+@_security_options
+@_limit_options
 @runtime_options
 def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waiting, max_waiting_tokens,
           request_timeout, no_response_cache, no_console, log_level, **runtime):
@@ -181,11 +252,14 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
     from kiln.config import DEFAULT_TTFT_SLO, ServeConfig
     from kiln.serving.server import run_server
 
+    security = {name: runtime.pop(name) for name in SECURITY_OPTIONS}
+    limits = {name: runtime.pop(name) for name in LIMIT_OPTIONS}
+
     def go():
-        cfg = ServeConfig(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
+        cfg = ServeConfig(**_security_config(**security), **_limits_config(max_waiting, request_timeout, **limits),
+                          host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                           ttft_slo=DEFAULT_TTFT_SLO if ttft_slo is None else ttft_slo,
-                          max_waiting=max_waiting, max_waiting_tokens=max_waiting_tokens,
-                          request_timeout=request_timeout, response_cache=not no_response_cache,
+                          max_waiting_tokens=max_waiting_tokens, response_cache=not no_response_cache,
                           console=not no_console, log_level=log_level)
         run_server(artifact, runtime_config(**runtime), cfg, announce=lambda m: console.print(f"[dim]{m}[/]"))
     _guarded(go)

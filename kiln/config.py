@@ -174,27 +174,45 @@ class ServeConfig:
     console: bool = True                     # the playground and dashboard at / (--no-console)
     # Admission control: a request over any bound is refused at once with 429.
     ttft_slo: float = DEFAULT_TTFT_SLO       # seconds; refuse when the predicted TTFT exceeds it; 0 = off
-    max_waiting: int | None = None           # admitted requests still waiting for their first token
+    max_waiting: int | None = 256            # admitted requests still waiting for their first token
     max_waiting_tokens: int | None = None    # their prompt tokens
-    request_timeout: float | None = None     # seconds; the request ends with finish_reason "timeout"
+    request_timeout: float | None = 600.0    # seconds; the request ends with finish_reason "timeout"
     # Response cache for deterministic requests (temperature 0 or a fixed seed).
     response_cache: bool = True
     cache_max_entries: int = 1024
     cache_max_bytes: int = 64 << 20
     cache_ttl: float = 600.0
     max_body_bytes: int = 4 << 20            # larger bodies get 413 before they are parsed
+    # Limits and faults (docs/serving.md, Limits and faults); None: off.
+    limit_concurrency: int | None = 512      # open connections (or requests) past which uvicorn answers 503
+    keep_alive_timeout: float = 5.0          # seconds an idle keep-alive connection stays open
+    body_timeout: float | None = 30.0        # seconds a request's whole body may take to arrive; 408 past it
+    step_timeout: float | None = 60.0        # seconds one engine step may run before the server faults
     # kiln's own loggers: "debug" adds admission's predicted-vs-realised TTFT and a line per engine
     # step (decodes, prefill tokens, budget, engine / own / cycle ms); libraries stay at info.
     log_level: str = "info"
+    # Security and tenants (docs/serving.md). api_keys: (name, key) pairs, from --api-key-file;
+    # each key gets its own prefix-cache salt unless per_key_cache_salt is off.
+    api_keys: tuple[tuple[str, str], ...] = ()
+    per_key_cache_salt: bool = True
+    allow_control_tokens_in_messages: bool = False   # special-token text in messages stays text
+    allowed_hosts: tuple[str, ...] | None = None     # None: loopback names when bound to loopback
+    cors_origins: tuple[str, ...] = ()               # browser origins allowed (none by default)
 
     def __post_init__(self):
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("the API key is empty: give a key, or none to serve without one")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if not 0 <= self.ttft_slo < float("inf"):
             raise ValueError(f"ttft_slo must be a finite number of seconds >= 0 (0 = off), got {self.ttft_slo}")
         if self.request_timeout is not None and self.request_timeout <= 0:
             raise ValueError(f"request_timeout must be positive, got {self.request_timeout}")
-        for name in ("max_waiting", "max_waiting_tokens"):
+        for name in ("max_waiting", "max_waiting_tokens", "limit_concurrency", "max_body_bytes"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
+        for name in ("body_timeout", "step_timeout", "keep_alive_timeout"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value}")

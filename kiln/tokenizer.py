@@ -6,6 +6,7 @@ Needs no transformers: the artifact ships tokenizer.json and the template.
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -34,6 +35,15 @@ class Tokenizer:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         self._template = env.from_string(self.chat_template) if self.chat_template else None
+        # Message text is tokenized with special-token matching off (a second instance: the flag
+        # is the tokenizer's own state, and requests are tokenized on several threads).
+        self._text_only = FastTokenizer.from_file(str(folder / "tokenizer.json"))
+        self._text_only.encode_special_tokens = True
+        self.special_tokens = tuple(t.content for t in self.fast.get_added_tokens_decoder().values()
+                                    if t.special)
+        # The most characters one token stands for: a prompt of n characters is at least
+        # n / max_token_chars tokens, a bound the server checks before it tokenizes anything.
+        self.max_token_chars = max((len(t) for t in self.fast.get_vocab()), default=1) or 1
 
     @property
     def vocab_size(self) -> int:
@@ -53,9 +63,73 @@ class Tokenizer:
                                      bos_token=self.bos_token or "", eos_token=self.eos_token or "",
                                      tools=tools)
 
-    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        # The template already writes any special tokens it wants.
-        return self.encode(self.apply_chat_template(messages, tools=tools), add_special_tokens=False)
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None,
+                    control_tokens_in_messages: bool = False) -> list[int]:
+        """The rendered chat as token ids. The template writes its own special tokens; text inside
+        the messages is tokenized as text, so a user typing `<|im_end|>` cannot end their turn
+        and open a system one (control_tokens_in_messages=True: the old way, all parsed)."""
+        rendered = self.apply_chat_template(messages, tools=tools)
+        if control_tokens_in_messages or not self._has_special_text(messages):
+            return self.encode(rendered, add_special_tokens=False)
+        return self._encode_with_text_spans(messages, tools, rendered)
+
+    def _has_special_text(self, messages: list[dict]) -> bool:
+        return any(tok in text for text in _message_texts(messages) for tok in self.special_tokens)
+
+    def _encode_with_text_spans(self, messages: list[dict], tools, rendered: str) -> list[int]:
+        # Render again with each message text replaced by a random placeholder, then tokenize the
+        # template's pieces as before and the texts between them with special tokens off. A
+        # template that looks inside the text (and so renders the placeholders differently) is
+        # caught by comparing the reassembled render with the real one.
+        nonce = secrets.token_hex(16)
+        texts: list[str] = []
+
+        def hide(text: str) -> str:
+            texts.append(text)
+            return f"kiln{nonce}x{len(texts) - 1}x"
+
+        masked = self.apply_chat_template(_map_message_texts(messages, hide), tools=tools)
+        pieces = masked.split(f"kiln{nonce}x")
+        ids, out = self.encode(pieces[0], add_special_tokens=False), [pieces[0]]
+        for piece in pieces[1:]:
+            index, sep, rest = piece.partition("x")
+            if not (sep and index.isdigit() and int(index) < len(texts)):
+                raise ChatTemplateError("a message holds special-token text that this model's chat "
+                                        "template cannot keep apart from its own markers")
+            text = texts[int(index)]
+            ids += self._text_only.encode(text, add_special_tokens=False).ids
+            ids += self.encode(rest, add_special_tokens=False)
+            out += [text, rest]
+        if "".join(out) != rendered:
+            raise ChatTemplateError("a message holds special-token text that this model's chat "
+                                    "template cannot keep apart from its own markers")
+        return ids
+
+
+# The fields of a message the template may branch on; every other string is the client's text.
+_STRUCTURAL_KEYS = frozenset({"role", "type", "id", "tool_call_id"})
+
+
+def _message_texts(value, key: str | None = None):
+    if isinstance(value, str):
+        if key not in _STRUCTURAL_KEYS:
+            yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _message_texts(v, k)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _message_texts(v, key)
+
+
+def _map_message_texts(value, fn, key: str | None = None):
+    if isinstance(value, str):
+        return value if key in _STRUCTURAL_KEYS else fn(value)
+    if isinstance(value, dict):
+        return {k: _map_message_texts(v, fn, k) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_map_message_texts(v, fn, key) for v in value]
+    return value
 
 
 def _read_json(path: Path) -> dict:

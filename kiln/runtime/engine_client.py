@@ -12,6 +12,21 @@ Failure policy: when a step raises, every request in flight ends at once: its si
 EngineError, its KV blocks are freed, and the failure is counted (engine_failures). The client
 stays usable: the next request is scheduled on a clean pool. Nothing is retried, since a
 half-run step may have sampled tokens that were never delivered.
+
+Faults: what that policy cannot absorb ends the loop for good, never silently. A step that raises
+something other than an Exception (a native panic, a BaseException), an error while failing the
+requests (or anywhere else in the loop's own bookkeeping), or a step that runs past
+`step_timeout` seconds (a watchdog thread notices) sets `fault` to the reason: every request in
+flight ends with EngineFault, new requests are refused with it, and the KV blocks are freed once
+the engine thread gets control back. The loop is not restarted: after a panic or a failed
+clean-up the core's state (scheduler, KV pool, the engine's device memory) cannot be trusted, and
+a stuck step still owns the core (a thread cannot be killed), so a second loop would race it. A
+front end reports the fault (the HTTP server's /health and /ready answer 503) so that an
+orchestrator replaces the process.
+
+`stream()` consumers also get their timeout without the engine thread: after `timeout(id)` the
+stream ends with a finish_reason "timeout" delta of its own at most TIMEOUT_GRACE seconds later,
+even if the loop never answers.
 """
 
 from __future__ import annotations
@@ -36,8 +51,16 @@ class EngineError(RuntimeError):
     """The engine failed mid-step; every request in flight at that moment ends with this error."""
 
 
+class EngineFault(EngineError):
+    """The engine loop stopped for good (see `EngineClient.fault`); the client takes no new requests."""
+
+
 class ClientClosed(RuntimeError):
     """The client was shut down; it takes no new requests."""
+
+
+TIMEOUT_GRACE = 1.0       # seconds a timed-out stream waits for the engine's own final delta
+_EXPIRED = object()       # put into a stream's inbox when its timeout's grace has passed
 
 
 @dataclass(frozen=True)
@@ -52,8 +75,12 @@ class _Finish:
 
 
 class EngineClient:
-    def __init__(self, llm):
+    def __init__(self, llm, step_timeout: float | None = None):
         self.llm, self.core, self.outputs = llm, llm.core, llm.outputs
+        # Seconds one step may run before the watchdog declares the engine stuck; None or 0: no
+        # watchdog. Read when an engine thread starts, so set it before the first request.
+        self.step_timeout = step_timeout
+        self.fault: str | None = None             # why the loop stopped for good; None while healthy
         self._counters = LoopCounters()
         self._prefix_cache = False                # whether snapshots carry the prefix cache's hashes
         # NOTE: taken here, before any engine thread runs; then replaced whole: readers see old or new.
@@ -65,7 +92,10 @@ class EngineClient:
         self._sinks: dict[str, Sink] = {}
         self._lock = threading.Lock()             # guards _thread and _closed
         self._thread: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
         self._closed = False
+        self._step_started: float | None = None   # monotonic start of the step running now
+        self._streams: dict[str, AsyncSink] = {}  # stream() consumers, for their HTTP-side timeout
 
     # -- any thread ---------------------------------------------------------------------------
     def submit(self, request: Request, sink: Sink) -> None:
@@ -83,6 +113,12 @@ class EngineClient:
     def timeout(self, request_id: str) -> None:
         """Ends the request with finish_reason "timeout"; its sink gets a final delta."""
         self._command(_Finish(request_id, RequestStatus.FINISHED_TIMEOUT), refuse_when_closed=False)
+        sink = self._streams.get(request_id)
+        if sink is not None:                  # end the stream even if the loop never answers
+            try:
+                sink.loop.call_soon_threadsafe(sink.loop.call_later, TIMEOUT_GRACE, sink.inbox.put_nowait, _EXPIRED)
+            except RuntimeError:              # its event loop is closed: nobody is waiting
+                pass
 
     def make_request(self, prompt, params, request_id: str | None = None) -> Request:
         return self.llm.make_request(prompt, params, request_id)
@@ -91,16 +127,20 @@ class EngineClient:
         """The request's deltas. A consumer that stops iterating aborts the request."""
         sink = AsyncSink()
         self.submit(request, sink)
+        self._streams[request.request_id] = sink
         finished = False
         try:
             while not finished:
                 item = await sink.inbox.get()
+                if item is _EXPIRED:          # timed out, and the engine did not end it in time
+                    item = StreamDelta(request.request_id, "", [], finished=True, finish_reason="timeout")
                 if isinstance(item, Exception):
                     finished = True
                     raise item
                 finished = item.finished
                 yield item
         finally:
+            self._streams.pop(request.request_id, None)
             if not finished:
                 self.abort(request.request_id)
 
@@ -126,40 +166,115 @@ class EngineClient:
         return self._commands.qsize() + self.snapshot.num_waiting
 
     def shutdown(self) -> None:
-        """Stops the loop; requests still in flight end with ClientClosed."""
+        """Stops the loop; requests still in flight end with ClientClosed. With the engine faulted
+        and its thread stuck in a step, it waits for nothing and leaves the core alone."""
         with self._lock:
             self._closed = True
             thread = self._thread
-        if thread is not None:
-            thread.join()
+        while thread is not None and thread.is_alive():
+            thread.join(0.1)
+            if self.fault is not None and thread.is_alive():
+                return                        # stuck in a step: its requests have ended already
         self._drain_commands()                # no thread runs now: this one may touch the core
         self._fail_all(ClientClosed("the engine client shut down"), count_failure=False)
 
     def _command(self, command, refuse_when_closed: bool = True) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed or self.fault is not None:
                 if not refuse_when_closed:
                     return
+                if self.fault is not None:
+                    raise EngineFault(self.fault)
                 raise ClientClosed("the engine client is shut down; it takes no new requests")
             self._commands.put(command)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="kiln-engine", daemon=True)
                 self._thread.start()
+                if self.step_timeout:
+                    self._watchdog = threading.Thread(target=self._watch, args=(self._thread, self.step_timeout),
+                                                      name="kiln-engine-watchdog", daemon=True)
+                    self._watchdog.start()
+
+    # -- the watchdog thread (one per engine thread, while it lives) ----------------------------
+    def _watch(self, thread: threading.Thread, limit: float) -> None:
+        while thread.is_alive():
+            thread.join(min(1.0, limit / 4))
+            with self._lock:
+                started = self._step_started
+                if started is None or self.fault is not None or time.monotonic() - started <= limit:
+                    continue
+                # NOTE: decided under the lock _end_step() takes: the step is still running, so
+                # the engine thread touches no sink until it returns and sees the fault.
+                sinks = self._set_fault(f"an engine step has run for more than {limit:g} s (--step-timeout)")
+            log.critical("engine step stuck for more than %g s: failing %d requests; the server is "
+                         "not ready any more", limit, len(sinks))
+            self._fail_sinks(sinks)
+            return
+
+    def _set_fault(self, reason: str) -> list[Sink]:
+        """Under self._lock: the fault, and the sinks it ends (those in flight and those queued)."""
+        self.fault = reason
+        self._counters.engine_failures += 1
+        sinks, self._sinks = list(self._sinks.values()), {}
+        while True:                           # NOTE: no new command comes in: _command sees the fault
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, _Add):
+                sinks.extend(sink for _, sink in command.entries)
+        return sinks
+
+    def _fail_sinks(self, sinks: list[Sink]) -> None:
+        error = EngineFault(self.fault)
+        for sink in sinks:
+            self._counters.count_finished(ERROR)
+            _fail(sink, error)
 
     # -- engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:            # a panic, or a failure while failing the requests
+            self._die(e)
+
+    def _loop(self) -> None:
         while True:
             try:
                 self._iterate()
             except Exception as e:            # a bug outside the step: end the requests, not the loop
                 log.exception("engine loop iteration failed")
                 self._fail_all(EngineError(f"engine loop failure: {type(e).__name__}: {e}"))
+            if self.fault is not None:        # the watchdog gave up on a step that came back since
+                self._free_all()
             with self._lock:
                 # NOTE: decided under the lock _command() holds while it enqueues, so a command
                 # is either seen here or finds no thread and starts a new one.
-                if self._closed or (not self.core.has_unfinished() and self._commands.empty()):
+                if self._closed or self.fault is not None or (
+                        not self.core.has_unfinished() and self._commands.empty()):
                     self._thread = None
                     return
+
+    def _die(self, error: BaseException) -> None:
+        """What escaped the loop: the fault, and the requests end; the thread exits."""
+        log.critical("the engine loop died; the server is not ready any more", exc_info=error)
+        with self._lock:
+            sinks = self._set_fault(f"the engine loop died: {type(error).__name__}: {error}") \
+                if self.fault is None else []
+        self._fail_sinks(sinks)
+        try:
+            self._free_all()
+        except BaseException:                 # nothing more to do: the process is to be replaced
+            log.exception("could not free the KV blocks after the engine loop died")
+        with self._lock:
+            self._thread = None
+
+    def _free_all(self) -> None:
+        """After a fault: every request out of the core (its KV blocks freed)."""
+        for request_id in list(self.core.scheduler.requests):
+            self.core.abort(request_id)
+            self.outputs.forget(request_id)
+        self._publish()
 
     def _iterate(self) -> None:
         self._drain_commands()
@@ -204,15 +319,26 @@ class EngineClient:
 
     def _step(self) -> None:
         t0 = time.perf_counter()
+        self._step_started = time.monotonic()
         try:
             deltas = [self._process(d) for d in self.core.step()]
         except Exception as e:                # the failure policy: see the module docstring
+            if self._end_step():
+                return
             log.exception("engine step failed; failing the %d requests in flight", len(self._sinks))
             self._fail_all(EngineError(f"engine failure: {type(e).__name__}: {e}"))
+            return
+        if self._end_step():                  # the watchdog gave up on it: its requests ended
             return
         self._report_step(time.perf_counter() - t0)
         for delta in deltas:
             self._deliver(delta)
+
+    def _end_step(self) -> bool:
+        """The step is over; True when the engine faulted meanwhile (the watchdog)."""
+        with self._lock:
+            self._step_started = None
+            return self.fault is not None
 
     def _process(self, step_delta: RequestDelta) -> StreamDelta:
         delta, stop = self.outputs.process(step_delta)

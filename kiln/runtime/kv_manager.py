@@ -49,11 +49,11 @@ class PrefixCacheView:
     block_size: int = 1
     hashes: frozenset[int] = frozenset()
 
-    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+    def cached_prefix_tokens(self, token_ids: Sequence[int], salt: str | None = None) -> int:
         """What get_computed_blocks would have hit, when the view was taken, for a prompt of these tokens."""
         if not self.hashes:
             return 0
-        hashes = _chain_hashes(token_ids, self.block_size)
+        hashes = _chain_hashes(token_ids, self.block_size, salt)
         return len(_leading_hits(hashes, len(token_ids), self.block_size, self.hashes)) * self.block_size
 
 
@@ -87,12 +87,13 @@ class KVCacheManager:
         self.prefix_hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
 
-    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+    def cached_prefix_tokens(self, token_ids: Sequence[int], salt: str | None = None) -> int:
         """What get_computed_blocks would hit for a prompt of these tokens, read without changing
         any state. NOTE: the pool's thread only; other threads ask a prefix_view()."""
         if not self.enable_caching:
             return 0
-        return len(self._cached_run(_chain_hashes(token_ids, self.block_size), len(token_ids))) * self.block_size
+        hashes = _chain_hashes(token_ids, self.block_size, salt)
+        return len(self._cached_run(hashes, len(token_ids))) * self.block_size
 
     def prefix_view(self) -> PrefixCacheView:
         """The prefix cache's hashes now, as an immutable view; rebuilt only after they changed.
@@ -192,15 +193,23 @@ class KVCacheManager:
         tokens, size = request.all_token_ids, self.block_size
         for i in range(len(entry.hashes), len(tokens) // size):
             parent = entry.hashes[-1] if entry.hashes else None
-            entry.hashes.append(hash_block_tokens(parent, tokens[i * size:(i + 1) * size]))
+            entry.hashes.append(hash_block_tokens(parent, tokens[i * size:(i + 1) * size],
+                                                  _salt_keys(request) if i == 0 else None))
         return entry.hashes
 
 
-def _chain_hashes(token_ids: Sequence[int], block_size: int) -> Iterator[int]:
+def _salt_keys(request: Request):
+    # The salt keys the first block only: every later hash chains from it.
+    salt = getattr(request.sampling_params, "cache_salt", None)
+    return None if salt is None else ("cache_salt", salt)
+
+
+def _chain_hashes(token_ids: Sequence[int], block_size: int, salt: str | None = None) -> Iterator[int]:
     """Chain hashes of the full blocks of token_ids, computed as they are read."""
     parent = None
     for i in range(len(token_ids) // block_size):
-        parent = hash_block_tokens(parent, token_ids[i * block_size:(i + 1) * block_size])
+        extra = ("cache_salt", salt) if i == 0 and salt is not None else None
+        parent = hash_block_tokens(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
         yield parent
 
 

@@ -42,6 +42,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     # The output must match this (a JSON Schema, a regex, a grammar ...); None: free text.
     structured: StructuredOutput | None = None
+    # A prefix-cache namespace (vLLM's cache_salt): it keys the first block's hash, so requests
+    # share cached prefixes only with the same salt (and cached_tokens tells no one else's prompt).
+    cache_salt: str | None = None
 
     def __post_init__(self):
         # Accept lists from callers; store tuples so the params stay hashable.

@@ -6,10 +6,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -21,16 +24,21 @@ from kiln.serving.admission import Admission
 from kiln.serving.console import console_routes
 from kiln.serving.errors import ApiError, bad_request
 from kiln.serving.generations import Generations
-from kiln.serving.http_io import EventStream, check_api_key, read_json, until_disconnected
+from kiln.serving.http_io import (EventStream, RequestGuard, allowed_host_names, check_api_key, decode_body,
+                                  read_body, until_disconnected)
 from kiln.serving.metrics import ServerMetrics
 from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from kiln.serving.requests import EngineLimits, prepare_chat, prepare_completion
+from kiln.serving.requests import EngineLimits, RequestOptions, prepare_chat, prepare_completion
 from kiln.serving.response_cache import ResponseCache
 from kiln.serving.responses import Renderer
 
 log = logging.getLogger("kiln.serving")
 
 WARM_UP_PROMPT_TOKENS = 256
+# Request preparation (JSON decoding, template rendering, tokenizing, grammar compiling) and
+# tool-call parsing run on this many worker threads, never on the event loop: /health and the
+# streams in flight keep being served while a huge prompt is refused.
+PREPARE_WORKERS = 2
 ENDPOINTS = {"completion": (CompletionRequest, prepare_completion), "chat": (ChatCompletionRequest, prepare_chat)}
 
 
@@ -44,9 +52,11 @@ class Server:
         self.client: EngineClient = llm.client
         self.limits = EngineLimits.of(self.client.snapshot, llm.artifact.manifest)
         self.generations: Generations | None = None
+        self.workers = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="kiln-prepare")
 
     def start(self) -> None:
         c = self.config
+        self.client.step_timeout = c.step_timeout   # the engine watchdog (docs/serving.md, Limits and faults)
         self.client.step_listeners.append(self.metrics.observe_step)
         self.client.publish_prefix_cache()        # admission asks the snapshot's prefix-cache view
         admission = Admission(c, self.client)
@@ -66,6 +76,7 @@ class Server:
         log.info("ready: serving %s", self.model_name)
 
     def stop(self) -> None:
+        self.workers.shutdown(wait=False, cancel_futures=True)
         self.client.shutdown()
         log.info("stopped: the engine thread has exited")
 
@@ -74,10 +85,20 @@ class Server:
         self.metrics.rejected.labels(reason or "unknown").inc()
         return e.response()
 
-    def check(self, request: HttpRequest) -> None:
+    def check(self, request: HttpRequest) -> str | None:
+        """The caller's API key name (None: no keys configured)."""
+        if self.client.fault is not None:
+            raise ApiError(503, f"the engine has faulted: {self.client.fault}", code="engine_fault")
         if not self.ready:
             raise ApiError(503, "the engine is still loading; poll /ready", code="not_ready")
-        check_api_key(request, self.config.api_key)
+        return check_api_key(request, self.config.api_key, self.config.api_keys)
+
+    def options(self, key_name: str | None) -> RequestOptions:
+        salt = f"api-key:{key_name}" if key_name is not None and self.config.per_key_cache_salt else None
+        return RequestOptions(self.config.allow_control_tokens_in_messages, salt)
+
+    async def off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.workers, partial(fn, *args))
 
 
 def create_app(llm, config: ServeConfig, model_name: str) -> Starlette:
@@ -95,7 +116,7 @@ def create_app(llm, config: ServeConfig, model_name: str) -> Starlette:
             server.stop()
 
     routes = [
-        Route("/health", _health),
+        Route("/health", partial(_health, server)),
         Route("/ready", partial(_ready, server)),
         Route("/metrics", partial(_metrics, server)),
         Route("/v1/models", partial(_models, server)),
@@ -103,7 +124,12 @@ def create_app(llm, config: ServeConfig, model_name: str) -> Starlette:
         Route("/v1/chat/completions", partial(_generate, server, kind="chat"), methods=["POST"]),
         *console_routes(server),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: _internal_error})
+    middleware = [Middleware(RequestGuard, hosts=allowed_host_names(config.host, config.allowed_hosts))]
+    if config.cors_origins:
+        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
+                                        allow_methods=["GET", "POST"], allow_headers=["*"]))
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
+                    exception_handlers={Exception: _internal_error})
     app.state.server = server
     return app
 
@@ -113,11 +139,17 @@ def _report_warm_up(task: asyncio.Task) -> None:
         log.error("warm-up failed; /ready stays 503", exc_info=task.exception())
 
 
-async def _health(request: HttpRequest) -> Response:
+async def _health(server: Server, request: HttpRequest) -> Response:
+    """Liveness: 503 once the engine loop has faulted (it died, or a step got stuck), so that an
+    orchestrator replaces the process; the loop is never restarted (engine_client.py says why)."""
+    if server.client.fault is not None:
+        return JSONResponse({"status": "faulted", "reason": server.client.fault}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
 async def _ready(server: Server, request: HttpRequest) -> Response:
+    if server.client.fault is not None:
+        return JSONResponse({"status": "faulted", "reason": server.client.fault}, status_code=503)
     if server.ready:
         return JSONResponse({"status": "ready", "model": server.model_name})
     return JSONResponse({"status": "loading"}, status_code=503)
@@ -148,6 +180,11 @@ async def _generate(server: Server, request: HttpRequest, kind: str) -> Response
         return EventStream(renderer.stream(sub, prepared.include_usage), on_close=sub.close)
     try:
         finished, deltas = await until_disconnected(request.receive, _collect(sub))
+        if finished and prepared.parse_tool_calls:       # parsing a long reply is CPU work
+            memo = getattr(sub.source, "parsed", None)
+            body = await server.off_loop(renderer.body, deltas, sub.usage, memo)
+        elif finished:
+            body = renderer.body(deltas, sub.usage)
     except ValueError as e:          # the engine refused it (a limit the checks above missed)
         return server.rejected(bad_request(str(e)))
     except EngineError as e:         # the engine failed mid-step; it serves the next request
@@ -156,17 +193,23 @@ async def _generate(server: Server, request: HttpRequest, kind: str) -> Response
         sub.close()
     if not finished:
         return Response(status_code=499)       # nobody is there to read it
-    return JSONResponse(renderer.body(deltas, sub.usage))
+    return JSONResponse(body)
 
 
 async def _prepare(server: Server, request: HttpRequest, kind: str):
-    server.check(request)
+    key_name = server.check(request)
+    raw = await read_body(request, server.config.max_body_bytes)
+    return await server.off_loop(_prepare_body, server, kind, raw, server.options(key_name))
+
+
+def _prepare_body(server: Server, kind: str, raw: bytes, options: RequestOptions):
+    """On a worker thread: the body's bytes -> a PreparedRequest, or an ApiError."""
     model_cls, prepare = ENDPOINTS[kind]
-    body = parse_body(model_cls, await read_json(request, server.config.max_body_bytes))
+    body = parse_body(model_cls, decode_body(raw))
     if body.model is not None and body.model != server.model_name:
         raise ApiError(404, f"the model '{body.model}' does not exist; this server serves "
                        f"'{server.model_name}'", "model", "model_not_found")
-    return prepare(body, server.llm.tokenizer, server.limits)
+    return prepare(body, server.llm.tokenizer, server.limits, options)
 
 
 async def _collect(sub) -> list:
@@ -175,4 +218,4 @@ async def _collect(sub) -> list:
 
 async def _internal_error(request, exc) -> Response:
     log.exception("unhandled error", exc_info=exc)
-    return ApiError(500, f"internal error: {type(exc).__name__}").response()
+    return ApiError(500, "internal error; the server log has the details").response()

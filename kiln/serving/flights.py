@@ -30,6 +30,7 @@ class Recording:
 
     def __init__(self, deltas: list[StreamDelta], usage: Usage):
         self.deltas, self.usage = tuple(deltas), usage
+        self.parsed: dict = {}        # the reply's tool calls, parsed once (responses.Renderer.body)
         self.nbytes = 200 + sum(100 + 4 * len(d.text) + 8 * len(d.token_ids) + 200 * len(d.logprobs)
                                 for d in self.deltas)
 

@@ -20,6 +20,11 @@ MAX_JSON_DEPTH = 64      # a JSON Schema or a tool's parameters nest a few level
 
 
 async def read_json(request: HttpRequest, max_bytes: int):
+    return decode_body(await read_body(request, max_bytes))
+
+
+async def read_body(request: HttpRequest, max_bytes: int) -> bytes:
+    """The body's bytes, refused (413) past max_bytes before more are read."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
@@ -28,6 +33,11 @@ async def read_json(request: HttpRequest, max_bytes: int):
         body += chunk
         if len(body) > max_bytes:
             raise _too_large(max_bytes)
+    return bytes(body)
+
+
+def decode_body(body: bytes):
+    """The body's JSON, checked (CPU work: the server runs it off the event loop)."""
     try:
         data = json.loads(body, parse_constant=_refuse_constant)
     except ValueError as e:          # JSONDecodeError, UnicodeDecodeError and NaN / Infinity
@@ -35,6 +45,22 @@ async def read_json(request: HttpRequest, max_bytes: int):
     except RecursionError:
         raise _too_deep() from None
     check_json_values(data)
+    return data
+
+
+def decode_json(text: str, what: str, param: str | None = None):
+    """A JSON document sent inside a string field, held to the body's rules (depth, numbers,
+    Unicode): 400 naming `param` rather than a RecursionError deep in a decoder."""
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise _too_deep(what, param) from None
+    except ValueError as e:
+        raise bad_request(f"{what} is not valid JSON: {e}", param, "invalid_json") from None
+    try:
+        check_json_values(data)
+    except ApiError as e:
+        raise bad_request(f"{what}: {e.message}", param, e.code) from None
     return data
 
 
@@ -72,22 +98,101 @@ def _check_text(text: str) -> None:
                           "(an unpaired surrogate escape such as \\ud800)", code="invalid_json") from None
 
 
-def _too_deep() -> ApiError:
-    return bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
+def _too_deep(what: str = "the request body", param: str | None = None) -> ApiError:
+    return bad_request(f"{what} nests deeper than {MAX_JSON_DEPTH} levels", param, "invalid_json")
 
 
 def _too_large(max_bytes: int) -> ApiError:
     return ApiError(413, f"the request body exceeds {max_bytes} bytes", code="request_too_large")
 
 
-def check_api_key(request: HttpRequest, api_key: str | None) -> None:
-    if api_key is None:
-        return
+def check_api_key(request: HttpRequest, api_key: str | None,
+                  api_keys: tuple[tuple[str, str], ...] = ()) -> str | None:
+    """The name of the caller's key (None when no key is configured); 401 without a valid one.
+    api_key is the single shared key (named "default"); api_keys are (name, key) pairs."""
+    keys = ((("default", api_key),) if api_key is not None else ()) + tuple(api_keys)
+    if not keys:
+        return None
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    # NOTE: constant-time comparison, so the key cannot be guessed byte by byte from timings.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+    sent = token.strip().encode()
+    found = None
+    for name, key in keys:
+        # NOTE: constant-time comparison, every key compared, so timings tell nothing of any key.
+        if hmac.compare_digest(sent, key.encode()) and found is None:
+            found = name
+    if scheme.lower() != "bearer" or found is None:
         raise ApiError(401, "a valid API key is needed: send 'Authorization: Bearer <key>'",
                        code="invalid_api_key")
+    return found
+
+
+def read_api_key_file(path) -> tuple[tuple[str, str], ...]:
+    """`name key` lines (blank lines and # comments skipped) -> ((name, key), ...)."""
+    from pathlib import Path
+
+    pairs, names, seen = [], set(), set()
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise ValueError(f"{path}:{number}: expected 'name key', got {len(parts)} fields")
+        name, key = parts
+        if name in names or key in seen:
+            raise ValueError(f"{path}:{number}: the name or key is given twice")
+        names.add(name), seen.add(key)
+        pairs.append((name, key))
+    if not pairs:
+        raise ValueError(f"{path} holds no 'name key' lines")
+    return tuple(pairs)
+
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+def allowed_host_names(bind_host: str, allowed: tuple[str, ...] | None) -> frozenset[str] | None:
+    """The Host header names served (None: any). Default: the loopback names when bound to a
+    loopback address (a web page's DNS-rebinding name is refused), any name otherwise."""
+    if allowed is not None:
+        return None if "*" in allowed else frozenset(h.lower() for h in allowed)
+    return frozenset((*LOOPBACK_HOSTS, bind_host)) if is_loopback(bind_host) else None
+
+
+def _host_name(header: str) -> str:
+    header = header.strip().lower()
+    if header.startswith("["):                       # [::1]:8000
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class RequestGuard:
+    """ASGI middleware: a Host allow-list (421 otherwise) and JSON-only POST bodies (415), so a
+    web page cannot drive a local server with a form or a text/plain fetch."""
+
+    def __init__(self, app, hosts: frozenset[str] | None):
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            error = None
+            if self.hosts is not None and _host_name(headers.get("host", "")) not in self.hosts:
+                error = ApiError(421, "this server does not answer to that Host name (see --allowed-hosts)",
+                                 code="host_not_allowed")
+            elif scope["method"] == "POST":
+                media = headers.get("content-type", "").split(";")[0].strip().lower()
+                if media != "application/json":
+                    error = ApiError(415, "POST bodies must be JSON: send 'Content-Type: application/json'",
+                                     code="unsupported_media_type")
+            if error is not None:
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def until_disconnected(receive, work: Awaitable[T]) -> tuple[bool, T | None]:

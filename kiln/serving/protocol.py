@@ -43,6 +43,8 @@ class _SamplingFields(_Body):
     guided_regex: str | None = None
     guided_grammar: str | None = None          # a Lark grammar (llguidance's dialect)
     guided_choice: list[str] | None = None
+    # vLLM's: a prefix-cache namespace; requests see cached prefixes only of the same salt.
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 class CompletionRequest(_SamplingFields):

@@ -41,6 +41,19 @@ class EngineLimits:
 
 
 @dataclass(frozen=True)
+class RequestOptions:
+    """What the server's configuration and the caller's identity add to every request."""
+    control_tokens_in_messages: bool = False   # parse special-token text in messages (the old way)
+    cache_salt: str | None = None              # the API key's prefix-cache salt (a body's own wins)
+
+
+# A prompt of n characters is at least n / (the longest token's characters) tokens; halved again
+# for normalizers that drop characters. Prompts that are too long by that bound are refused before
+# the template renders or the tokenizer runs.
+CHARS_BOUND_SLACK = 2
+
+
+@dataclass(frozen=True)
 class PreparedRequest:
     kind: str                       # "completion" or "chat": how the answer is rendered
     prompt_ids: tuple[int, ...]
@@ -62,18 +75,25 @@ class PreparedRequest:
         return self.prompt_ids, self.params
 
 
-def prepare_completion(body: CompletionRequest, tok: Tokenizer, limits: EngineLimits) -> PreparedRequest:
+def prepare_completion(body: CompletionRequest, tok: Tokenizer, limits: EngineLimits,
+                       options: RequestOptions = RequestOptions()) -> PreparedRequest:
     if body.echo:
         raise bad_request("echo is not supported", "echo")
+    if isinstance(body.prompt, str):
+        _check_chars_fit(len(body.prompt), tok, limits, "prompt")
     ids = _prompt_ids(body.prompt, tok, limits)
-    return _prepare("completion", body, ids, body.max_tokens, body.logprobs, limits, "prompt", tok)
+    return _prepare("completion", body, ids, body.max_tokens, body.logprobs, limits, "prompt", tok,
+                    options=options)
 
 
-def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimits) -> PreparedRequest:
+def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimits,
+                 options: RequestOptions = RequestOptions()) -> PreparedRequest:
     tools = plan_tools(body, tok)
     messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
+    _check_chars_fit(sum(len(text) for text in _texts(messages)), tok, limits, "messages")
     try:
-        ids = tok.encode_chat(messages, tools=tools.tools)
+        ids = tok.encode_chat(messages, tools=tools.tools,
+                              control_tokens_in_messages=options.control_tokens_in_messages)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
     except (TemplateError, TypeError, ValueError, LookupError, AttributeError) as e:
@@ -84,17 +104,37 @@ def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimi
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return _prepare("chat", body, ids, max_tokens, logprobs, limits, "messages", tok, tools)
+    return _prepare("chat", body, ids, max_tokens, logprobs, limits, "messages", tok, tools, options)
+
+
+def _texts(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _texts(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _texts(v)
+
+
+def _check_chars_fit(num_chars: int, tok: Tokenizer, limits: EngineLimits, param: str) -> None:
+    at_least = num_chars // (CHARS_BOUND_SLACK * getattr(tok, "max_token_chars", num_chars or 1) or 1)
+    limit = min(limits.max_model_len, limits.kv_tokens)
+    if at_least >= limit:
+        raise bad_request(f"the prompt has {num_chars} characters, at least {at_least} tokens, but this "
+                          f"model's context is {limit} tokens", param, "context_length_exceeded")
 
 
 def _prepare(kind, body, ids, max_tokens, logprobs, limits, prompt_param, tok,
-             tools: ToolPlan = ToolPlan()) -> PreparedRequest:
+             tools: ToolPlan = ToolPlan(), options: RequestOptions = RequestOptions()) -> PreparedRequest:
     _check_n(body.n)
     _check_prompt_fits(len(ids), limits, prompt_param)
     max_tokens = _max_tokens(kind, max_tokens, len(ids), limits)
     spec, field = structured_output(body, tools)
+    salt = body.cache_salt if body.cache_salt is not None else options.cache_salt
     params = _sampling_params(body, max_tokens, logprobs, _logit_bias(body.logit_bias, limits),
-                              None if spec is None else bind(spec, field, tok, limits))
+                              None if spec is None else bind(spec, field, tok, limits), salt)
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage, tools.max_calls)
 
@@ -178,7 +218,7 @@ def _logit_bias(bias: dict[str, float] | None, limits: EngineLimits) -> dict[int
 
 
 def _sampling_params(body, max_tokens: int, logprobs: int | None, logit_bias: dict[int, float],
-                     structured) -> SamplingParams:
+                     structured, cache_salt: str | None = None) -> SamplingParams:
     given = dict(temperature=body.temperature, top_p=body.top_p, min_p=body.min_p,
                  presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                  repetition_penalty=body.repetition_penalty, seed=body.seed)
@@ -188,7 +228,8 @@ def _sampling_params(body, max_tokens: int, logprobs: int | None, logit_bias: di
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     try:
         return SamplingParams(max_tokens=max_tokens, stop=stop, ignore_eos=body.ignore_eos,
-                              logprobs=logprobs, logit_bias=logit_bias, structured=structured, **knobs)
+                              logprobs=logprobs, logit_bias=logit_bias, structured=structured,
+                              cache_salt=cache_salt, **knobs)
     except ValueError as e:
         raise _sampling_error(str(e)) from None
 

@@ -10,7 +10,7 @@ from typing import AsyncIterator
 
 from kiln.runtime.outputs import StreamDelta
 from kiln.serving.flights import Subscription, Usage
-from kiln.serving.tools import ToolCallStream, parse_tool_calls
+from kiln.serving.tools import ToolCallStream, split_tool_calls, tool_call
 from kiln.tokenizer import Tokenizer
 
 
@@ -37,14 +37,21 @@ class Renderer:
         self.object = "chat.completion" if kind == "chat" else "text_completion"
 
     # -- whole responses ------------------------------------------------------------------------
-    def body(self, deltas: list[StreamDelta], usage: Usage) -> dict:
+    def body(self, deltas: list[StreamDelta], usage: Usage, memo: dict | None = None) -> dict:
+        """memo: where a cached response keeps its parsed tool calls (by max_calls), so a cache
+        hit does not parse the reply again; each response still gets fresh call ids."""
         text = "".join(d.text for d in deltas)
         finish = deltas[-1].finish_reason if deltas else "abort"
         choice = {"index": 0, "finish_reason": finish, "logprobs": self._logprobs(deltas)}
         if self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
             if self.tools is not None:
-                content, calls = parse_tool_calls(text, self.tools.max_calls)
+                parsed = memo.get(self.tools.max_calls) if memo is not None else None
+                if parsed is None:
+                    parsed = split_tool_calls(text, self.tools.max_calls)
+                    if memo is not None:
+                        memo[self.tools.max_calls] = parsed
+                content, calls = parsed[0], [tool_call(name, args) for name, args in parsed[1]]
                 if calls:
                     choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
                     choice["finish_reason"] = _tool_finish(finish)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from kiln.runtime.structured import GrammarError, StructuredOutput, compiler_for
 from kiln.serving.errors import bad_request
+from kiln.serving.http_io import MAX_JSON_DEPTH, decode_json
 from kiln.serving.tools import forced_call_grammar, template_takes_tools
 
 MAX_TOOL_CALLS = 64
@@ -60,8 +61,20 @@ def structured_output(body, tools: ToolPlan | None = None) -> tuple[StructuredOu
     if not asked:
         return None, None
     field, value = asked[0]
+    if field == "guided_json" and isinstance(value, str):
+        # A schema sent as a string escaped the body's checks: its size and nesting are checked
+        # here, before anything decodes it recursively (a 5,000-deep array was a 500).
+        if len(value) > MAX_CONSTRAINT_CHARS:
+            raise bad_request(f"the {field} constraint is {len(value)} characters; at most "
+                              f"{MAX_CONSTRAINT_CHARS}", field, "constraint_too_large")
+        value = decode_json(value, f"the {field} schema", field)
+        if not isinstance(value, dict):
+            raise bad_request(f"invalid {field}: a JSON Schema must be an object", field, "invalid_value")
     try:
         spec = _spec(field, value)
+    except RecursionError:
+        raise bad_request(f"the {field} constraint nests deeper than {MAX_JSON_DEPTH} levels", field,
+                          "invalid_value") from None
     except (ValueError, TypeError) as e:
         raise bad_request(f"invalid {field}: {e}", field, "invalid_value") from None
     if len(spec.source) > MAX_CONSTRAINT_CHARS:
@@ -88,3 +101,5 @@ def bind(spec: StructuredOutput, field: str, tok, limits) -> StructuredOutput:
         return compiler_for(tok, limits.vocab_size, limits.eos_token_ids).bind(spec)
     except GrammarError as e:
         raise bad_request(f"invalid {field}: {e}", field, "invalid_schema") from None
+    except RecursionError:
+        raise bad_request(f"invalid {field}: it nests too deeply to compile", field, "invalid_schema") from None

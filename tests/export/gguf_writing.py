@@ -235,10 +235,10 @@ GEMMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['ro
 
 def spm_tokenizer() -> dict:
     """llama-type (sentencepiece) metadata as Gemma files have it: specials, the byte fallbacks, pieces."""
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
     pieces = ["\u2581"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["\u2581t", "he", "\u2581the", "in"]
     tokens = specials + [f"<0x{b:02X}>" for b in range(256)] + pieces
-    types = [3, 3, 3, 2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    types = [3, 3, 3, 2, 4, 3, 3] + [6] * 256 + [1] * len(pieces)
     scores = [0.0] * (len(specials) + 256) + [-float(i) for i in range(len(pieces))]
     return dict(model="llama", pre="default", tokens=tokens, types=types, merges=None, scores=scores,
                 bos=2, eos=1, pad=0, add_bos=True, template=GEMMA_TEMPLATE,

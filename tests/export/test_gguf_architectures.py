@@ -28,7 +28,8 @@ from kiln.contract.quant import QuantMode
 
 TOL = 1e-3
 DECODE_STEPS = 4
-PROMPT = np.random.default_rng(7).integers(3, 250, 40).tolist()    # past Gemma's window (8), Phi's original context (32)
+# 40 tokens: past Gemma's window (8) and Phi's original context (32)
+PROMPT = np.random.default_rng(7).integers(3, 250, 40).tolist()
 # transformers' GGUF loader reads these architectures; it ignores llama.cpp's rope tables (rope_freqs,
 # rope_factors_*), so the files holding them are checked against their HF model only
 TRANSFORMERS_READS = {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "llama-kquants"}

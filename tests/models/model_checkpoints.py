@@ -39,6 +39,7 @@ VARIANTS = {
     "qwen2-window-some-layers": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
     "phi3": ("Phi3Config", dict(pad_token_id=256)),
     "phi3-window": ("Phi3Config", dict(sliding_window=8)),
+    "gemma": ("GemmaConfig", dict(head_dim=16, tie_word_embeddings=True)),
     "gemma2": ("Gemma2Config", dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
                                     attn_logit_softcapping=5.0, final_logit_softcapping=3.0, tie_word_embeddings=True)),
     "gemma3": ("Gemma3TextConfig", dict(

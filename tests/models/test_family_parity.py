@@ -122,3 +122,11 @@ def test_chunked_prefill_past_the_window_matches_one_prefill(variant, variant_ar
         ref = variant_hf(variant)(torch.tensor([prompt])).logits[0].numpy()
     runner = SequenceRunner(EngineArtifact.load(variant_artifact(variant)), len(prompt))
     assert worst_difference([runner.feed_chunked(prompt, 7)], [ref]) <= TOL
+
+
+def test_gemma_legacy_gelu_config_reads_as_the_tanh_gemma_runs():
+    """Gemma's own config.json says hidden_act "gelu"; GemmaConfig runs it as gelu_pytorch_tanh, so does kiln."""
+    from model_checkpoints import make_config
+
+    cfg = json.loads(make_config("gemma").to_json_string()) | {"hidden_act": "gelu"}
+    assert spec_from_hf_config(cfg).activation == "gelu_tanh"

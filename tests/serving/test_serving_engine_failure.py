@@ -23,7 +23,7 @@ BODY = {"model": MODEL, "max_tokens": 200, "temperature": 0, "ignore_eos": True}
 def app_client(tiny_llama_artifact):
     llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
     app = create_app(llm, ServeConfig(response_cache=False), MODEL)
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:   # a loopback Host (the default allow-list)
         _wait(lambda: client.get("/ready").status_code == 200)
         yield client, llm
 

@@ -68,7 +68,7 @@ def served(tiny_llama_artifact):
     llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
     guard = llm.core = CoreGuard(llm.core)
     app = create_app(llm, ServeConfig(response_cache=False), MODEL)   # the client's first snapshot
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:   # a loopback Host (the default allow-list)
         _wait(lambda: client.get("/ready").status_code == 200)
         object.__setattr__(guard, "armed", True)
         yield client, app.state.server, guard._core, guard

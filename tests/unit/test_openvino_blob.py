@@ -66,6 +66,9 @@ def test_imported_blob_computes_what_the_compiled_ir_does(built):
     imported, compiled = _open(built), _open(built, use_blob=False)
     assert (imported.loaded_from, compiled.loaded_from) == ("blob", "compiled")
     assert imported.kv_cache == compiled.kv_cache == built[1]["kv_cache"]
+    for key in ("INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION",
+                "DYNAMIC_QUANTIZATION_GROUP_SIZE", "NUM_STREAMS"):      # the load's threads, the build's precisions
+        assert str(imported.compiled.get_property(key)) == str(compiled.compiled.get_property(key)), key
     np.testing.assert_allclose(_logits(imported, spec), _logits(compiled, spec), rtol=0, atol=1e-5)
 
 

@@ -170,7 +170,7 @@ def hf_config(f: GGUFFile) -> tuple[GGUFArch, dict]:
         "num_hidden_layers": key("block_count"),
         "num_attention_heads": heads,
         "num_key_value_heads": key("attention.head_count_kv") or heads,
-        "head_dim": key("attention.key_length") or (hidden // heads if isinstance(hidden, int) and heads else None),
+        "head_dim": key("attention.key_length") or (hidden // heads if _positive(hidden, heads) else None),
         "intermediate_size": key("feed_forward_length"),
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": key("rope.freq_base", 10000.0),
@@ -179,17 +179,35 @@ def hf_config(f: GGUFFile) -> tuple[GGUFArch, dict]:
         "attention_bias": "blk.0.attn_q.bias" in f.tensors,
     }
     _require_ints(cfg, arch_name)
-    if arch.permuted_qk and (key("rope.dimension_count") or cfg["head_dim"]) != cfg["head_dim"]:
-        raise UnsupportedModelError(f"GGUF {arch_name} with partial rotary is not supported")
     cfg |= arch.extras(key, cfg)
+    _refuse_head_shapes(key, cfg, arch_name)
     cfg |= _rope(f, key, arch_name)
     return arch, cfg
 
 
+def _refuse_head_shapes(key: _Keys, cfg: dict, arch: str) -> None:
+    """Values as wide as keys, and rotary over the whole head unless the family reads a partial one."""
+    if (key("attention.value_length") or cfg["head_dim"]) != cfg["head_dim"]:
+        raise UnsupportedModelError(f"GGUF {arch} with value heads of {key('attention.value_length')} "
+                                    f"and key heads of {cfg['head_dim']} is not supported")
+    rotary = key("rope.dimension_count") or cfg["head_dim"]
+    if rotary != cfg["head_dim"] and "partial_rotary_factor" not in cfg:
+        raise UnsupportedModelError(f"GGUF {arch} with rotary over {rotary} of {cfg['head_dim']} head "
+                                    "dimensions is not supported")
+
+
+def _positive(*values) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+
+
 def _require_ints(cfg: dict, arch: str) -> None:
-    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "head_dim"):
-        if not isinstance(cfg[name], int) or cfg[name] <= 0:
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "intermediate_size", "head_dim"):
+        if not _positive(cfg[name]):
             raise GGUFError(f"the GGUF has no usable {arch} value for {name} ({cfg[name]!r})")
+    if cfg["num_attention_heads"] % cfg["num_key_value_heads"]:
+        raise GGUFError(f"the GGUF's {cfg['num_attention_heads']} attention heads do not group over its "
+                        f"{cfg['num_key_value_heads']} kv heads")
 
 
 def _rope(f: GGUFFile, key: _Keys, arch: str) -> dict:
@@ -208,7 +226,8 @@ def _rope(f: GGUFFile, key: _Keys, arch: str) -> dict:
     if kind == "none":
         return {}
     if kind == "linear":
-        return {"rope_scaling": {"rope_type": "linear", "factor": key("rope.scaling.factor") or key("rope.scale_linear")}}
+        factor = key("rope.scaling.factor") or key("rope.scale_linear")
+        return {"rope_scaling": {"rope_type": "linear", "factor": factor}}
     if kind == "yarn":
         params = {"rope_type": "yarn", "factor": key("rope.scaling.factor"),
                   "original_max_position_embeddings": key("rope.scaling.original_context_length"),

@@ -84,10 +84,10 @@ class _Cursor:
         self.pos += length
         return raw.decode("utf-8", errors="replace")
 
-    def count(self, what: str, min_bytes: int, limit: int | None = None) -> int:
+    def count(self, what: str, min_bytes: int) -> int:
         """A u64 element count, refused if that many elements cannot fit in the rest of the file."""
         n = self.unpack("<Q", what)
-        if n * min_bytes > self.remaining or (limit is not None and n > limit):
+        if n * min_bytes > self.remaining:
             raise GGUFError(f"{self.name} is damaged: {what} claims {n} entries, which cannot fit in "
                             f"the {self.remaining} bytes left")
         return n
@@ -122,9 +122,13 @@ class GGUFFile:
         from gguf.quants import dequantize
 
         info = self.tensors[name]
+        if not readable(info.ggml_type):
+            raise GGUFError(f"tensor {name} is stored as {info.type_name}, which gguf.quants cannot dequantize")
         raw = np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.start)
-        # NOTE: a copy, always: an F32 "dequantize" is a view of the map, which would pin it.
-        return np.array(dequantize(raw, info.ggml_type), dtype=np.float32).reshape(info.shape)
+        out = np.asarray(dequantize(raw, info.ggml_type), dtype=np.float32)
+        if not out.flags.writeable:     # F32 "dequantizes" to a view of the map: copy it, not to pin the map
+            out = out.copy()
+        return out.reshape(info.shape)
 
     def _alignment(self) -> int:
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)

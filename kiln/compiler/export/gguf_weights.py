@@ -54,7 +54,7 @@ def lazy_weights(f: GGUFFile, arch: GGUFArch, spec: ModelSpec) -> LazyWeights:
 def _hf_names(f: GGUFFile, arch: GGUFArch) -> dict[str, TensorInfo]:
     norms = SANDWICH_NORMS if arch.sandwich_norms else LLAMA_NORMS
     # Phi-3's ffn_up holds gate and up together when the file has no ffn_gate
-    fused_up = "blk.0.ffn_gate.weight" not in f.tensors and "blk.0.attn_qkv.weight" in f.tensors
+    fused_up = arch.model_type == "phi3" and "blk.0.ffn_gate.weight" not in f.tensors
     named = {}
     for name, info in f.tensors.items():
         hf = _hf_name(name, norms, fused_up)

@@ -49,7 +49,7 @@ async def _index(request: HttpRequest) -> Response:
 
 def _refused(server, request: HttpRequest) -> Response | None:
     try:
-        check_api_key(request, server.config.api_key)
+        check_api_key(request, server.config.api_key, server.config.api_keys)
     except ApiError as e:
         return server.rejected(e)
     return None
