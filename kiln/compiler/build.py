@@ -191,6 +191,7 @@ def _copy_tokenizer(src: ModelSource, out: Path) -> dict:
 def _generation_defaults(src: ModelSource, tokenizer_dir: Path) -> dict:
     tok = Tokenizer(tokenizer_dir)
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    eos += [i for i in src.end_token_ids if i not in eos]
     return {"eos_token_ids": eos, "max_model_len": src.spec.max_position_embeddings,
             "has_chat_template": tok.chat_template is not None}
 

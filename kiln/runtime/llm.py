@@ -36,7 +36,8 @@ class LLM:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         eos = self.artifact.manifest.generation.get("eos_token_ids") or []
         params = bind_params(params, self.tokenizer, self.artifact.manifest.spec.vocab_size, eos)
-        return Request(request_id or f"req-{next(self._ids)}", ids, params, eos_token_id=eos[0] if eos else None)
+        return Request(request_id or f"req-{next(self._ids)}", ids, params, eos_token_id=eos[0] if eos else None,
+                       extra_eos_token_ids=tuple(eos[1:]))
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         return self.tokenizer.encode_chat(messages)

@@ -62,6 +62,8 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     eos_token_id: int | None = None
+    # NOTE: further end-of-turn ids the model stops on (Gemma's <end_of_turn>, Llama 3's <|eot_id|>)
+    extra_eos_token_ids: tuple[int, ...] = ()
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING

@@ -239,7 +239,7 @@ class Scheduler:
         if token in params.stop_token_ids:
             request.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
-        if token == request.eos_token_id and not params.ignore_eos:
+        if (token == request.eos_token_id or token in request.extra_eos_token_ids) and not params.ignore_eos:
             return RequestStatus.FINISHED_STOPPED
         if (request.num_output_tokens >= request.max_tokens
                 or request.num_tokens >= self.config.max_model_len):

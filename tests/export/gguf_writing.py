@@ -75,7 +75,7 @@ class Written:
 
 
 def write_gguf(name: str, folder: Path, quants=MIXED, seed: int = 0, arch: str | None = None,
-               with_tokenizer: bool = True) -> Written:
+               with_tokenizer: bool = True, eot_token_id: int | None = None) -> Written:
     """A tiny `name` model as a GGUF file in `folder`, and its HF reference model."""
     arch_default, cls_name, overrides = MODELS[name]
     arch = arch or arch_default
@@ -87,6 +87,8 @@ def write_gguf(name: str, folder: Path, quants=MIXED, seed: int = 0, arch: str |
     _metadata(w, model.config)
     if with_tokenizer:
         _tokenizer_metadata(w, tok)
+    if eot_token_id is not None:
+        w.add_eot_token_id(eot_token_id)          # llama.cpp writes Gemma's <end_of_turn> here
     _tensors(w, model, arch, quants, np.random.default_rng(seed))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -67,3 +67,16 @@ def test_gguf_without_a_tokenizer_is_refused(tmp_path):
     written = write_gguf("llama", tmp_path, with_tokenizer=False)
     with pytest.raises(GGUFError, match="has no tokenizer"):
         load_source(str(written.path))
+
+
+def test_the_gguf_end_of_turn_token_ends_generation_too(tmp_path):
+    """An instruct GGUF states its end-of-turn id beside eos; the artifact stops on both."""
+    import json
+
+    from kiln.compiler.build import build
+    from kiln.config import BuildConfig
+
+    written = write_gguf("gemma3", tmp_path / "src", eot_token_id=3)
+    out = build(BuildConfig(source=str(written.path), out=tmp_path / "art", backend="ort"))
+    eos = json.loads((out / "manifest.json").read_text())["generation"]["eos_token_ids"]
+    assert eos == [written.tokenizer["eos"], 3]

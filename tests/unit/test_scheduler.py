@@ -16,8 +16,9 @@ def make_scheduler(num_blocks=64, block_size=4, **config):
     return Scheduler(config, KVCacheManager(num_blocks, block_size, config.enable_prefix_caching))
 
 
-def make_request(rid, n_prompt=4, max_tokens=4, start=10, eos=EOS, arrival=None, **params):
-    extra = {} if arrival is None else {"arrival_time": arrival}
+def make_request(rid, n_prompt=4, max_tokens=4, start=10, eos=EOS, arrival=None, extra_eos_token_ids=(), **params):
+    extra = {"extra_eos_token_ids": extra_eos_token_ids} if arrival is None else {
+        "arrival_time": arrival, "extra_eos_token_ids": extra_eos_token_ids}
     return Request(rid, list(range(start, start + n_prompt)),
                    SamplingParams(max_tokens=max_tokens, **params), eos_token_id=eos, **extra)
 
@@ -263,6 +264,16 @@ def test_eos_stops_with_stop():
     run_to_completion(sched, lambda r: next(outputs))
     assert a.output_token_ids == [7, 7, EOS]
     assert a.finish_reason == "stop" and a.stop_reason is None
+
+
+def test_an_end_of_turn_token_stops_like_eos():
+    """Gemma's <end_of_turn> beside <eos>: the artifact lists both, the request stops on either."""
+    sched = make_scheduler()
+    a = make_request("a", max_tokens=10, extra_eos_token_ids=(99,))
+    sched.add_request(a)
+    outputs = iter([7, 99, 7])
+    run_to_completion(sched, lambda r: next(outputs))
+    assert a.output_token_ids == [7, 99] and a.finish_reason == "stop" and a.stop_reason is None
 
 
 def test_stop_token_id_is_the_stop_reason():

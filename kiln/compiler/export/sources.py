@@ -25,6 +25,8 @@ class ModelSource:
     weights: dict[str, np.ndarray]
     tokenizer_dir: Path            # holds tokenizer.json (+ tokenizer_config.json)
     hf_dir: Path | None = None     # an HF folder transformers can load (for parity tests)
+    # ids that end a turn besides the tokenizer's eos (GGUF eot/eom ids, generation_config.json's list)
+    end_token_ids: tuple[int, ...] = ()
     _keepalive: list = field(default_factory=list, repr=False)
 
 
@@ -64,7 +66,7 @@ def load_hf_folder(path: Path) -> ModelSource:
     weights = load_tensors(path, expected_shapes(spec, fused))
     if fused:
         split_fused(weights, spec)
-    return ModelSource(f"HF folder {path}", spec, weights, path, hf_dir=path)
+    return ModelSource(f"HF folder {path}", spec, weights, path, hf_dir=path, end_token_ids=_generation_eos(path))
 
 
 # --- GGUF -----------------------------------------------------------------------------------
@@ -82,6 +84,20 @@ def load_gguf(path: Path) -> ModelSource:
     weights = gguf_weights.lazy_weights(f, arch, spec)
     tmp = tempfile.TemporaryDirectory(prefix="kiln-gguf-tok-")
     gguf_tokenizer.save_tokenizer(f, cfg["model_type"], Path(tmp.name))
-    src = ModelSource(f"GGUF {path}", spec, weights, Path(tmp.name))
+    ends = tuple(f.get(k) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if f.get(k) is not None)
+    src = ModelSource(f"GGUF {path}", spec, weights, Path(tmp.name), end_token_ids=ends)
     src._keepalive += [tmp, f]
     return src
+
+
+def _generation_eos(path: Path) -> tuple[int, ...]:
+    """generation_config.json's eos ids (one or a list): instruct models list their end-of-turn token there."""
+    f = path / "generation_config.json"
+    if not f.is_file():
+        return ()
+    try:
+        eos = json.loads(f.read_text()).get("eos_token_id")
+    except (json.JSONDecodeError, AttributeError):
+        return ()
+    ids = eos if isinstance(eos, list) else [eos]
+    return tuple(int(i) for i in ids if isinstance(i, int))
