@@ -105,6 +105,7 @@ class ToolCallStream:
     buffer: str = ""
     in_call: bool = False
     num_calls: int = 0
+    _searched: int = 0          # inside a call: the buffer before this holds no CLOSE (linear scans)
 
     def feed(self, text: str) -> list[tuple[str, object]]:
         """[("content", str) | ("call", dict)] for what `text` completes."""
@@ -112,11 +113,12 @@ class ToolCallStream:
         out = []
         while self.buffer:
             if self.in_call:
-                end = self.buffer.find(CLOSE)
+                end = self.buffer.find(CLOSE, self._searched)
                 if end < 0:
+                    self._searched = max(0, len(self.buffer) - len(CLOSE) + 1)
                     break
                 out.append(self._close(self.buffer[:end]))
-                self.buffer = self.buffer[end + len(CLOSE):]
+                self.buffer, self._searched = self.buffer[end + len(CLOSE):], 0
                 continue
             start = self.buffer.find(OPEN) if self.num_calls < self.max_calls else -1
             if start < 0:
@@ -124,7 +126,7 @@ class ToolCallStream:
                 break
             if start:
                 out.append(("content", self.buffer[:start]))
-            self.buffer, self.in_call = self.buffer[start + len(OPEN):], True
+            self.buffer, self.in_call, self._searched = self.buffer[start + len(OPEN):], True, 0
         return [event for event in out if event[1]]
 
     def _take_content(self) -> str:
@@ -137,7 +139,7 @@ class ToolCallStream:
     def finish(self) -> list[tuple[str, object]]:
         """What is left when the stream ends: an unclosed call is returned as plain text."""
         rest = (OPEN + self.buffer) if self.in_call else self.buffer
-        self.buffer, self.in_call = "", False
+        self.buffer, self.in_call, self._searched = "", False, 0
         return [("content", rest)] if rest else []
 
     def _close(self, body: str) -> tuple[str, object]:

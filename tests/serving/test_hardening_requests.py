@@ -294,3 +294,43 @@ def test_internal_errors_keep_their_text_in_the_log(served, monkeypatch):
     r = plain.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 500
     assert "secret" not in r.text and "RuntimeError" not in r.text
+
+
+# ---- the probes against `kiln serve` itself (its defaults, then the flags) ---------------------
+
+def test_kiln_serve_refuses_foreign_hosts_and_text_plain_by_default(tiny_server):
+    import httpx
+
+    body = json.dumps({"model": None, "prompt": "hi", "max_tokens": 1})
+    evil = httpx.post(f"{tiny_server.url}/v1/completions", content=body, timeout=30,
+                      headers={"host": "evil.example", "content-type": "application/json"})
+    plain = httpx.post(f"{tiny_server.url}/v1/completions", content=body, timeout=30,
+                       headers={"content-type": "text/plain"})
+    ok = httpx.post(f"{tiny_server.url}/v1/completions", content=body, timeout=30,
+                    headers={"content-type": "application/json; charset=utf-8"})
+    assert (evil.status_code, plain.status_code, ok.status_code) == (421, 415, 200)
+
+
+def test_kiln_serve_takes_an_api_key_file_and_cors_origins(start_server, tiny_llama_artifact, tmp_path):
+    import httpx
+
+    from serving_flags import TINY_FLAGS
+
+    keys = tmp_path / "keys"
+    keys.write_text("alice key-a\nbob key-b\n")
+    server = start_server(tiny_llama_artifact, *TINY_FLAGS, "--api-key-file", str(keys),
+                          "--cors-origins", "http://app.example", "--allowed-hosts", "localhost,kiln.internal")
+
+    def cached(key):
+        r = httpx.post(f"{server.url}/v1/completions", timeout=60, headers={"authorization": f"Bearer {key}"},
+                       json={"prompt": PROMPT, "max_tokens": 1, "temperature": 1.0})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached("key-a") == 0 and cached("key-b") == 0 and cached("key-a") > 0
+    assert httpx.get(f"{server.url}/v1/models", headers={"authorization": "Bearer nope"}).status_code == 401
+    assert httpx.get(f"{server.url}/health", headers={"host": "kiln.internal"}).status_code == 200
+    assert httpx.get(f"{server.url}/health", headers={"host": "127.0.0.1"}).status_code == 421
+    r = httpx.options(f"{server.url}/v1/completions", headers={
+        "origin": "http://app.example", "access-control-request-method": "POST", "host": "localhost"})
+    assert r.headers.get("access-control-allow-origin") == "http://app.example"
