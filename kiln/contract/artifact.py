@@ -12,10 +12,11 @@ import json
 import os
 import shutil
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.contract.checks import check_artifact
+from kiln.contract.checks import check_artifact, check_artifact_shape, verify_checksums_of
 from kiln.contract.manifest import MANIFEST, ArtifactError, Manifest, current_versions, sha256_file
 
 __all__ = ["TOKENIZER_DIR", "ArtifactWriter", "EngineArtifact", "file_record",
@@ -83,3 +84,15 @@ class EngineArtifact:
         path = Path(path)
         manifest = check_artifact(path, verify_checksums=verify)
         return cls(path, manifest)
+
+    @classmethod
+    def load_verifying(cls, path: str | Path) -> tuple["EngineArtifact", Future]:
+        """Every check but the checksums now; the checksums on a thread of their own (hashlib
+        releases the GIL), so the engine can load meanwhile. NOTE: the caller must take the
+        future's result, which raises ArtifactError on a mismatch, before it serves anything."""
+        path = Path(path)
+        manifest = check_artifact_shape(path)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="kiln-checksums")
+        pending = pool.submit(verify_checksums_of, path, manifest)
+        pool.shutdown(wait=False)            # the thread ends with the one task
+        return cls(path, manifest), pending

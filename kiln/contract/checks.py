@@ -5,14 +5,29 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import onnxruntime
-
-from kiln.contract.manifest import MANIFEST, SCHEMA_VERSION, ArtifactError, Manifest, sha256_file
+from kiln.contract.manifest import MANIFEST, SCHEMA_VERSION, ArtifactError, Manifest, installed_version, sha256_file
 
 REBUILD = "rebuild it with `kiln build`"
 
 
 def check_artifact(path: Path, verify_checksums: bool = True) -> Manifest:
+    """Every check, checksums included, before returning."""
+    manifest = check_artifact_shape(path)
+    if verify_checksums:
+        verify_checksums_of(path, manifest)
+    return manifest
+
+
+def verify_checksums_of(path: Path, manifest: Manifest) -> None:
+    """The sha256 of every file the manifest lists (the slow part: the engine may load meanwhile)."""
+    for record in _all_files(manifest):
+        if sha256_file(path / record["file"]) != record["sha256"]:
+            raise ArtifactError(f"{path}: {record['file']} is corrupt (sha256 mismatch); {REBUILD}")
+
+
+def check_artifact_shape(path: Path) -> Manifest:
+    """Everything but the checksums: schema, toolchain, KV layout, and each file present, confined
+    and of its recorded size."""
     raw = _read_manifest(path)
     _check_schema(path, raw)
     try:
@@ -22,7 +37,7 @@ def check_artifact(path: Path, verify_checksums: bool = True) -> Manifest:
     _check_toolchain(path, manifest)
     _check_kv_layout(path, manifest)
     for record in _all_files(manifest):
-        _check_file(path, record, verify_checksums)
+        _check_file(path, record)
     _check_no_unlisted_tokenizer_files(path, manifest)
     return manifest
 
@@ -56,10 +71,10 @@ def _major_minor(version: str) -> tuple[str, ...]:
 
 
 def _check_toolchain(path: Path, m: Manifest) -> None:
-    built = m.versions.get("onnxruntime", "?")
-    if _major_minor(built) != _major_minor(onnxruntime.__version__):
+    built, here = m.versions.get("onnxruntime", "?"), installed_version("onnxruntime")
+    if _major_minor(built) != _major_minor(here):
         raise ArtifactError(
-            f"{path} was built with onnxruntime {built}, but this runtime has {onnxruntime.__version__}; "
+            f"{path} was built with onnxruntime {built}, but this runtime has {here}; "
             f"install onnxruntime=={built} or {REBUILD}")
 
 
@@ -86,15 +101,13 @@ def _engine_files(engine: dict) -> list[dict]:
     return [engine, *(v for v in engine.values() if isinstance(v, dict) and {"file", "sha256"} <= v.keys())]
 
 
-def _check_file(path: Path, record: dict, verify_checksums: bool) -> None:
+def _check_file(path: Path, record: dict) -> None:
     f = _confined(path, record["file"])
     if not f.is_file():
         raise ArtifactError(f"{path} is incomplete: {record['file']} is missing; {REBUILD}")
     if "bytes" in record and f.stat().st_size != record["bytes"]:
         raise ArtifactError(f"{path}: {record['file']} is truncated or altered "
                             f"({f.stat().st_size} bytes, manifest says {record['bytes']}); {REBUILD}")
-    if verify_checksums and sha256_file(f) != record["sha256"]:
-        raise ArtifactError(f"{path}: {record['file']} is corrupt (sha256 mismatch); {REBUILD}")
 
 
 def _confined(path: Path, name: str) -> Path:

@@ -22,8 +22,16 @@ Prompt = str | Sequence[int]
 
 class LLM:
     def __init__(self, artifact: str | Path | EngineArtifact, config: RuntimeConfig | None = None):
-        self.artifact = artifact if isinstance(artifact, EngineArtifact) else EngineArtifact.load(artifact)
+        verifying = None
+        if isinstance(artifact, EngineArtifact):
+            self.artifact = artifact
+        else:
+            # NOTE: the files hash while the engine loads (both mostly outside the GIL); a mismatch
+            # raises here, before anything can be served.
+            self.artifact, verifying = EngineArtifact.load_verifying(artifact)
         self.core = EngineCore(self.artifact, config or RuntimeConfig())
+        if verifying is not None:
+            verifying.result()
         self.tokenizer = Tokenizer(self.artifact.tokenizer_dir)
         self.outputs = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()

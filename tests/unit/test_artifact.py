@@ -166,3 +166,17 @@ def test_an_unlisted_chat_template_is_refused(tiny_llama_artifact, tmp_path):
     (art / "tokenizer" / "chat_template.jinja").write_text("{{ messages }}")
     with pytest.raises(ArtifactError, match="tokenizer/chat_template.jinja is not listed"):
         EngineArtifact.load(art)
+
+
+def test_the_runtime_refuses_a_corrupt_file_even_while_it_loads_the_engine(tiny_llama_artifact, tmp_path):
+    """LLM checks the sha256s on a thread beside the engine load, and still refuses a flipped byte."""
+    from kiln.runtime.llm import LLM
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_llama_artifact, art)
+    template = art / "tokenizer" / "tokenizer.json"
+    data = bytearray(template.read_bytes())
+    data[-3] ^= 1                                   # same size: only the checksum can tell
+    template.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="tokenizer.json is corrupt"):
+        LLM(art)
