@@ -17,6 +17,9 @@ variant holds them in one weight format:
     q4_off32     exact Q4_1 as i4 codes q-8 with scale d (no zero point) + a block-offset side
                  product (x summed per block of 32)·(m + 8d), the offsets f32 (q4_weights.offset_linear)
     q4_off8      the same, the offsets 8-bit per output channel
+    ort_q4sym    the same stack in onnxruntime: MatMulNBits 4-bit symmetric, blocks of 32,
+                 accuracy_level 4 (onnxruntime-genai's int4 CPU form), timed in the same loop
+    ort_q4zp     MatMulNBits 4-bit with integer (u4) zero points (kiln's ort int4 form)
 
 For every (inference precision, DYNAMIC_QUANTIZATION_GROUP_SIZE) the variants are compiled side by
 side and their calls alternate; the median of each is printed with its ratio to the first variant.
@@ -45,7 +48,9 @@ from kiln.compiler.backends.openvino.q4_weights import Q4Blocks, decompression_s
 HIDDEN, INTER, QKV = 576, 1536, 960
 GROUP = 32
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
-VARIANTS = ("f32", "int8_sym", "int4_sym", "int4_asym", "q4_fzp16", "q4_fzp32", "q4_off32", "q4_off8")
+VARIANTS = ("f32", "int8_sym", "int4_sym", "int4_asym", "q4_fzp16", "q4_fzp32", "q4_off32", "q4_off8",
+            "ort_q4sym", "ort_q4zp")
+ORT_VARIANTS = ("ort_q4sym", "ort_q4zp")
 
 
 def q4_1_weight(rng: np.random.Generator, n: int, k: int) -> Q4Blocks:
@@ -100,6 +105,75 @@ def stack_model(weights: list[dict[str, Q4Blocks]], variant: str) -> ov.Model:
     return model
 
 
+def ort_stack(weights: list[dict[str, Q4Blocks]], variant: str, threads: int):
+    """An onnxruntime session of the same stack on MatMulNBits (weights requantized by onnxruntime's
+    own block quantizer), wrapped to answer like an OpenVINO infer request."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kiln.compiler.passes.quant_tables import weight_quantizer
+
+    quantizer = weight_quantizer(4, GROUP, variant == "ort_q4sym")
+    nodes, inits = [], []
+    count = iter(range(10**6))
+
+    def node(op, inputs, **attrs):
+        out = f"t{next(count)}"
+        domain = attrs.pop("domain", "")
+        nodes.append(helper.make_node(op, inputs, [out], domain=domain, **attrs))
+        return out
+
+    def const(name, array):
+        inits.append(numpy_helper.from_array(array, name))
+        return name
+
+    eps, axes = const("eps", np.array(1e-5, np.float32)), const("axes", np.array([-1], np.int64))
+
+    def norm(h):
+        return node("Div", [h, node("Sqrt", [node("Add", [node("ReduceMean", [node("Mul", [h, h]), axes]), eps])])])
+
+    def lin(h, blocks, name):
+        w = blocks.dequantize().T                                  # [K, N]
+        packed, scales, zp = quantizer.qbits_block_quant(np.ascontiguousarray(w))
+        ins = [h, const(f"{name}.q", packed), const(f"{name}.s", scales)]
+        if variant == "ort_q4zp":
+            ins.append(const(f"{name}.zp", zp))
+        k, n = w.shape
+        return node("MatMulNBits", ins, domain="com.microsoft", K=k, N=n, bits=4, block_size=GROUP,
+                    accuracy_level=4)
+
+    starts, ends, one = const("s0", np.array([0], np.int64)), const("e0", np.array([HIDDEN], np.int64)), \
+        const("one", np.array([1], np.int64))
+    h = "x"
+    for i, layer in enumerate(weights):
+        q = node("Slice", [lin(norm(h), layer["qkv"], f"l{i}.qkv"), starts, ends, one])
+        h = node("Add", [h, lin(q, layer["o"], f"l{i}.o")])
+        gu = lin(norm(h), layer["gate_up"], f"l{i}.gate_up")
+        gate, up = f"g{i}", f"u{i}"
+        nodes.append(helper.make_node("Split", [gu], [gate, up], axis=1, num_outputs=2))
+        act = node("Mul", [node("Mul", [gate, node("Sigmoid", [gate])]), up])
+        h = node("Add", [h, lin(act, layer["down"], f"l{i}.down")])
+    graph = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, HIDDEN])],
+                              [helper.make_tensor_value_info(h, TensorProto.FLOAT, [None, HIDDEN])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return OrtRequest(ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]))
+
+
+class OrtRequest:
+    def __init__(self, session):
+        self.session, self.out = session, None
+
+    def infer(self, feeds: dict):
+        self.out = self.session.run(None, {"x": feeds[0]})[0]
+
+    def get_output_tensor(self, i: int):
+        return type("T", (), {"data": self.out})
+
+
 def describe_first_linear(compiled: ov.CompiledModel) -> str:
     """The runtime graph's layer types and the precisions of the first FullyConnected's inputs."""
     runtime = compiled.get_runtime_model()
@@ -151,7 +225,8 @@ def main() -> None:
 
     weights = weights_for(args.layers)
     core = ov.Core()
-    models = {v: stack_model(weights, v) for v in args.variants}
+    models = {v: stack_model(weights, v) for v in args.variants if v not in ORT_VARIANTS}
+    ort_requests = {v: ort_stack(weights, v, args.threads) for v in args.variants if v in ORT_VARIANTS}
     rng = np.random.default_rng(1)
     ref_out = {}
     print(f"openvino {ov.get_version()}, {args.layers} layers, {args.threads} thread(s), {args.clock} time")
@@ -160,7 +235,7 @@ def main() -> None:
             props = {"INFERENCE_NUM_THREADS": str(args.threads), "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1",
                      "INFERENCE_PRECISION_HINT": precision, "DYNAMIC_QUANTIZATION_GROUP_SIZE": str(dq)}
             compiled = {v: core.compile_model(m, "CPU", props) for v, m in models.items()}
-            requests = {v: c.create_infer_request() for v, c in compiled.items()}
+            requests = {**{v: c.create_infer_request() for v, c in compiled.items()}, **ort_requests}
             for rows in args.rows:
                 x = rng.standard_normal((rows, HIDDEN)).astype(np.float32)
                 calls = args.calls if rows == 1 else max(3, args.calls // 10)

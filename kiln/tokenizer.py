@@ -77,14 +77,17 @@ class Tokenizer:
         return any(tok in text for text in _message_texts(messages) for tok in self.special_tokens)
 
     def _encode_with_text_spans(self, messages: list[dict], tools, rendered: str) -> list[int]:
-        # Render again with each message text replaced by a random placeholder, then tokenize the
-        # template's pieces as before and the texts between them with special tokens off. A
+        # Render again with each message text that holds special-token text replaced by a random
+        # placeholder (the others stay, so the template sees them as they are), then tokenize the
+        # template's pieces as before and the hidden texts with special tokens off. A
         # template that looks inside the text (and so renders the placeholders differently) is
         # caught by comparing the reassembled render with the real one.
         nonce = secrets.token_hex(16)
         texts: list[str] = []
 
         def hide(text: str) -> str:
+            if not any(tok in text for tok in self.special_tokens):
+                return text               # nothing to keep apart: rendered and tokenized as before
             texts.append(text)
             return f"kiln{nonce}x{len(texts) - 1}x"
 

@@ -12,8 +12,9 @@ from kiln.serving.http_io import MAX_JSON_DEPTH, decode_json
 from kiln.serving.tools import forced_call_grammar, template_takes_tools
 
 MAX_TOOL_CALLS = 64
-# A constraint is compiled on the request's way in, on the server's event loop: its size bounds
-# the pause (measured on SmolLM2's vocabulary: a 48 KB schema 49 ms, a 195 KB one 258 ms).
+# A constraint is compiled on the request's way in, on one of the server's few preparation
+# threads: its size bounds the time it holds one (measured on SmolLM2's vocabulary: a 48 KB
+# schema 49 ms, a 195 KB one 258 ms).
 MAX_CONSTRAINT_CHARS = 64 << 10
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar", "guided_choice")
 
