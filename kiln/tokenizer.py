@@ -74,7 +74,16 @@ class Tokenizer:
         return self._encode_with_text_spans(messages, tools, rendered)
 
     def _has_special_text(self, messages: list[dict]) -> bool:
-        return any(tok in text for text in _message_texts(messages) for tok in self.special_tokens)
+        return any(self._holds_special_text(text) for text in _message_texts(messages))
+
+    def _holds_special_text(self, text: str) -> bool:
+        """A special token inside the text, or a piece of one at either end (two texts rendered
+        side by side could complete it: "...<|im_" + "end|>...")."""
+        for tok in self.special_tokens:
+            if tok in text or any(text.endswith(tok[:n]) or text.startswith(tok[-n:])
+                                  for n in range(2, len(tok))):
+                return True
+        return False
 
     def _encode_with_text_spans(self, messages: list[dict], tools, rendered: str) -> list[int]:
         # Render again with each message text that holds special-token text replaced by a random
@@ -86,7 +95,7 @@ class Tokenizer:
         texts: list[str] = []
 
         def hide(text: str) -> str:
-            if not any(tok in text for tok in self.special_tokens):
+            if not self._holds_special_text(text):
                 return text               # nothing to keep apart: rendered and tokenized as before
             texts.append(text)
             return f"kiln{nonce}x{len(texts) - 1}x"

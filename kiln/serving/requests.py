@@ -44,7 +44,7 @@ class EngineLimits:
 class RequestOptions:
     """What the server's configuration and the caller's identity add to every request."""
     control_tokens_in_messages: bool = False   # parse special-token text in messages (the old way)
-    cache_salt: str | None = None              # the API key's prefix-cache salt (a body's own wins)
+    cache_salt: str | None = None              # the API key's prefix-cache salt (a body's nests in it)
 
 
 # A prompt of n characters is at least n / (the longest token's characters) tokens; halved again
@@ -118,6 +118,13 @@ def _texts(value):
             yield from _texts(v)
 
 
+def _cache_salt(key_salt: str | None, body_salt: str | None) -> str | None:
+    # A body's salt namespaces within its key's: no salt a client sends reaches another key's cache.
+    if key_salt is None or body_salt is None:
+        return body_salt if key_salt is None else key_salt
+    return f"{key_salt}\0{body_salt}"
+
+
 def _check_chars_fit(num_chars: int, tok: Tokenizer, limits: EngineLimits, param: str) -> None:
     at_least = num_chars // (CHARS_BOUND_SLACK * getattr(tok, "max_token_chars", num_chars or 1) or 1)
     limit = min(limits.max_model_len, limits.kv_tokens)
@@ -132,7 +139,7 @@ def _prepare(kind, body, ids, max_tokens, logprobs, limits, prompt_param, tok,
     _check_prompt_fits(len(ids), limits, prompt_param)
     max_tokens = _max_tokens(kind, max_tokens, len(ids), limits)
     spec, field = structured_output(body, tools)
-    salt = body.cache_salt if body.cache_salt is not None else options.cache_salt
+    salt = _cache_salt(options.cache_salt, body.cache_salt)
     params = _sampling_params(body, max_tokens, logprobs, _logit_bias(body.logit_bias, limits),
                               None if spec is None else bind(spec, field, tok, limits), salt)
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from kiln.config import RuntimeConfig, ServeConfig
@@ -17,13 +18,13 @@ def configure_logging(config: ServeConfig) -> None:
 
 
 def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, announce=print) -> None:
+    configure_logging(config)
+    loading = _start_loading(artifact, runtime)
     import uvicorn
 
-    from kiln.runtime.llm import LLM
     from kiln.serving.app import create_app
 
-    configure_logging(config)
-    llm = LLM(artifact, runtime)         # logs the KV plan it sized
+    llm = loading.result()               # logs the KV plan it sized; raises what loading raised
     model_name = config.served_model_name or Path(artifact).resolve().name
     app = BodyDeadline(create_app(llm, config, model_name), config.body_timeout)
     base = f"http://{config.host}:{config.port}"
@@ -36,6 +37,29 @@ def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, anno
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=5, limit_concurrency=config.limit_concurrency,
                 timeout_keep_alive=config.keep_alive_timeout)
+
+
+def _start_loading(artifact: Path, runtime: RuntimeConfig) -> Future:
+    """The artifact checks and the engine load on a thread while this one imports the HTTP stack
+    (starlette, uvicorn, pydantic, llguidance: most of a second): the engine's compile or import
+    and the checksums run mostly outside the GIL. NOTE: kiln.runtime.llm is imported here first,
+    so the two threads never import the same modules at once."""
+    import kiln.runtime.llm  # noqa: F401
+    pool = ThreadPoolExecutor(1, thread_name_prefix="kiln-load")
+    loading = pool.submit(_load_and_run_once, artifact, runtime)
+    pool.shutdown(wait=False)
+    return loading
+
+
+def _load_and_run_once(artifact: Path, runtime: RuntimeConfig):
+    """The engine's first call allocates and creates its kernels (a few hundred ms on OpenVINO);
+    one short prompt here moves that into the overlap. The app's own warm-up still runs."""
+    from kiln.runtime.llm import LLM
+    from kiln.runtime.sampling_params import SamplingParams
+
+    llm = LLM(artifact, runtime)
+    llm.generate([llm.tokenizer.encode("Hello world.") or [0]], SamplingParams(max_tokens=1, temperature=0))
+    return llm
 
 
 class BodyDeadline:
