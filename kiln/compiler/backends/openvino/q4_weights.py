@@ -113,3 +113,53 @@ def offset_linear(x, blocks: Q4Blocks, offsets: str = "f32", name: str = "w"):
         cw = ops.convert(ops.multiply(ops.convert(ops.constant(cq, name=f"{name}/block_offset_i8"), ov.Type.f16),
                                       ops.constant(cs, name=f"{name}/block_offset_scale")), ov.Type.f32)
     return ops.add(main, ops.matmul(sums, cw, transpose_a=False, transpose_b=True))
+
+
+LAYER_SCOPE = "/model/layers."          # the exporter's names of the decoder layers' nodes
+
+
+def layer_linears(model) -> list:
+    """The decoder layers' MatMuls on a constant f32 [K, N] weight with K a multiple of GROUP_SIZE
+    (the embedding and the LM head are left out: they are not Q4_1 in a GGUF)."""
+    found = []
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "MatMul" or not op.get_friendly_name().startswith(LAYER_SCOPE):
+            continue
+        w = op.input_value(1).get_node()
+        attrs = op.get_attributes()
+        if (w.get_type_name() == "Constant" and w.get_output_element_type(0).get_type_name() == "f32"
+                and len(w.shape) == 2 and w.shape[0] % GROUP_SIZE == 0
+                and not attrs["transpose_a"] and not attrs["transpose_b"]):
+            found.append(op)
+    return found
+
+
+def compress_layer_linears(model, form: str = "zero_point") -> dict:
+    """Replace every layer linear's f32 weight by its Q4_1 blocks, in place. form: "zero_point" (u4
+    codes, f16 float zero point and scale: one FullyConnected) or "offsets" (offset_linear).
+    Returns the record: linears, groups, and how many groups reproduce the source exactly (all of
+    them on a Q4_1 source)."""
+    import openvino.opset13 as ops
+
+    linears = layer_linears(model)
+    groups = exact = 0
+    worst = 0.0
+    for op in linears:
+        name = op.get_friendly_name()
+        weight = op.input_value(1).get_node().get_data().T          # [N, K]
+        blocks = Q4Blocks.from_weight(weight)
+        err = np.abs(blocks.dequantize() - weight).reshape(weight.shape[0], -1, GROUP_SIZE).max(axis=2)
+        groups += err.size
+        exact += int((err == 0).sum())
+        worst = max(worst, float((err / np.maximum(blocks.scales.astype(np.float32), 1e-30)).max()))
+        x = op.input_value(0)
+        if form == "zero_point":
+            y = ops.matmul(x, decompression_subgraph(blocks, np.float16, name), transpose_a=False, transpose_b=True)
+        elif form == "offsets":
+            y = offset_linear(x, blocks, "f32", name)
+        else:
+            raise ValueError(f"unknown Q4_1 form {form!r}")
+        y.set_friendly_name(name)
+        op.output(0).replace(y.output(0))
+    return {"linears": len(linears), "groups": groups, "groups_exact": exact,
+            "max_error_in_steps": round(worst, 4), "form": form}
