@@ -15,45 +15,12 @@ with v = Var[x] and μ = E[x] of the input channels (int4_calibration.py): E[(x�
 centred channels taken as independent. Without moments v = 1 and μ = 0: plain squared error.
 Min/max's own (s, z) is one of the candidates, so the search never does worse on err.
 
-Measured on SmolLM2 (Q4_1 source; bench/bench_quant_ppl.py --fuse, tests/data/perplexity.txt,
-fp32 22.197; calibration kiln/data/calibration.txt, 920 tokens; tables 8-bit), all linears 4-bit
-on MatMulNBits alone (1222 nodes against block offsets' 1582):
-    min/max                                   +37%
-    search, plain squared error               +16.37%   25.829
-    search, calibrated (the "search" recipe)  +7.90%    23.951   answers Paris
-    + block size 16                           +5.36%    23.388   answers "L'Alle…" (no Paris)
-    + first token left out of the moments     +10.77%   24.587
-    + a bias giving back E[x]·Δ (centred err) +16.25%   25.805
-    + AWQ input scales in the RMSNorm weights +8.70% (p = 0.5), +9.04% (p = 0.25)
-    GPTQ (K x K Hessian, 920 tokens, λ = 0.01·mean diag)  +19.17%; first token out, λ = 0.1: +22.46%,
-      λ = 1.0: +19.16% — 4-8x less output error than the search on the calibration text, up to
-      2x more on the check text: 920 tokens overfit a 576-1536 wide Hessian
-    GPTQ inside each block of 32 (bs x bs)   +7.87%
-GPTQ, AWQ scaling and the bias were removed again (commit 506b3f9 has them). The error that is left
-is the second rounding of an already 4-bit weight onto a grid that cannot hold its float minimum.
-Mixed splits buy it back: "o=" linears keep block offsets (block_offsets.py: exact Q4_1, 3 more
-nodes each), "8-bit" ones are MatMulNBits 8-bit (no extra node); the rest searched 4-bit:
-    all 4-bit, block offsets (INT4 until 2026-11-30)        +1.61%  1582 nodes  17.9 ms  Paris
-    all 4-bit, search                                       +7.90%  1222        15.8     Paris
-    o=gate_up_proj                                          +4.77%  1312        17.0     Paris
-    o=down_proj / o=qkv_proj+o_proj                         +6.63% / +6.61%  (the latter: no Paris)
-    o=gate_up_proj+down_proj                                +3.00%  1402                 Paris
-    o=gate_up_proj, down_proj 8-bit                         +3.07%  1312                 Paris
-    down_proj 8-bit / qkv_proj 8-bit                        +6.08% / +6.44%
-    gate_up_proj 8-bit                                      —       1222        16.6     Paris
-    gate_up_proj + down_proj 8-bit (the INT4 recipe)        +2.73%  1222                 Paris
-    int8 (all MatMulNBits 8-bit)                            +0.66%  1222        17.3     "L'Étoile"
-(ms: decode CPU time of the fused graph, 1 thread, bench_quant_ppl.py --no-ppl --cpu-time, one
-run.) The recipe's MLP is 8-bit: 75% of the linear weights, 148 MB of weights against 121 MB.
-Same-run artifact A/B, block offsets (old) vs this recipe (new), SmolLM2, best of 5 interleaved
-rounds on a shared 2-core machine (bench/bench_engine_modes.py old new --rounds 5; both built
-with the same code, --attention standard):
-    decode graph nodes 1499 -> 1139; TTFT 512: 827 -> 650 ms (1.27x); 1 stream: 92.0 -> 93.6 tok/s
-    (1.02x; round by round the two are within noise: medians 89.3 and 86.8); 32 streams: 436 -> 487
-    tok/s (1.12x). Build: 23.6 s -> 34.8 s (the quantize pass 1.1 -> 7.1 s: calibration + search).
-At one stream the 360 nodes saved pay for the MLP's doubled weight bytes, no more; the all-4-bit
-search (107 MB, 15.8 against 17.9 ms of decode CPU) would be faster, but is +7.90% and fails the
-build's logit check (0.281 > 0.25).
+Why the recipe is what it is (the measured splits, perplexity and speed, with their commands:
+docs/benchmarks.md, "The int4 recipe"): on SmolLM2's Q4_1 source, all linears 4-bit with the
+searched integer zero point cost +7.9 % perplexity and fail the build's logit check; the calibrated
+search beats min/max (+37 %) and plain squared error (+16 %); GPTQ and AWQ scaling did not help and
+were dropped. The error left is the second rounding of an already 4-bit weight onto a grid that
+cannot hold its float minimum, so the INT4 recipe keeps the MLP (gate_up, down) at 8 bits: +2.7 %.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ class WeightCompression(enum.Enum):
     INT8 = "int8_sym"
     INT4 = "int4_sym_g32"            # symmetric, groups of 32 (SmolLM2's 576 is no multiple of 128);
                                      # embedding and LM head stay int8 (NNCF's backup precision)
+    # The layers' linears as Q4_1 blocks (u4 codes, a float zero point and scale per group of 32:
+    # q4_weights.py), exact on a Q4_1 source; the embedding and the LM head NNCF int8 per channel.
+    Q4_1 = "q4_1_g32"
+    Q4_1_OFFSETS = "q4_1_g32_offsets"   # the same blocks as i4 codes + a block-offset side product
 
     def apply(self, model: ov.Model) -> dict:
         """Compress `model` in place; returns what was done, for the engine record."""
@@ -27,11 +31,21 @@ class WeightCompression(enum.Enum):
             return {"weights": self.value}
         import nncf
 
-        if self is WeightCompression.INT8:
+        extra = {}
+        if self in (WeightCompression.Q4_1, WeightCompression.Q4_1_OFFSETS):
+            from kiln.compiler.backends.openvino.q4_weights import compress_layer_linears
+
+            form = "zero_point" if self is WeightCompression.Q4_1 else "offsets"
+            extra["q4_1"] = compress_layer_linears(model, form)
+            # NOTE: NNCF finds no constant weight behind the 4-bit linears now: it compresses only
+            # the embedding and the LM head.
+            nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM)
+        elif self is WeightCompression.INT8:
             nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM)
         else:
             nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_SYM, group_size=32, ratio=1.0)
-        return {"weights": self.value, "nncf": nncf.__version__, "constants_by_type": _constant_types(model)}
+        return {"weights": self.value, "nncf": nncf.__version__, **extra,
+                "constants_by_type": _constant_types(model)}
 
 
 def _constant_types(model: ov.Model) -> dict[str, int]:
