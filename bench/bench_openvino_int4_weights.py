@@ -17,6 +17,8 @@ variant holds them in one weight format:
     q4_off32     exact Q4_1 as i4 codes q-8 with scale d (no zero point) + a block-offset side
                  product (x summed per block of 32)·(m + 8d), the offsets f32 (q4_weights.offset_linear)
     q4_off8      the same, the offsets 8-bit per output channel
+    q4_aug1/2    exact-ish Q4_1 in ONE i4 FullyConnected over [x, block sums of x]: the offsets
+                 m + 8d as 1 or 2 extra 4-bit digits (q4_weights.augmented_linear)
     ort_q4sym    the same stack in onnxruntime: MatMulNBits 4-bit symmetric, blocks of 32,
                  accuracy_level 4 (onnxruntime-genai's int4 CPU form), timed in the same loop
     ort_q4zp     MatMulNBits 4-bit with integer (u4) zero points (kiln's ort int4 form)
@@ -43,13 +45,14 @@ import openvino.opset13 as ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kiln.compiler.backends.openvino.q4_weights import Q4Blocks, decompression_subgraph, offset_linear  # noqa: E402
+from kiln.compiler.backends.openvino.q4_weights import (  # noqa: E402
+    Q4Blocks, augmented_linear, decompression_subgraph, offset_linear)
 
 HIDDEN, INTER, QKV = 576, 1536, 960
 GROUP = 32
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 VARIANTS = ("f32", "int8_sym", "int4_sym", "int4_asym", "q4_fzp16", "q4_fzp32", "q4_off32", "q4_off8",
-            "ort_q4sym", "ort_q4zp")
+            "q4_aug1", "q4_aug2", "ort_q4sym", "ort_q4zp")
 ORT_VARIANTS = ("ort_q4sym", "ort_q4zp")
 
 
@@ -70,6 +73,8 @@ def weights_for(layers: int, seed: int = 0) -> list[dict[str, Q4Blocks]]:
 
 def linear(x, blocks: Q4Blocks, variant: str, name: str):
     """MatMul(x, W^T) with W [N, K] in the variant's format (NNCF variants start from f32)."""
+    if variant in ("q4_aug1", "q4_aug2"):
+        return augmented_linear(x, blocks, int(variant[-1]), name)
     if variant in ("q4_off32", "q4_off8"):
         return offset_linear(x, blocks, "f32" if variant == "q4_off32" else "i8", name)
     if variant in ("q4_fzp16", "q4_fzp32"):

@@ -44,22 +44,12 @@ def _start_loading(artifact: Path, runtime: RuntimeConfig) -> Future:
     (starlette, uvicorn, pydantic, llguidance: most of a second): the engine's compile or import
     and the checksums run mostly outside the GIL. NOTE: kiln.runtime.llm is imported here first,
     so the two threads never import the same modules at once."""
-    import kiln.runtime.llm  # noqa: F401
+    import kiln.runtime.llm
+
     pool = ThreadPoolExecutor(1, thread_name_prefix="kiln-load")
-    loading = pool.submit(_load_and_run_once, artifact, runtime)
+    loading = pool.submit(kiln.runtime.llm.LLM, artifact, runtime)
     pool.shutdown(wait=False)
     return loading
-
-
-def _load_and_run_once(artifact: Path, runtime: RuntimeConfig):
-    """The engine's first call allocates and creates its kernels (a few hundred ms on OpenVINO);
-    one short prompt here moves that into the overlap. The app's own warm-up still runs."""
-    from kiln.runtime.llm import LLM
-    from kiln.runtime.sampling_params import SamplingParams
-
-    llm = LLM(artifact, runtime)
-    llm.generate([llm.tokenizer.encode("Hello world.") or [0]], SamplingParams(max_tokens=1, temperature=0))
-    return llm
 
 
 class BodyDeadline:

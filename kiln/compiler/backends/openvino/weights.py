@@ -1,4 +1,4 @@
-"""Weight compression for the openvino backend, done by NNCF (OpenVINO's compression library).
+"""Weight compression for the openvino backend: NNCF (OpenVINO's compression library) and kiln's Q4_1 blocks.
 
 The CPU plugin runs a compressed weight as a decompression subgraph (u8/i4 constant, convert,
 zero point, scale) folded into its matmul kernel. NNCF's per-channel int8 beat OpenVINO
@@ -20,10 +20,15 @@ class WeightCompression(enum.Enum):
     INT8 = "int8_sym"
     INT4 = "int4_sym_g32"            # symmetric, groups of 32 (SmolLM2's 576 is no multiple of 128);
                                      # embedding and LM head stay int8 (NNCF's backup precision)
-    # The layers' linears as Q4_1 blocks (u4 codes, a float zero point and scale per group of 32:
-    # q4_weights.py), exact on a Q4_1 source; the embedding and the LM head NNCF int8 per channel.
+    # The layers' linears as Q4_1 blocks (w = d·q + m per group of 32: q4_weights.py), exact on a
+    # Q4_1 source (the SmolLM2 GGUF); the embedding and the LM head NNCF int8 per channel (4-bit
+    # min/max blocks there cost +4.8 % perplexity on the check text).
+    # AUGMENTED (the int4 recipe): i4 codes with the block offsets as two more 4-bit groups of the
+    # same FullyConnected, so the plugin's dynamic-quantization kernel runs it. Q4_1: u4 codes with
+    # a float zero point -m/d, one plain decompression; measured slower: the CPU plugin runs a
+    # float zero point only without dynamic quantization (bench/bench_openvino_int4_weights.py).
+    Q4_1_AUGMENTED = "q4_1_g32_aug"
     Q4_1 = "q4_1_g32"
-    Q4_1_OFFSETS = "q4_1_g32_offsets"   # the same blocks as i4 codes + a block-offset side product
 
     def apply(self, model: ov.Model) -> dict:
         """Compress `model` in place; returns what was done, for the engine record."""
@@ -32,11 +37,10 @@ class WeightCompression(enum.Enum):
         import nncf
 
         extra = {}
-        if self in (WeightCompression.Q4_1, WeightCompression.Q4_1_OFFSETS):
+        if self in Q4_1_FORMS:
             from kiln.compiler.backends.openvino.q4_weights import compress_layer_linears
 
-            form = "zero_point" if self is WeightCompression.Q4_1 else "offsets"
-            extra["q4_1"] = compress_layer_linears(model, form)
+            extra["q4_1"] = compress_layer_linears(model, Q4_1_FORMS[self])
             # NOTE: NNCF finds no constant weight behind the 4-bit linears now: it compresses only
             # the embedding and the LM head.
             nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM)
@@ -46,6 +50,9 @@ class WeightCompression(enum.Enum):
             nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_SYM, group_size=32, ratio=1.0)
         return {"weights": self.value, "nncf": nncf.__version__, **extra,
                 "constants_by_type": _constant_types(model)}
+
+
+Q4_1_FORMS = {WeightCompression.Q4_1_AUGMENTED: "augmented", WeightCompression.Q4_1: "zero_point"}
 
 
 def _constant_types(model: ov.Model) -> dict[str, int]:
