@@ -21,7 +21,7 @@ from kiln.compiler.passes.quantize import QuantizePass
 from kiln.compiler.passes.verify import compare_logits
 from kiln.config import BuildConfig
 from kiln.contract.artifact import TOKENIZER_DIR, ArtifactWriter, Manifest, current_versions, file_record
-from kiln.contract.backends import BACKEND_OPTIONS, Backend, get_backend
+from kiln.contract.backends import BACKEND_OPTIONS, BACKENDS, Backend, get_backend
 from kiln.contract.quant import QuantMode
 from kiln.tokenizer import TEMPLATE_FILE, Tokenizer
 
@@ -85,7 +85,7 @@ def _refuse_unbuildable(config: BuildConfig, backend: Backend) -> None:
     """Option combinations a backend cannot build are refused before the passes run, not after."""
     for option, neutral in BACKEND_OPTIONS.items():
         if getattr(config, option) != neutral and option not in backend.options:
-            takers = [b for b in ("ort", "openvino", "tensorrt", "ort-cuda") if option in get_backend(b).options]
+            takers = [b.name for b in BACKENDS.values() if option in b.options]
             raise ValueError(f"--{option.replace('_', '-')} is an option of the {' / '.join(takers)} backend, "
                              f"not {backend.name!r} (which chooses its own; the artifact records it)")
     if config.quant.value not in backend.quant_modes:

@@ -101,27 +101,36 @@ def test_sliding_window_hides_keys_older_than_the_window(variant_artifact, varia
     """Past the window (8) the logits differ from full attention, so the parity above tests the window."""
     artifact, model = variant_artifact("mistral-window"), variant_hf("mistral-window")
     assert EngineArtifact.load(artifact).manifest.spec.sliding_window == 8
+    check_window_hides_old_keys(artifact, model)
+
+
+def check_window_hides_old_keys(artifact, model, window: int = 8) -> None:
+    """The artifact matches HF with its window, and full attention differs past the window only."""
     prompt = _prompts()[2]
     ref, tokens = hf_reference(model, prompt)
     model.config.sliding_window = None
     try:
         full, _ = hf_reference(model, prompt)
     finally:
-        model.config.sliding_window = 8
+        model.config.sliding_window = window
     mine = run_alone(artifact, prompt, tokens)
     assert worst_difference(mine, ref) <= TOL
-    assert float(np.abs(mine[0][8:] - full[0][8:]).max()) > 100 * TOL     # keys out of the window matter
-    assert float(np.abs(mine[0][:8] - full[0][:8]).max()) <= TOL          # and inside it nothing changes
+    assert float(np.abs(mine[0][window:] - full[0][window:]).max()) > 100 * TOL   # keys out of the window matter
+    assert float(np.abs(mine[0][:window] - full[0][:window]).max()) <= TOL         # and inside it nothing changes
 
 
 @pytest.mark.parametrize("variant", ["mistral-window", "gemma2", "gemma3"])
 def test_chunked_prefill_past_the_window_matches_one_prefill(variant, variant_artifact, variant_hf):
     """Chunks of 7 over a 40-token prompt: the window then spans keys read from the paged pool."""
+    check_chunked_prefill_matches_one(variant_artifact(variant), variant_hf(variant))
+
+
+def check_chunked_prefill_matches_one(artifact, model, chunk: int = 7) -> None:
     prompt = _prompts()[2]
     with torch.no_grad():
-        ref = variant_hf(variant)(torch.tensor([prompt])).logits[0].numpy()
-    runner = SequenceRunner(EngineArtifact.load(variant_artifact(variant)), len(prompt))
-    assert worst_difference([runner.feed_chunked(prompt, 7)], [ref]) <= TOL
+        ref = model(torch.tensor([prompt])).logits[0].numpy()
+    runner = SequenceRunner(EngineArtifact.load(artifact), len(prompt))
+    assert worst_difference([runner.feed_chunked(prompt, chunk)], [ref]) <= TOL
 
 
 def test_gemma_legacy_gelu_config_reads_as_the_tanh_gemma_runs():

@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("openvino")
 
 from kiln.compiler.build import build  # noqa: E402
 from kiln.compiler.defaults import openvino_blocker  # noqa: E402
-from kiln.compiler.eval.sequence import SequenceRunner  # noqa: E402
 from kiln.compiler.export.families import spec_from_hf_config  # noqa: E402
 from kiln.config import BuildConfig  # noqa: E402
 from kiln.contract.artifact import EngineArtifact  # noqa: E402
 from kiln.contract.quant import QuantMode  # noqa: E402
 from model_checkpoints import VARIANTS  # noqa: E402
-from test_family_parity import (TOL, _prompts, hf_reference, run_alone, run_batched,  # noqa: E402
+from test_family_parity import (TOL, _prompts, check_chunked_prefill_matches_one,  # noqa: E402
+                                check_window_hides_old_keys, hf_reference, run_alone, run_batched,
                                 worst_difference)
 
 REFUSED = {"gemma2": "attention soft-capping"}
@@ -73,25 +71,10 @@ def test_uncovered_variant_is_refused_in_one_line(variant, variant_checkpoint, t
 
 def test_sliding_window_hides_keys_older_than_the_window(openvino_artifact, variant_hf):
     """Past the window (8) the logits differ from full attention, so the parity above tests the window."""
-    artifact, model = openvino_artifact("mistral-window"), variant_hf("mistral-window")
-    prompt = _prompts()[2]
-    ref, tokens = hf_reference(model, prompt)
-    model.config.sliding_window = None
-    try:
-        full, _ = hf_reference(model, prompt)
-    finally:
-        model.config.sliding_window = 8
-    mine = run_alone(artifact, prompt, tokens)
-    assert worst_difference(mine, ref) <= TOL
-    assert float(np.abs(mine[0][8:] - full[0][8:]).max()) > 100 * TOL     # keys out of the window matter
-    assert float(np.abs(mine[0][:8] - full[0][:8]).max()) <= TOL          # and inside it nothing changes
+    check_window_hides_old_keys(openvino_artifact("mistral-window"), variant_hf("mistral-window"))
 
 
 @pytest.mark.parametrize("variant", ["mistral-window", "qwen2-window-some-layers", "gemma3"])
 def test_chunked_prefill_past_the_window_matches_one_prefill(variant, openvino_artifact, variant_hf):
     """Chunks of 7 over a 40-token prompt: the window then spans keys read from the paged blocks."""
-    prompt = _prompts()[2]
-    with torch.no_grad():
-        ref = variant_hf(variant)(torch.tensor([prompt])).logits[0].numpy()
-    runner = SequenceRunner(EngineArtifact.load(openvino_artifact(variant)), len(prompt))
-    assert worst_difference([runner.feed_chunked(prompt, 7)], [ref]) <= TOL
+    check_chunked_prefill_matches_one(openvino_artifact(variant), variant_hf(variant))
