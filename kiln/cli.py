@@ -188,6 +188,24 @@ def _security_config(api_key_file, allowed_hosts, cors_origins, allow_control_to
                 allow_control_tokens_in_messages=allow_control_tokens_in_messages)
 
 
+def _api_options(fn):
+    """How the OpenAI/vLLM request surface behaves (docs/serving.md, The API)."""
+    options = [
+        click.option("--strict-api", is_flag=True,
+                     help="Refuse (400) unknown request fields instead of ignoring them with a header."),
+        click.option("--scheduling-policy", type=click.Choice(["fcfs", "priority"]), default=None,
+                     help="Waiting-queue order: fcfs (default) or priority (a request's `priority`, lower first)."),
+        click.option("--chat-template", "chat_template", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     default=None, help="A Jinja chat template file to use instead of the artifact's."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+API_OPTIONS = ("strict_api", "scheduling_policy", "chat_template")
+
+
 def _limit_options(fn):
     """Connection, time and fault limits, on by default (docs/serving.md, Limits and faults)."""
     options = [
@@ -244,6 +262,7 @@ def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_t
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info",
               show_default=True, help="kiln's logs; debug traces admission and every engine step.")
 @_security_options
+@_api_options
 @_limit_options
 @runtime_options
 def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waiting, max_waiting_tokens,
@@ -254,15 +273,26 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
 
     security = {name: runtime.pop(name) for name in SECURITY_OPTIONS}
     limits = {name: runtime.pop(name) for name in LIMIT_OPTIONS}
+    api = {name: runtime.pop(name) for name in API_OPTIONS}
 
     def go():
         cfg = ServeConfig(**_security_config(**security), **_limits_config(max_waiting, request_timeout, **limits),
                           host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                           ttft_slo=DEFAULT_TTFT_SLO if ttft_slo is None else ttft_slo,
                           max_waiting_tokens=max_waiting_tokens, response_cache=not no_response_cache,
-                          console=not no_console, log_level=log_level)
-        run_server(artifact, runtime_config(**runtime), cfg, announce=lambda m: console.print(f"[dim]{m}[/]"))
+                          console=not no_console, log_level=log_level, strict_api=api["strict_api"],
+                          chat_template=api["chat_template"])
+        run_server(artifact, _with_policy(runtime_config(**runtime), api["scheduling_policy"]), cfg,
+                   announce=lambda m: console.print(f"[dim]{m}[/]"))
     _guarded(go)
+
+
+def _with_policy(runtime, policy: str | None):
+    from dataclasses import replace
+
+    from kiln.config import SchedulingPolicy
+    return runtime if policy is None else replace(
+        runtime, scheduler=replace(runtime.scheduler, policy=SchedulingPolicy(policy)))
 
 
 @main.command()

@@ -198,6 +198,10 @@ class ServeConfig:
     allow_control_tokens_in_messages: bool = False   # special-token text in messages stays text
     allowed_hosts: tuple[str, ...] | None = None     # None: loopback names when bound to loopback
     cors_origins: tuple[str, ...] = ()               # browser origins allowed (none by default)
+    # Unknown body fields: False (vLLM's way) drops them, names them in the X-Kiln-Ignored-Fields
+    # header and logs them; True (--strict-api) refuses them with 400.
+    strict_api: bool = False
+    chat_template: Path | None = None                # a template file replacing the artifact's (--chat-template)
 
     def __post_init__(self):
         if self.api_key is not None and not self.api_key.strip():

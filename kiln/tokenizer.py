@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import secrets
+from datetime import datetime
 from pathlib import Path
 
+from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as FastTokenizer
 
@@ -32,9 +34,7 @@ class Tokenizer:
         self.eos_token = _token_text(self.config.get("eos_token"))
         self.bos_token = _token_text(self.config.get("bos_token"))
         self.eos_token_id = self.fast.token_to_id(self.eos_token) if self.eos_token else None
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        self._template = env.from_string(self.chat_template) if self.chat_template else None
+        self._template = _compile(self.chat_template) if self.chat_template else None
         # Message text is tokenized with special-token matching off (a second instance: the flag
         # is the tokenizer's own state, and requests are tokenized on several threads).
         self._text_only = FastTokenizer.from_file(str(folder / "tokenizer.json"))
@@ -44,6 +44,11 @@ class Tokenizer:
         # The most characters one token stands for: a prompt of n characters is at least
         # n / max_token_chars tokens, a bound the server checks before it tokenizes anything.
         self.max_token_chars = max((len(t) for t in self.fast.get_vocab()), default=1) or 1
+
+    def set_chat_template(self, template: str) -> None:
+        """Use `template` (Jinja text) instead of the artifact's (kiln serve --chat-template)."""
+        self._template = _compile(template)
+        self.chat_template = template
 
     @property
     def vocab_size(self) -> int:
@@ -56,22 +61,27 @@ class Tokenizer:
         return self.fast.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
+                            tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
+        """template_kwargs: extra template variables (vLLM's chat_template_kwargs, e.g. Qwen3's
+        enable_thinking); they cannot replace the variables set here."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template; send a plain prompt")
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "",
-                                     tools=tools)
+        fixed = dict(messages=messages, add_generation_prompt=add_generation_prompt,
+                     bos_token=self.bos_token or "", eos_token=self.eos_token or "", tools=tools)
+        clash = sorted(set(template_kwargs or ()) & set(fixed))
+        if clash:
+            raise ChatTemplateError(f"chat_template_kwargs cannot set {', '.join(clash)}")
+        return self._template.render(**(template_kwargs or {}), **fixed)
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    control_tokens_in_messages: bool = False) -> list[int]:
+                    control_tokens_in_messages: bool = False, template_kwargs: dict | None = None) -> list[int]:
         """The rendered chat as token ids. The template writes its own special tokens; text inside
         the messages is tokenized as text, so a user typing `<|im_end|>` cannot end their turn
         and open a system one (control_tokens_in_messages=True: the old way, all parsed)."""
-        rendered = self.apply_chat_template(messages, tools=tools)
+        rendered = self.apply_chat_template(messages, tools=tools, template_kwargs=template_kwargs)
         if control_tokens_in_messages or not self._has_special_text(messages):
             return self.encode(rendered, add_special_tokens=False)
-        return self._encode_with_text_spans(messages, tools, rendered)
+        return self._encode_with_text_spans(messages, tools, rendered, template_kwargs)
 
     def _has_special_text(self, messages: list[dict]) -> bool:
         return any(self._holds_special_text(text) for text in _message_texts(messages))
@@ -85,7 +95,8 @@ class Tokenizer:
                 return True
         return False
 
-    def _encode_with_text_spans(self, messages: list[dict], tools, rendered: str) -> list[int]:
+    def _encode_with_text_spans(self, messages: list[dict], tools, rendered: str,
+                                template_kwargs: dict | None = None) -> list[int]:
         # Render again with each message text that holds special-token text replaced by a random
         # placeholder (the others stay, so the template sees them as they are), then tokenize the
         # template's pieces as before and the hidden texts with special tokens off. A
@@ -100,7 +111,8 @@ class Tokenizer:
             texts.append(text)
             return f"kiln{nonce}x{len(texts) - 1}x"
 
-        masked = self.apply_chat_template(_map_message_texts(messages, hide), tools=tools)
+        masked = self.apply_chat_template(_map_message_texts(messages, hide), tools=tools,
+                                          template_kwargs=template_kwargs)
         pieces = masked.split(f"kiln{nonce}x")
         ids, out = self.encode(pieces[0], add_special_tokens=False), [pieces[0]]
         for piece in pieces[1:]:
@@ -116,6 +128,25 @@ class Tokenizer:
             raise ChatTemplateError("a message holds special-token text that this model's chat "
                                     "template cannot keep apart from its own markers")
         return ids
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    # transformers' filter: key order kept, no HTML escaping (Jinja's own tojson does both, so
+    # a prompt with tools would differ from the one the model was trained on).
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _compile(template: str):
+    """The template in the environment transformers' apply_chat_template renders it in."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(template)
 
 
 # The fields of a message the template may branch on; every other string is the client's text.

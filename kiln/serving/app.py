@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -25,7 +26,7 @@ from kiln.serving.console import console_routes
 from kiln.serving.errors import ApiError, bad_request
 from kiln.serving.generations import Generations
 from kiln.serving.http_io import (EventStream, RequestGuard, allowed_host_names, check_api_key, decode_body,
-                                  read_body, until_disconnected)
+                                  ignored_fields_header, read_body, until_disconnected)
 from kiln.serving.metrics import ServerMetrics
 from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from kiln.serving.requests import EngineLimits, RequestOptions, prepare_chat, prepare_completion
@@ -50,6 +51,8 @@ class Server:
         self.metrics = ServerMetrics()
         self.ready = False
         self.client: EngineClient = llm.client
+        if config.chat_template is not None:
+            llm.tokenizer.set_chat_template(config.chat_template.read_text())
         self.limits = EngineLimits.of(self.client.snapshot, llm.artifact.manifest)
         self.generations: Generations | None = None
         self.workers = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="kiln-prepare")
@@ -95,7 +98,7 @@ class Server:
 
     def options(self, key_name: str | None) -> RequestOptions:
         salt = f"api-key:{key_name}" if key_name is not None and self.config.per_key_cache_salt else None
-        return RequestOptions(self.config.allow_control_tokens_in_messages, salt)
+        return RequestOptions(self.config.allow_control_tokens_in_messages, salt, self.config.strict_api)
 
     async def off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.workers, partial(fn, *args))
@@ -176,8 +179,9 @@ async def _generate(server: Server, request: HttpRequest, kind: str) -> Response
     except ApiError as e:
         return server.rejected(e)
     renderer = Renderer(kind, server.model_name, server.llm.tokenizer, prepared.parse_tool_calls)
+    headers = ignored_fields_header(prepared.ignored_fields)
     if prepared.stream:
-        return EventStream(renderer.stream(sub, prepared.include_usage), on_close=sub.close)
+        return EventStream(renderer.stream(sub, prepared.include_usage), on_close=sub.close, headers=headers)
     try:
         finished, deltas = await until_disconnected(request.receive, _collect(sub))
         if finished and prepared.parse_tool_calls:       # parsing a long reply is CPU work
@@ -193,7 +197,7 @@ async def _generate(server: Server, request: HttpRequest, kind: str) -> Response
         sub.close()
     if not finished:
         return Response(status_code=499)       # nobody is there to read it
-    return JSONResponse(body)
+    return JSONResponse(body, headers=headers)
 
 
 async def _prepare(server: Server, request: HttpRequest, kind: str):
@@ -205,11 +209,12 @@ async def _prepare(server: Server, request: HttpRequest, kind: str):
 def _prepare_body(server: Server, kind: str, raw: bytes, options: RequestOptions):
     """On a worker thread: the body's bytes -> a PreparedRequest, or an ApiError."""
     model_cls, prepare = ENDPOINTS[kind]
-    body = parse_body(model_cls, decode_body(raw))
+    body, ignored = parse_body(model_cls, decode_body(raw), strict=options.strict_api)
     if body.model is not None and body.model != server.model_name:
         raise ApiError(404, f"the model '{body.model}' does not exist; this server serves "
                        f"'{server.model_name}'", "model", "model_not_found")
-    return prepare(body, server.llm.tokenizer, server.limits, options)
+    prepared = prepare(body, server.llm.tokenizer, server.limits, options)
+    return replace(prepared, ignored_fields=ignored) if ignored else prepared
 
 
 async def _collect(sub) -> list:

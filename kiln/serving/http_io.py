@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import math
 from typing import Awaitable, Callable, TypeVar
 
@@ -15,6 +16,7 @@ from starlette.responses import StreamingResponse
 from kiln.serving.errors import ApiError, bad_request
 
 T = TypeVar("T")
+log = logging.getLogger("kiln.serving")
 
 MAX_JSON_DEPTH = 64      # a JSON Schema or a tool's parameters nest a few levels; nothing needs more
 
@@ -195,6 +197,23 @@ class RequestGuard:
         await self.app(scope, receive, send)
 
 
+IGNORED_FIELDS_HEADER = "X-Kiln-Ignored-Fields"
+_warned_fields: set[str] = set()
+
+
+def ignored_fields_header(fields: tuple[str, ...]) -> dict[str, str]:
+    """The response header naming the unknown body fields a request's answer ignored; each name
+    is logged once at warning (then at debug: a benchmark sends the same field every request)."""
+    if not fields:
+        return {}
+    new = [f for f in fields if f not in _warned_fields]
+    _warned_fields.update(new)
+    level = logging.WARNING if new else logging.DEBUG
+    log.log(level, "ignored unknown request fields: %s (--strict-api refuses them)", ", ".join(fields))
+    # NOTE: a header value is latin-1; a field name is any JSON string, so it is escaped.
+    return {IGNORED_FIELDS_HEADER: ",".join(fields).encode("ascii", "backslashreplace").decode()[:1024]}
+
+
 async def until_disconnected(receive, work: Awaitable[T]) -> tuple[bool, T | None]:
     """Run `work`; if the client disconnects first, cancel it. Returns (finished, result)."""
     task = asyncio.ensure_future(work)
@@ -219,9 +238,9 @@ class EventStream(StreamingResponse):
     """text/event-stream that stops the moment its client disconnects and then always calls
     on_close, even if the stream never started."""
 
-    def __init__(self, content, on_close: Callable[[], None]):
+    def __init__(self, content, on_close: Callable[[], None], headers: dict[str, str] | None = None):
         super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:

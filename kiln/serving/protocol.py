@@ -12,8 +12,15 @@ from kiln.serving.errors import ApiError, bad_request
 
 class _Body(BaseModel):
     # Strict: a boolean is not an integer, 4.0 is not an integer, "4" is not a number. Unknown
-    # fields (an OpenAI field kiln does not implement, a typo) are refused by name, never ignored.
+    # fields are found by pydantic (extra="forbid"); parse_body then refuses them (--strict-api)
+    # or drops and reports them (the default, as vLLM does).
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# OpenAI fields that change what the answer means, which kiln does not implement: refused by name
+# in every mode, since ignoring them would answer a different question than the one asked.
+REFUSED_FIELDS = ("functions", "function_call", "audio", "modalities", "prediction", "suffix")
+MAX_IGNORED_PASSES = 8      # re-validations after dropping unknown fields (each drops at least one)
 
 
 class StreamOptions(_Body):
@@ -103,26 +110,57 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool | None = None
 
 
-def parse_body(model: type[_Body], data) -> _Body:
-    """The body as `model`, or a 400 naming the first offending field."""
+def parse_body(model: type[_Body], data, strict: bool = True) -> tuple[_Body, tuple[str, ...]]:
+    """(the body as `model`, the unknown fields dropped from it), or a 400 naming the first
+    offending field. strict: an unknown field is a 400 too; otherwise it is dropped and named
+    in the second item (dotted paths: "stream_options.foo")."""
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
     # A null is "not given", for fields kiln does not know as well as for those it does.
     data = {k: v for k, v in data.items() if v is not None or k in model.model_fields}
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise _as_api_error(e) from None
+    for name in REFUSED_FIELDS:
+        if name in data and name not in model.model_fields:
+            raise bad_request(f"'{name}' is not supported by this server", name, "unsupported_parameter")
+    ignored: list[str] = []
+    for _ in range(MAX_IGNORED_PASSES):
+        try:
+            return model.model_validate(data), tuple(ignored)
+        except ValidationError as e:
+            errors = e.errors()
+            extra = [err for err in errors if err["type"] == "extra_forbidden"]
+            if strict or len(extra) < len(errors):
+                raise _as_api_error(e, skip_extra=not strict) from None
+            for err in extra:
+                _drop(data, err["loc"])
+                ignored.append(_param(err["loc"]))
+    raise bad_request("the request body has too many unknown fields", code="unsupported_parameter")
+
+
+def _drop(data: dict, loc: tuple) -> None:
+    """Delete the value at a pydantic error location (union tags in it are skipped)."""
+    node = data
+    for part in loc[:-1]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+    if isinstance(node, dict):
+        node.pop(loc[-1], None)
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "none", "list", "dict"}
 
 
-def _as_api_error(e: ValidationError) -> ApiError:
-    first = e.errors()[0]
+def _param(loc: tuple) -> str | None:
     # Union members add their type name to the location; the field is the leading plain parts.
-    parts = [str(p) for p in first["loc"] if isinstance(p, int) or p not in _UNION_TAGS and "[" not in p]
-    param = ".".join(parts) or None
+    parts = [str(p) for p in loc if isinstance(p, int) or p not in _UNION_TAGS and "[" not in p]
+    return ".".join(parts) or None
+
+
+def _as_api_error(e: ValidationError, skip_extra: bool = False) -> ApiError:
+    errors = e.errors()
+    first = next((err for err in errors if err["type"] != "extra_forbidden"), errors[0]) if skip_extra else errors[0]
+    param = _param(first["loc"])
     if first["type"] == "missing":
         return bad_request(f"'{param}' is a required property", param, "missing_required_parameter")
     if first["type"] == "extra_forbidden":

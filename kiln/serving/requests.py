@@ -45,6 +45,7 @@ class RequestOptions:
     """What the server's configuration and the caller's identity add to every request."""
     control_tokens_in_messages: bool = False   # parse special-token text in messages (the old way)
     cache_salt: str | None = None              # the API key's prefix-cache salt (a body's nests in it)
+    strict_api: bool = False                   # unknown body fields: 400 (True) or dropped and named
 
 
 # A prompt of n characters is at least n / (the longest token's characters) tokens; halved again
@@ -63,6 +64,7 @@ class PreparedRequest:
     # Chat with tools: at most this many tool calls are parsed out of the reply (0: none; more
     # stay text). One when the client sets parallel_tool_calls to false.
     parse_tool_calls: int = 0
+    ignored_fields: tuple[str, ...] = ()   # unknown body fields dropped (X-Kiln-Ignored-Fields)
 
     @property
     def deterministic(self) -> bool:
