@@ -26,9 +26,12 @@ PROMPT_CONTEXT_TOKENS = 5
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int],
-                 skip_special_tokens: bool = True, stop: Sequence[str] = ()):
+                 skip_special_tokens: bool = True, stop: Sequence[str] = (), include_stop: bool = False):
+        """include_stop: the stop string that ends the output stays in its text (vLLM's
+        include_stop_str_in_output)."""
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.include_stop = include_stop
         self.stop_matcher = StopMatcher(tuple(stop))
         self.output_token_ids: list[int] = []
         self.output_text = ""           # streamed so far: never held-back text or text past a stop
@@ -93,6 +96,7 @@ class IncrementalDetokenizer:
         self._scanned = len(text)
         if hit is not None:
             end, self.stop_reason = hit
+            end += len(self.stop_reason) if self.include_stop else 0
             self.stopped = True
         elif final:
             end = len(text)

@@ -60,8 +60,10 @@ class OutputProcessor:
         self._logprobs: dict[str, list] = {}
 
     def add(self, request: Request) -> None:
+        p = request.sampling_params
         self._detok[request.request_id] = IncrementalDetokenizer(
-            self.tokenizer.fast, request.prompt_token_ids, stop=request.sampling_params.stop)
+            self.tokenizer.fast, request.prompt_token_ids, skip_special_tokens=p.skip_special_tokens,
+            stop=p.stop, include_stop=p.include_stop_str_in_output)
         self._logprobs[request.request_id] = []
 
     def process(self, delta: RequestDelta) -> tuple[StreamDelta, str | None]:

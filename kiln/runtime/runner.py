@@ -129,5 +129,7 @@ class ModelRunner:
             params = request.sampling_params
             if params.seed is None and self.default_seed is not None:
                 params = replace(params, seed=self.default_seed)
-            state = self.states[request.request_id] = SamplingState.from_params(params, request.prompt_token_ids)
+            eos = () if request.eos_token_id is None else (request.eos_token_id, *request.extra_eos_token_ids)
+            state = self.states[request.request_id] = SamplingState.from_params(params, request.prompt_token_ids,
+                                                                                eos)
         return state

@@ -51,16 +51,28 @@ class SamplingState:
     prompt_token_ids: np.ndarray                       # unique ids, for the repetition penalty
     output_counts: dict[int, int] = field(default_factory=dict)
     guide: Guide | None = None                          # the grammar a constrained request follows
+    # Token ids that may not be sampled while fewer than params.min_tokens were (EOS, stop ids).
+    min_tokens_banned: np.ndarray | None = None
+    num_output: int = 0
     _arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def from_params(cls, params: SamplingParams, prompt_token_ids: Sequence[int] = ()) -> SamplingState:
+    def from_params(cls, params: SamplingParams, prompt_token_ids: Sequence[int] = (),
+                    eos_token_ids: Sequence[int] = ()) -> SamplingState:
+        """eos_token_ids: the ids that end the request (with params.stop_token_ids, what
+        min_tokens bans until enough tokens came)."""
         # default_rng(None) draws fresh OS entropy: unseeded requests are not reproducible.
         prompt = np.unique(np.asarray(prompt_token_ids, dtype=np.int64))
-        return cls(params, np.random.default_rng(params.seed), prompt, guide=_guide(params))
+        banned = None
+        if params.min_tokens:
+            ends = (*(() if params.ignore_eos else eos_token_ids), *params.stop_token_ids)
+            banned = np.unique(np.asarray(ends, dtype=np.int64)) if ends else None
+        return cls(params, np.random.default_rng(params.seed), prompt, guide=_guide(params),
+                   min_tokens_banned=banned)
 
     def append(self, token_id: int) -> None:
         self.output_counts[token_id] = self.output_counts.get(token_id, 0) + 1
+        self.num_output += 1
         self._arrays = None
         if self.guide is not None:
             self.guide.accept(token_id)
@@ -70,7 +82,12 @@ class SamplingState:
         """Whether this row's logits change before temperature (penalties, a logit bias, a grammar)."""
         p = self.params
         return (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-                or bool(p.logit_bias) or self.guide is not None)
+                or bool(p.logit_bias) or self.guide is not None or self.bans_ends)
+
+    @property
+    def bans_ends(self) -> bool:
+        """Whether EOS and the stop ids are banned now (min_tokens not reached)."""
+        return self.min_tokens_banned is not None and self.num_output < self.params.min_tokens
 
     def seen_tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(prompt ∪ output ids, output ids, their counts), cached until the next append."""
@@ -147,6 +164,9 @@ def _penalize(row: np.ndarray, state: SamplingState) -> None:
         row[output] -= counts * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
     if p.logit_bias:
         _add_bias(row, p.logit_bias)
+    if state.bans_ends:
+        banned = state.min_tokens_banned
+        row[banned[banned < len(row)]] = -np.inf
     if state.guide is not None:
         # NOTE: the mask comes last, so no penalty or bias can bring back a token it forbids.
         np.putmask(row, state.guide.forbidden(len(row)), -np.inf)     # 4x a boolean-index store

@@ -11,6 +11,7 @@ from kiln.runtime.structured.spec import StructuredOutput
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_LOGPROBS = 20
+MAX_STOP_TOKEN_IDS = 64
 MAX_TEMPERATURE = 100.0
 MAX_REPETITION_PENALTY = 100.0
 MAX_TOP_K = 1 << 31
@@ -36,7 +37,14 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None       # top-n logprobs per generated token
+    # top-n logprobs of every prompt token after the first (vLLM's prompt_logprobs; what echo
+    # with logprobs returns). NOTE: such a request computes its whole prompt (no prefix-cache hits).
+    prompt_logprobs: int | None = None
     priority: int = 0                 # lower runs first under the priority policy
+    # vLLM's: EOS and stop_token_ids cannot end (nor be sampled for) the first min_tokens tokens.
+    min_tokens: int = 0
+    skip_special_tokens: bool = True  # special tokens' text left out of the output text
+    include_stop_str_in_output: bool = False   # the stop string that ended the output stays in it
     # OpenAI semantics: token id -> bias added to its logit before sampling. A mapping from
     # callers; stored as sorted (id, bias) pairs so the params stay hashable.
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -78,6 +86,12 @@ def _problems(p: SamplingParams):
         yield f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters"
     if p.logprobs is not None and not 0 <= p.logprobs <= MAX_LOGPROBS:
         yield f"logprobs must be in [0, {MAX_LOGPROBS}], got {p.logprobs}"
+    if p.prompt_logprobs is not None and not 0 <= p.prompt_logprobs <= MAX_LOGPROBS:
+        yield f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {p.prompt_logprobs}"
+    if not 0 <= p.min_tokens <= p.max_tokens:
+        yield f"min_tokens must be in [0, max_tokens = {p.max_tokens}], got {p.min_tokens}"
+    if len(p.stop_token_ids) > MAX_STOP_TOKEN_IDS or any(t < 0 for t in p.stop_token_ids):
+        yield f"stop_token_ids must be at most {MAX_STOP_TOKEN_IDS} token ids >= 0"
     yield from _logit_bias_problems(p.logit_bias)
 
 

@@ -236,10 +236,12 @@ class Scheduler:
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
-        if token in params.stop_token_ids:
+        may_end = request.num_output_tokens > params.min_tokens     # NOTE: `token` is appended already
+        if token in params.stop_token_ids and may_end:
             request.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
-        if (token == request.eos_token_id or token in request.extra_eos_token_ids) and not params.ignore_eos:
+        if (token == request.eos_token_id or token in request.extra_eos_token_ids) and not params.ignore_eos \
+                and may_end:
             return RequestStatus.FINISHED_STOPPED
         if (request.num_output_tokens >= request.max_tokens
                 or request.num_tokens >= self.config.max_model_len):

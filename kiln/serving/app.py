@@ -18,7 +18,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kiln.config import ServeConfig
+from kiln.config import SchedulingPolicy, ServeConfig
 from kiln.runtime.engine_client import EngineClient, EngineError
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.admission import Admission
@@ -53,7 +53,8 @@ class Server:
         self.client: EngineClient = llm.client
         if config.chat_template is not None:
             llm.tokenizer.set_chat_template(config.chat_template.read_text())
-        self.limits = EngineLimits.of(self.client.snapshot, llm.artifact.manifest)
+        self.limits = EngineLimits.of(self.client.snapshot, llm.artifact.manifest,
+                                      llm.core.scheduler.config.policy is SchedulingPolicy.PRIORITY)
         self.generations: Generations | None = None
         self.workers = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="kiln-prepare")
 
@@ -181,7 +182,8 @@ async def _generate(server: Server, request: HttpRequest, kind: str) -> Response
     renderer = Renderer(kind, server.model_name, server.llm.tokenizer, prepared.parse_tool_calls)
     headers = ignored_fields_header(prepared.ignored_fields)
     if prepared.stream:
-        return EventStream(renderer.stream(sub, prepared.include_usage), on_close=sub.close, headers=headers)
+        return EventStream(renderer.stream(sub, prepared.include_usage, prepared.continuous_usage),
+                           on_close=sub.close, headers=headers)
     try:
         finished, deltas = await until_disconnected(request.receive, _collect(sub))
         if finished and prepared.parse_tool_calls:       # parsing a long reply is CPU work

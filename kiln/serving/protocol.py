@@ -25,6 +25,7 @@ MAX_IGNORED_PASSES = 8      # re-validations after dropping unknown fields (each
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False      # vLLM's: every chunk carries the usage so far
 
 
 class _SamplingFields(_Body):
@@ -52,6 +53,12 @@ class _SamplingFields(_Body):
     guided_choice: list[str] | None = None
     # vLLM's: a prefix-cache namespace; requests see cached prefixes only of the same salt.
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    # vLLM's sampling extensions (extra_body with the openai client).
+    stop_token_ids: list[int] | None = None
+    min_tokens: int | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    priority: int | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -108,6 +115,8 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Tool] | None = Field(default=None, max_length=128)
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool | None = None
+    # vLLM's: extra variables for the chat template (Qwen3's enable_thinking ...).
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 def parse_body(model: type[_Body], data, strict: bool = True) -> tuple[_Body, tuple[str, ...]]:

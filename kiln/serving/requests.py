@@ -27,12 +27,13 @@ class EngineLimits:
     block_size: int
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
+    priority_scheduling: bool = False      # the engine orders its waiting queue by `priority`
 
     @classmethod
-    def of(cls, snapshot, manifest) -> EngineLimits:
+    def of(cls, snapshot, manifest, priority_scheduling: bool = False) -> EngineLimits:
         eos = tuple(manifest.generation.get("eos_token_ids") or ())
         return cls(snapshot.max_model_len, snapshot.kv_blocks_total, snapshot.kv_block_size,
-                   manifest.spec.vocab_size, eos)
+                   manifest.spec.vocab_size, eos, priority_scheduling)
 
     @property
     def kv_tokens(self) -> int:
@@ -61,6 +62,7 @@ class PreparedRequest:
     params: SamplingParams
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False         # every streamed chunk carries the usage so far
     # Chat with tools: at most this many tool calls are parsed out of the reply (0: none; more
     # stay text). One when the client sets parallel_tool_calls to false.
     parse_tool_calls: int = 0
@@ -95,7 +97,8 @@ def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimi
     _check_chars_fit(sum(len(text) for text in _texts(messages)), tok, limits, "messages")
     try:
         ids = tok.encode_chat(messages, tools=tools.tools,
-                              control_tokens_in_messages=options.control_tokens_in_messages)
+                              control_tokens_in_messages=options.control_tokens_in_messages,
+                              template_kwargs=body.chat_template_kwargs)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
     except (TemplateError, TypeError, ValueError, LookupError, AttributeError) as e:
@@ -143,9 +146,11 @@ def _prepare(kind, body, ids, max_tokens, logprobs, limits, prompt_param, tok,
     spec, field = structured_output(body, tools)
     salt = _cache_salt(options.cache_salt, body.cache_salt)
     params = _sampling_params(body, max_tokens, logprobs, _logit_bias(body.logit_bias, limits),
-                              None if spec is None else bind(spec, field, tok, limits), salt)
-    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
-    return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage, tools.max_calls)
+                              None if spec is None else bind(spec, field, tok, limits), salt, limits)
+    options_ = body.stream_options
+    include_usage = bool(body.stream and options_ and options_.include_usage)
+    continuous = bool(body.stream and options_ and options_.continuous_usage_stats)
+    return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage, continuous, tools.max_calls)
 
 
 def _prompt_ids(prompt, tok: Tokenizer, limits: EngineLimits) -> list[int]:
@@ -226,8 +231,27 @@ def _logit_bias(bias: dict[str, float] | None, limits: EngineLimits) -> dict[int
     return out
 
 
+def _vllm_knobs(body, limits: EngineLimits) -> dict:
+    """vLLM's sampling extensions the body sets, checked against this engine."""
+    given = dict(min_tokens=body.min_tokens, skip_special_tokens=body.skip_special_tokens,
+                 include_stop_str_in_output=body.include_stop_str_in_output)
+    knobs = {k: v for k, v in given.items() if v is not None}
+    if body.stop_token_ids:
+        if any(not 0 <= t < limits.vocab_size for t in body.stop_token_ids):
+            raise bad_request(f"stop_token_ids must be token ids in [0, {limits.vocab_size})", "stop_token_ids",
+                              "invalid_value")
+        knobs["stop_token_ids"] = tuple(body.stop_token_ids)
+    if body.priority:
+        if not limits.priority_scheduling:
+            # vLLM's answer too: a priority the scheduler would not honour is refused, not ignored.
+            raise bad_request("priority needs a server started with --scheduling-policy priority",
+                              "priority", "invalid_value")
+        knobs["priority"] = body.priority
+    return knobs
+
+
 def _sampling_params(body, max_tokens: int, logprobs: int | None, logit_bias: dict[int, float],
-                     structured, cache_salt: str | None = None) -> SamplingParams:
+                     structured, cache_salt: str | None, limits: EngineLimits) -> SamplingParams:
     given = dict(temperature=body.temperature, top_p=body.top_p, min_p=body.min_p,
                  presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                  repetition_penalty=body.repetition_penalty, seed=body.seed)
@@ -235,6 +259,7 @@ def _sampling_params(body, max_tokens: int, logprobs: int | None, logit_bias: di
     if body.top_k is not None:
         knobs["top_k"] = 0 if body.top_k == -1 else body.top_k       # vLLM's -1 also means "off"
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    knobs.update(_vllm_knobs(body, limits))
     try:
         return SamplingParams(max_tokens=max_tokens, stop=stop, ignore_eos=body.ignore_eos,
                               logprobs=logprobs, logit_bias=logit_bias, structured=structured,

@@ -61,18 +61,28 @@ class Renderer:
                 "choices": [choice], "usage": usage_body(usage)}
 
     # -- streams ----------------------------------------------------------------------------------
-    async def stream(self, sub: Subscription, include_usage: bool) -> AsyncIterator[bytes]:
+    async def stream(self, sub: Subscription, include_usage: bool, continuous_usage: bool = False
+                     ) -> AsyncIterator[bytes]:
         """SSE chunks, then a usage chunk if asked for, then [DONE]. An engine error mid-stream is
-        an error event (the status line has gone already)."""
+        an error event (the status line has gone already). continuous_usage: every chunk carries
+        the usage so far (vLLM's continuous_usage_stats)."""
+        generated = 0
+
+        def so_far() -> dict | None:
+            u = sub.usage
+            return usage_body(Usage(u.prompt_tokens, generated, u.cached_tokens)) if continuous_usage else None
+
         if self.kind == "chat":
-            yield sse(self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
+            yield sse(self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None},
+                                  usage=so_far()))
         try:
             async for delta in sub.deltas():
+                generated += len(delta.token_ids)
                 if self.tools is not None:
                     for chunk in self._tool_chunks(delta):
-                        yield sse(chunk)
+                        yield sse({**chunk, "usage": so_far()} if continuous_usage else chunk)
                 elif delta.text or delta.finished:
-                    yield sse(self._chunk(self._delta_choice(delta)))
+                    yield sse(self._chunk(self._delta_choice(delta), usage=so_far()))
         except Exception as e:
             yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
             return

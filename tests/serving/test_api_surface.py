@@ -19,9 +19,33 @@ def _post(server, path: str, body: dict, **kw) -> httpx.Response:
     return httpx.post(f"{server.url}{path}", json=body, timeout=60, **kw)
 
 
+# A template of kiln's own: a variable only chat_template_kwargs sets, transformers' tojson (key
+# order kept, no HTML escaping) and a loop control.
+TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}"
+            "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if greeting is defined %}{{ greeting | tojson }}{% endif %}<|im_start|>assistant\n")
+
+
 @pytest.fixture(scope="module")
-def strict_server(start_module_server, tiny_llama_artifact):
-    return start_module_server(tiny_llama_artifact, *TINY_FLAGS, "--strict-api")
+def strict_server(start_module_server, tiny_llama_artifact, tmp_path_factory):
+    """--strict-api, priority scheduling and a --chat-template override, on one server."""
+    template = tmp_path_factory.mktemp("template") / "chat.jinja"
+    template.write_text(TEMPLATE)
+    return start_module_server(tiny_llama_artifact, *TINY_FLAGS, "--strict-api", "--scheduling-policy", "priority",
+                               "--chat-template", str(template))
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_llama_artifact):
+    from kiln.contract.artifact import EngineArtifact
+    from kiln.tokenizer import Tokenizer
+    return Tokenizer(EngineArtifact.load(tiny_llama_artifact).tokenizer_dir)
+
+
+def _completion(server, **extra) -> dict:
+    r = _post(server, "/v1/completions", {**OK_PROMPT, "max_tokens": 6, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
 
 
 # ---- the unknown-field policy ----
@@ -60,3 +84,67 @@ def test_strict_api_refuses_unknown_fields_by_name(strict_server, body, param):
     err = _post(strict_server, "/v1/completions", body).json()["error"]
     assert (err["param"], err["code"]) == (param, "unsupported_parameter")
     assert _post(strict_server, "/v1/completions", OK_PROMPT).status_code == 200
+
+
+# ---- vLLM's sampling extensions, each shown to change the answer ----
+
+def test_stop_token_ids_end_the_output_on_that_token(tiny_server, tok):
+    a = tok.encode("a")[-1]
+    forced = {"logit_bias": {str(a): 100}, "ignore_eos": True}
+    assert _completion(tiny_server, **forced)["choices"][0]["text"] == "a" * 6
+    out = _completion(tiny_server, **forced, stop_token_ids=[a])
+    assert (out["choices"][0]["text"], out["choices"][0]["finish_reason"]) == ("a", "stop")
+    assert out["usage"]["completion_tokens"] == 1
+    r = _post(tiny_server, "/v1/completions", {**OK_PROMPT, "stop_token_ids": [10 ** 6]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop_token_ids"
+
+
+def test_min_tokens_hold_eos_back_and_skip_special_tokens_shows_it(tiny_server, tok):
+    eos = tok.eos_token_id
+    forced = {"logit_bias": {str(eos): 100}, "max_tokens": 8}
+    assert _completion(tiny_server, **forced)["usage"]["completion_tokens"] == 1
+    held = _completion(tiny_server, **forced, min_tokens=5)
+    assert held["usage"]["completion_tokens"] == 6 and held["choices"][0]["finish_reason"] == "stop"
+    shown = _completion(tiny_server, **forced, skip_special_tokens=False)
+    assert shown["choices"][0]["text"] == "<|im_end|>"
+    assert _completion(tiny_server, **forced)["choices"][0]["text"] == ""
+    r = _post(tiny_server, "/v1/completions", {**OK_PROMPT, "min_tokens": 9})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(tiny_server, tok):
+    forced = {"logit_bias": {str(tok.encode("a")[-1]): 100}, "ignore_eos": True, "stop": ["aa"]}
+    assert _completion(tiny_server, **forced)["choices"][0]["text"] == ""
+    kept = _completion(tiny_server, **forced, include_stop_str_in_output=True)["choices"][0]
+    assert (kept["text"], kept["finish_reason"]) == ("aa", "stop")
+
+
+def test_priority_needs_the_priority_policy(tiny_server, strict_server):
+    refused = _post(tiny_server, "/v1/completions", {**OK_PROMPT, "priority": 3})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority"
+    assert _post(tiny_server, "/v1/completions", {**OK_PROMPT, "priority": 0}).status_code == 200
+    assert _post(strict_server, "/v1/completions", {**OK_PROMPT, "priority": -5}).status_code == 200
+
+
+def test_chat_template_override_and_its_kwargs(strict_server):
+    chat = {**OK_CHAT, "messages": [{"role": "system", "content": "dropped by `continue`"},
+                                    {"role": "user", "content": "hi"}]}
+    plain = _post(strict_server, "/v1/chat/completions", chat).json()["usage"]["prompt_tokens"]
+    # <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant: a token per marker and per byte (Jinja
+    # drops the template's last newline, as transformers' environment does)
+    assert plain == 3 + len("user\nhi\n") + len("assistant")
+    greeting = {"b": "<x>", "a": 1}                          # tojson: '{"b": "<x>", "a": 1}'
+    r = _post(strict_server, "/v1/chat/completions", {**chat, "chat_template_kwargs": {"greeting": greeting}})
+    assert r.json()["usage"]["prompt_tokens"] == plain + len(json.dumps(greeting))
+    clash = _post(strict_server, "/v1/chat/completions", {**chat, "chat_template_kwargs": {"messages": []}})
+    assert clash.status_code == 400 and "messages" in clash.json()["error"]["message"]
+
+
+def test_continuous_usage_stats_count_up_chunk_by_chunk(tiny_server):
+    body = {**OK_PROMPT, "max_tokens": 5, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with httpx.stream("POST", f"{tiny_server.url}/v1/completions", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    counts = [e["usage"]["completion_tokens"] for e in events]
+    assert all(e["usage"]["prompt_tokens"] == 2 for e in events)
+    assert counts == sorted(counts) and counts[-1] == 5 and counts[0] >= 1
