@@ -33,7 +33,9 @@ minimum per block, passes/block_offsets.py), nbits/dynamic (how 8-bit linears ru
 DynamicQuantizeMatMul, passes/dynamic_int8.py), nb=a+b (these 8-bit linears stay MatMulNBits
 when the rest are dynamic; nb= alone: none), search (4-bit linears with integer zero points from
 passes/int4_search.py, weighted by a calibration run over kiln/data/calibration.txt as in the
-build; nocal: plain squared error; cal: accepted, the default),
+build; nocal: plain squared error; cal: accepted, the default), q4min (4-bit linears with a float
+minimum per block on kiln's MatMulQ4Min kernel, passes/q4min_linear.py: int4-q4min-pure is the INT4
+recipe when the op library is built),
 o=a+b (these 4-bit linears keep block offsets: a mixed split), e.g. int4-pure-t4 (everything
 4-bit), int4-sym-bs16, int4-search-cal-o=gate_up_proj, int4-off-pure (the former INT4 recipe:
 every linear 4-bit with block offsets). --no-latency: perplexity and answers only.
@@ -64,8 +66,10 @@ QUESTION = "What is the capital of France?"
 def make_pass(variant: str, calibration_ids: list[int] | None = None) -> QuantizePass:
     mode, *opts = variant.split("-")
     kw: dict = {"symmetric": "sym" in opts}
-    if "search" in opts:        # integer zero points (the INT4 recipe's rounding)
+    if "search" in opts:        # integer zero points (the MatMulNBits INT4 recipe's rounding)
         kw["int4_rounding"] = "search"
+    if "q4min" in opts:         # a float minimum per block on kiln's MatMulQ4Min (kiln/engines/ort/native)
+        kw["int4_rounding"] = "q4min"
     # as the build: calibration tokens given (used by the search only); "nocal": plain squared error
     kw["calibration_ids"] = None if "nocal" in opts else calibration_ids
     for o in opts:

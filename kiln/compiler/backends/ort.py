@@ -15,6 +15,7 @@ from kiln.compiler.passes.verify_paged import compare_paged
 from kiln.contract.artifact import file_record
 from kiln.contract.engine import KvLayout
 from kiln.contract.model_spec import ModelSpec
+from kiln.engines.ort import native
 from kiln.engines.ort.session import cpu_session, session_options
 
 MODEL_FILE = "model.onnx"
@@ -56,6 +57,8 @@ def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
     record = {"backend": "ort", **file_record(root, engine), "io": io_shapes(model)}
     if weights is not None:
         record["weights"] = file_record(root, weights)
+    if native.uses_native_ops(model.graph):     # the loader refuses it where the op library is not built
+        record["native_ops"] = [f"{native.OP_DOMAIN}.{native.OP_TYPE}"]
     layout = KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size, dtype=config.kv_dtype,
                       block_bytes=int8_block_bytes(spec, config.block_size) if config.kv_dtype == "int8" else 0)
     return BuiltEngines([record], layout, [report.to_dict()])

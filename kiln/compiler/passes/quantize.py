@@ -30,10 +30,12 @@ from kiln.compiler.passes.block_offsets import offset_linear
 from kiln.compiler.passes.int4_calibration import InputMoments, linear_input_moments
 from kiln.compiler.passes.int4_linear import searched_linear
 from kiln.compiler.passes.dynamic_int8 import dynamic_int8_linear
+from kiln.compiler.passes.q4min_linear import ensure_kiln_opset, q4min_linear
 from kiln.compiler.passes.quant_tables import QuantizedTable, embedding_node, lm_head_node, quantize_embedding
 from kiln.compiler.passes.quant_tables import weight_quantizer
 from kiln.contract.quant import QuantMode
 from kiln.compiler.graph_utils import MS_DOMAIN, ensure_ms_opset
+from kiln.engines.ort import native
 
 
 
@@ -63,18 +65,35 @@ _INT8_LINEARS: dict[QuantMode, tuple[str, ...]] = {
     QuantMode.INT8: (), QuantMode.INT4: ("gate_up_proj", "gate_proj", "up_proj", "down_proj"), QuantMode.W8A8: ()}
 # How 4-bit linears round (INT4_ROUNDINGS): "block_offsets" (a float minimum per block on a side
 # path, block_offsets.py), "min_max" (onnxruntime's quantizer), "search" (integer zero points from a
-# weighted search, int4_search.py).
-INT4_ROUNDINGS = ("block_offsets", "min_max", "search")
+# weighted search, int4_search.py), "q4min" (a float minimum per block on kiln's own kernel,
+# q4min_linear.py; needs the op library, kiln/engines/ort/native).
+INT4_ROUNDINGS = ("block_offsets", "min_max", "search", "q4min")
 _INT4_ROUNDING = {QuantMode.INT4: "search"}
 # Backends other than ONNX Runtime on CPU keep the all-4-bit block-offset recipe: TensorRT's
 # weight-only path takes 4-bit blocks only (compiler/backends/tensorrt/weights.py turns an 8-bit MatMulNBits
 # into a dense MatMul), and what the CPU recipe avoids (MatMulNBits' slow float zero point, one
 # dispatch per node) was measured on the ORT CPU kernels.
+# With kiln's op library built (kiln/engines/ort/native), the ort backend's INT4 is every linear
+# but the LM head 4-bit with a float minimum per block on kiln.MatMulQ4Min (Q4_1 exactly): the
+# figures are in q4min_linear.py's docstring. Without it, the MatMulNBits recipe above, and the build
+# says so (int4_kernel_note).
 def recipe_options(mode: QuantMode, backend) -> dict:
     """QuantizePass options for `mode` on `backend` (a kiln.contract.backends.Backend) beyond the mode's defaults."""
     if mode is QuantMode.INT4 and not backend.cpu_int4_recipe:
         return {"int4_rounding": "block_offsets", "int8_linears": ()}
+    if mode is QuantMode.INT4 and native.available():
+        return {"int4_rounding": "q4min", "int8_linears": ()}
     return {}
+
+
+def int4_kernel_note(backend) -> str:
+    """What the INT4 build on `backend` runs its 4-bit linears on, and why."""
+    if not backend.cpu_int4_recipe:
+        return "4-bit linears: MatMulNBits with block offsets"
+    if native.available():
+        return f"4-bit linears: kiln's MatMulQ4Min kernel ({native.LIBRARY.name})"
+    return (f"4-bit linears: MatMulNBits (attention 4-bit, MLP 8-bit): kiln's op library is not built, "
+            f"run `{native.BUILD_COMMAND}` for the faster all-4-bit kernel")
 
 
 # How 8-bit linears run (not the LM head): "dynamic" (the w8a8 mode) = DynamicQuantizeMatMul, int8 per output channel with
@@ -113,6 +132,8 @@ class QuantizePass:
         self.nbits_linears = tuple(nbits_linears)     # name segments kept on MatMulNBits regardless
         self.mode, self.block_size, self.symmetric = mode, block_size, symmetric
         self.int4_rounding = _int4_rounding(mode, int4_rounding, block_offsets)
+        if self.int4_rounding == "q4min" and block_size != 32:
+            raise ValueError("int4_rounding='q4min' takes block_size=32 (the kernel's block)")
         self.block_offsets = self.int4_rounding == "block_offsets"
         self.offset_linears = tuple(offset_linears)
         self.calibration_ids = list(calibration_ids) if calibration_ids else None
@@ -133,6 +154,8 @@ class QuantizePass:
         rewrite.moments = self._moments(model, rewrite.searched_inputs())
         rewrite.apply()
         ensure_ms_opset(out)
+        if native.uses_native_ops(out.graph):
+            ensure_kiln_opset(out)
         self._details["weight_bytes_before"] = before
         self._details["weight_bytes_after"] = weight_bytes(out.graph)
         return out
@@ -208,6 +231,8 @@ class _Rewrite:
         if rounding == "search":
             group = [searched_linear(self.graph, self.inits[b], node, self.p.block_size,
                                      self.moments.get(node.input[0]), self.wdir)]
+        elif rounding == "q4min":
+            group = [q4min_linear(self.graph, self.inits[b], node, self.wdir)]
         elif rounding == "block_offsets":
             group = offset_linear(self.graph, self.inits[b], node, bits, self.p.block_size, self.wdir)
         elif bits == 8 and self.p.int8_kernel == "dynamic" and not is_head and self._dynamic(node):
@@ -286,6 +311,8 @@ def _int4_rounding(mode: QuantMode, rounding: str | None, block_offsets: bool | 
 def _bits(node: onnx.NodeProto) -> int:
     if node.op_type == "DynamicQuantizeMatMul":
         return 8
+    if node.domain == native.OP_DOMAIN:
+        return 4
     return next(a.i for a in node.attribute if a.name == "bits")
 
 

@@ -20,13 +20,15 @@ from kiln.engines.ort.batching import new_kv_layer_major
 from kiln.compiler.passes.verify import _session, seeded_feeds
 
 KINDS = ("key", "value")
+# ops whose accuracy_level 4 rounds activations to int8 and 0 keeps them float (kiln.MatMulQ4Min too)
+LEVELLED_OPS = ("MatMulNBits", "MatMulQ4Min")
 POOL_INPUTS = ("key_cache.", "value_cache.", "key_scale.", "value_scale.")   # shared by all rows
 
 
 def fp32_activations(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The graph with every MatMulNBits at accuracy_level 0 and every DynamicQuantizeMatMul as a
+    """The graph with every MatMulNBits (and MatMulQ4Min) at accuracy_level 0 and every DynamicQuantizeMatMul as a
     MatMul of its dequantized weight (same weights, fp32 activations)."""
-    levels = [a for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+    levels = [a for n in model.graph.node if n.op_type in LEVELLED_OPS for a in n.attribute
               if a.name == "accuracy_level" and a.i != 0]
     dynamic = [n for n in model.graph.node if n.op_type == "DynamicQuantizeMatMul"]
     if not levels and not dynamic:
@@ -35,7 +37,7 @@ def fp32_activations(model: onnx.ModelProto) -> onnx.ModelProto:
     out.CopyFrom(model)
     for n in out.graph.node:
         for a in n.attribute:
-            if n.op_type == "MatMulNBits" and a.name == "accuracy_level":
+            if n.op_type in LEVELLED_OPS and a.name == "accuracy_level":
                 a.i = 0
     nodes = [_dequantized_matmul(n) if n.op_type == "DynamicQuantizeMatMul" else [n] for n in out.graph.node]
     out.graph.ClearField("node")

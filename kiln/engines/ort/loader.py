@@ -12,6 +12,7 @@ def load_ort_engine(artifact: EngineArtifact, record: dict, threads: int | None)
     from kiln.engines.ort.engine import KvDtypeMismatch, OrtEngine
 
     m = artifact.manifest
+    _require_native_ops(artifact)
     # NOTE: a second ort record is the prefill engine (engines per bucket range: build.py)
     prefill = next(((e["serves"]["min_tokens"], artifact.path / e["file"]) for e in m.engines[1:]
                     if e["backend"] == "ort" and "min_tokens" in e.get("serves", {})), None)
@@ -24,3 +25,14 @@ def load_ort_engine(artifact: EngineArtifact, record: dict, threads: int | None)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ArtifactError(f"{artifact.path}: ONNX Runtime cannot load {record['file']} ({first}); "
                             "rebuild it with `kiln build`") from None
+
+
+def _require_native_ops(artifact: EngineArtifact) -> None:
+    """An engine built with kiln's custom ops (kiln.MatMulQ4Min) needs the op library on this machine."""
+    from kiln.engines.ort import native
+
+    needed = sorted({op for e in artifact.manifest.engines if e["backend"] == "ort" for op in e.get("native_ops", ())})
+    if needed and not native.available():
+        raise ArtifactError(f"{artifact.path}: its ONNX Runtime engine runs {', '.join(needed)} from kiln's op library, "
+                            f"which is not built here: run `{native.BUILD_COMMAND}` (scripts/setup.sh does; it needs "
+                            "a C++ compiler), or rebuild the artifact with `kiln build` on this machine")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import onnxruntime as ort
 
+from kiln.engines.ort import native
+
 
 CPU_PROVIDERS = ["CPUExecutionProvider"]
 
@@ -26,5 +28,8 @@ def session_options(threads: int = 1,
 
 
 def cpu_session(model, opts: ort.SessionOptions | None = None, **kwargs) -> ort.InferenceSession:
-    """model: a path or serialized bytes."""
-    return ort.InferenceSession(model, opts or session_options(), providers=CPU_PROVIDERS, **kwargs)
+    """model: a path or serialized bytes. kiln's custom-op library (native/) is registered when it is
+    built, so a graph with kiln.MatMulQ4Min nodes loads; one without them is unaffected."""
+    opts = opts or session_options()
+    native.register(opts)
+    return ort.InferenceSession(model, opts, providers=CPU_PROVIDERS, **kwargs)

@@ -1,0 +1,67 @@
+"""kiln's ONNX Runtime custom-op library: find it, register it on session options, say what it runs.
+
+The library (built by `python -m kiln.engines.ort.native.build`, which scripts/setup.sh runs) holds
+one operator, `kiln.MatMulQ4Min`: a linear over 4-bit codes with a float scale and a float minimum
+per block of 32 (q4min_kernel.h). An engine graph that uses it cannot load without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+from pathlib import Path
+
+OP_DOMAIN = "kiln"
+OP_TYPE = "MatMulQ4Min"
+LIBRARY = Path(__file__).resolve().parent / "_build" / "libkiln_ort_ops.so"
+BUILD_COMMAND = "python -m kiln.engines.ort.native.build"
+
+
+class NativeOpsMissing(RuntimeError):
+    """A graph needs kiln's custom-op library and this installation has none."""
+
+
+def available() -> bool:
+    return LIBRARY.is_file()
+
+
+def require() -> Path:
+    if not available():
+        raise NativeOpsMissing(f"kiln's ONNX Runtime op library ({OP_DOMAIN}.{OP_TYPE}) is not built here: run "
+                               f"`{BUILD_COMMAND}` (scripts/setup.sh does) with a C++ compiler installed")
+    return LIBRARY
+
+
+_REGISTERED = "kiln.native_ops_registered"     # a session config entry: options remember it themselves
+
+
+def register(opts) -> bool:
+    """Register the library on onnxruntime SessionOptions when it is built (once per options object:
+    a second registration fails the session with "Domain already set"); False when it is not built."""
+    if not available():
+        return False
+    try:
+        opts.get_session_config_entry(_REGISTERED)
+        return True
+    except Exception:       # NOTE: onnxruntime raises a bare Fail/RuntimeError for a missing entry
+        pass
+    opts.register_custom_ops_library(str(LIBRARY))
+    opts.add_session_config_entry(_REGISTERED, "1")
+    return True
+
+
+@lru_cache(maxsize=None)
+def _library() -> ctypes.CDLL:
+    return ctypes.CDLL(str(require()))
+
+
+def isa() -> str:
+    """The vector path MatMulQ4Min takes on this CPU now (KILN_Q4_ISA may cap it): avx512vnni | avx2 | scalar."""
+    fn = _library().KilnQ4Isa
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
+def uses_native_ops(graph) -> bool:
+    """Whether an onnx GraphProto has a node of kiln's op domain."""
+    return any(n.domain == OP_DOMAIN for n in graph.node)

@@ -1,0 +1,264 @@
+// MatMulQ4Min's arithmetic (q4min_kernel.h has the formula and the weight layout). Each vector path is
+// compiled for its own target with function attributes and chosen at run time, so the library runs on
+// any x86-64 CPU: AVX-512 VNNI (vpdpbusd), AVX2 (pmaddubsw), or plain C++.
+#include "q4min_kernel.h"
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace kiln_q4 {
+
+namespace {
+
+constexpr int kRowGroup = 4;    // rows that share one unpacking of a tile's codes
+
+inline int32_t Word(const int8_t* p) {      // 4 activation bytes as one int32 (unaligned)
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {                       // subnormal half: normalise
+    int e = -1;
+    uint32_t m = mant;
+    do { m <<= 1; ++e; } while (!(m & 0x400));
+    bits = sign | ((112 - e) << 23) | ((m & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// ---- scalar -------------------------------------------------------------------------------------
+void TileScalar(const int8_t* xq, const float* dx, const float* xs, int rows, int k, const uint8_t* tile,
+                float* y, int ystride, int cols) {
+  const int nb = k / kBlock;
+  for (int m = 0; m < rows; ++m) {
+    float acc[kTile] = {0}, off[kTile] = {0};
+    for (int b = 0; b < nb; ++b) {
+      const uint8_t* blk = tile + static_cast<size_t>(b) * kTileBlockBytes;
+      const int8_t* x = xq + static_cast<size_t>(m) * k + b * kBlock;
+      uint16_t d16[kTile], m16[kTile];
+      std::memcpy(d16, blk + 256, sizeof d16);
+      std::memcpy(m16, blk + 288, sizeof m16);
+      for (int j = 0; j < kTile; ++j) {
+        int32_t dot = 0;
+        for (int i = 0; i < 4; ++i) {
+          for (int r = 0; r < 4; ++r) {
+            const uint8_t byte = blk[i * 64 + j * 4 + r];
+            dot += (byte & 0x0f) * x[8 * i + r] + (byte >> 4) * x[8 * i + 4 + r];
+          }
+        }
+        acc[j] = std::fma(static_cast<float>(dot), HalfToFloat(d16[j]) * dx[m * nb + b], acc[j]);
+        off[j] = std::fma(HalfToFloat(m16[j]), xs[m * nb + b], off[j]);
+      }
+    }
+    for (int j = 0; j < cols; ++j) y[static_cast<size_t>(m) * ystride + j] = acc[j] + off[j];
+  }
+}
+
+// ---- AVX2 ---------------------------------------------------------------------------------------
+// pmaddubsw sums two u8 x s8 products into int16: each is at most 15 * 127, so the eight products a
+// block's 32 codes give per output fit int16 (8 * 2 * 1905 = 30480 < 32767) before one pmaddwd.
+template <int R>
+__attribute__((target("avx2,fma,f16c")))
+void TileAvx2(const int8_t* xq, const float* dx, const float* xs, int k, const uint8_t* tile, float* y,
+              int ystride, int cols) {
+  const int nb = k / kBlock;
+  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; ++h) {              // columns 8h .. 8h + 7
+    __m256 acc[R], off[R];
+    for (int r = 0; r < R; ++r) acc[r] = off[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+      const uint8_t* blk = tile + static_cast<size_t>(b) * kTileBlockBytes;
+      __m256i lo[4], hi[4];
+      for (int i = 0; i < 4; ++i) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + i * 64 + h * 32));
+        lo[i] = _mm256_and_si256(v, low);
+        hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 256 + h * 16)));
+      const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 288 + h * 16)));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = xq + static_cast<size_t>(r) * k + b * kBlock;
+        __m256i s16 = _mm256_setzero_si256();
+        for (int i = 0; i < 4; ++i) {
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[i], _mm256_set1_epi32(Word(x + 8 * i))));
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[i], _mm256_set1_epi32(Word(x + 8 * i + 4))));
+        }
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));
+        acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(dx[r * nb + b])), acc[r]);
+        off[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[r * nb + b]), off[r]);
+      }
+    }
+    const int valid = cols - 8 * h;
+    for (int r = 0; r < R && valid > 0; ++r) {
+      float out[8];
+      _mm256_storeu_ps(out, _mm256_add_ps(acc[r], off[r]));
+      std::memcpy(y + static_cast<size_t>(r) * ystride + 8 * h, out, sizeof(float) * (valid < 8 ? valid : 8));
+    }
+  }
+}
+
+// ---- AVX-512 VNNI -------------------------------------------------------------------------------
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
+void TileAvx512(const int8_t* xq, const float* dx, const float* xs, int k, const uint8_t* tile, float* y,
+                int ystride, int cols) {
+  const int nb = k / kBlock;
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  __m512 acc[R], off[R];
+  for (int r = 0; r < R; ++r) acc[r] = off[r] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = tile + static_cast<size_t>(b) * kTileBlockBytes;
+    __m512i lo[4], hi[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m512i v = _mm512_loadu_si512(blk + i * 64);
+      lo[i] = _mm512_and_si512(v, low);
+      hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 256)));
+    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 288)));
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xq + static_cast<size_t>(r) * k + b * kBlock;
+      // two chains of four, so the dependent vpdpbusd latency halves
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int i = 0; i < 4; ++i) {
+        s0 = _mm512_dpbusd_epi32(s0, lo[i], _mm512_set1_epi32(Word(x + 8 * i)));
+        s1 = _mm512_dpbusd_epi32(s1, hi[i], _mm512_set1_epi32(Word(x + 8 * i + 4)));
+      }
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+      acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(dx[r * nb + b])), acc[r]);
+      off[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[r * nb + b]), off[r]);
+    }
+  }
+  const __mmask16 mask = cols >= kTile ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + static_cast<size_t>(r) * ystride, mask, _mm512_add_ps(acc[r], off[r]));
+}
+
+using TileFn = void (*)(const int8_t*, const float*, const float*, int, const uint8_t*, float*, int, int);
+
+TileFn Avx512Fn(int rows) {
+  switch (rows) {
+    case 1: return TileAvx512<1>;
+    case 2: return TileAvx512<2>;
+    case 3: return TileAvx512<3>;
+    default: return TileAvx512<4>;
+  }
+}
+
+TileFn Avx2Fn(int rows) {
+  switch (rows) {
+    case 1: return TileAvx2<1>;
+    case 2: return TileAvx2<2>;
+    case 3: return TileAvx2<3>;
+    default: return TileAvx2<4>;
+  }
+}
+
+Isa Detected() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c"))
+    return Isa::kAvx512Vnni;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+}  // namespace
+
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512Vnni: return "avx512vnni";
+    case Isa::kAvx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+Isa SelectIsa() {
+  const Isa best = Detected();
+  const char* cap = std::getenv("KILN_Q4_ISA");
+  if (cap == nullptr || *cap == '\0') return best;
+  Isa want = Isa::kAvx512Vnni;
+  if (std::strcmp(cap, "scalar") == 0) want = Isa::kScalar;
+  else if (std::strcmp(cap, "avx2") == 0) want = Isa::kAvx2;
+  return static_cast<int>(want) < static_cast<int>(best) ? want : best;
+}
+
+void QuantizeRow(const float* x, int k, int8_t* xq, float* dx, float* xs) {
+  for (int b = 0; b < k / kBlock; ++b) {
+    const float* v = x + b * kBlock;
+    float amax = 0.0f, sum = 0.0f;
+    for (int i = 0; i < kBlock; ++i) {
+      amax = std::fmax(amax, std::fabs(v[i]));
+      sum += v[i];
+    }
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < kBlock; ++i) xq[b * kBlock + i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
+    dx[b] = amax / 127.0f;
+    xs[b] = sum;
+  }
+}
+
+void MatMulTiles(Isa isa, const int8_t* xq, const float* dx, const float* xs, int rows, int k,
+                 const uint8_t* w, int n, int t0, int t1, float* y) {
+  const int nb = k / kBlock;
+  const size_t tile_bytes = static_cast<size_t>(nb) * kTileBlockBytes;
+  for (int t = t0; t < t1; ++t) {
+    const uint8_t* tile = w + static_cast<size_t>(t) * tile_bytes;
+    const int cols = n - t * kTile < kTile ? n - t * kTile : kTile;
+    for (int m = 0; m < rows; m += kRowGroup) {
+      const int r = rows - m < kRowGroup ? rows - m : kRowGroup;
+      const int8_t* xm = xq + static_cast<size_t>(m) * k;
+      float* ym = y + static_cast<size_t>(m) * n + t * kTile;
+      if (isa == Isa::kAvx512Vnni) Avx512Fn(r)(xm, dx + m * nb, xs + m * nb, k, tile, ym, n, cols);
+      else if (isa == Isa::kAvx2) Avx2Fn(r)(xm, dx + m * nb, xs + m * nb, k, tile, ym, n, cols);
+      else TileScalar(xm, dx + m * nb, xs + m * nb, r, k, tile, ym, n, cols);
+    }
+  }
+}
+
+void MatMulTilesFloat(const float* x, int rows, int k, const uint8_t* w, int n, int t0, int t1, float* y) {
+  const int nb = k / kBlock;
+  const size_t tile_bytes = static_cast<size_t>(nb) * kTileBlockBytes;
+  for (int t = t0; t < t1; ++t) {
+    const uint8_t* tile = w + static_cast<size_t>(t) * tile_bytes;
+    const int cols = n - t * kTile < kTile ? n - t * kTile : kTile;
+    for (int m = 0; m < rows; ++m) {
+      const float* xm = x + static_cast<size_t>(m) * k;
+      for (int j = 0; j < cols; ++j) {
+        float acc = 0.0f;
+        for (int b = 0; b < nb; ++b) {
+          const uint8_t* blk = tile + static_cast<size_t>(b) * kTileBlockBytes;
+          uint16_t d16, m16;
+          std::memcpy(&d16, blk + 256 + 2 * j, 2);
+          std::memcpy(&m16, blk + 288 + 2 * j, 2);
+          const float d = HalfToFloat(d16), mn = HalfToFloat(m16);
+          for (int i = 0; i < 4; ++i) {
+            for (int r = 0; r < 4; ++r) {
+              const uint8_t byte = blk[i * 64 + j * 4 + r];
+              acc += xm[b * kBlock + 8 * i + r] * (d * (byte & 0x0f) + mn);
+              acc += xm[b * kBlock + 8 * i + 4 + r] * (d * (byte >> 4) + mn);
+            }
+          }
+        }
+        y[static_cast<size_t>(m) * n + t * kTile + j] = acc;
+      }
+    }
+  }
+}
+
+}  // namespace kiln_q4

@@ -1,0 +1,209 @@
+// kiln's ONNX Runtime custom-op library: the `kiln.MatMulQ4Min` operator over the C API only.
+//
+//     Y[..., N] = MatMulQ4Min(X[..., K] float, B [ceil(N/16), K/32, 320] uint8)      attributes K, N
+//
+// B is the tile layout of q4min_kernel.h (4-bit codes, a half-float scale and minimum per block of
+// 32). The rows of X are quantized once per call; ONNX Runtime's intra-op pool then shares out the
+// tiles (KernelContext_ParallelFor). Loaded with SessionOptions.register_custom_ops_library.
+#include <climits>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "onnxruntime_c_api.h"
+#include "q4min_kernel.h"
+
+namespace {
+
+constexpr uint32_t kApiVersion = 29;         // KernelContext_ParallelFor needs >= 17; the headers are 29
+const OrtApi* g_api = nullptr;
+
+struct Kernel {
+  int64_t k = 0, n = 0;
+  int64_t accuracy_level = 4;    // 4: int8 activations (the fast path); 0: float activations
+  kiln_q4::Isa isa = kiln_q4::Isa::kScalar;
+};
+
+struct Job {
+  const kiln_q4::Isa isa;
+  const float* x;                 // set: float activations (accuracy_level 0)
+  const int8_t* xq;
+  const float *dx, *xs;
+  int rows, k, n, tiles, tiles_per_task;
+  const uint8_t* w;
+  float* y;
+};
+
+void RunTask(void* data, size_t index) {
+  const Job& j = *static_cast<const Job*>(data);
+  const int t0 = static_cast<int>(index) * j.tiles_per_task;
+  const int t1 = t0 + j.tiles_per_task < j.tiles ? t0 + j.tiles_per_task : j.tiles;
+  if (j.x != nullptr) kiln_q4::MatMulTilesFloat(j.x, j.rows, j.k, j.w, j.n, t0, t1, j.y);
+  else kiln_q4::MatMulTiles(j.isa, j.xq, j.dx, j.xs, j.rows, j.k, j.w, j.n, t0, t1, j.y);
+}
+
+OrtStatus* Fail(const std::string& message) {
+  return g_api->CreateStatus(ORT_INVALID_ARGUMENT, ("MatMulQ4Min: " + message).c_str());
+}
+
+#define RETURN_IF_ERROR(expr)            \
+  do {                                   \
+    OrtStatus* status_ = (expr);         \
+    if (status_ != nullptr) return status_; \
+  } while (0)
+
+OrtStatus* Shape(const OrtValue* value, std::vector<int64_t>* dims) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
+  size_t count = 0;
+  OrtStatus* status = g_api->GetDimensionsCount(info, &count);
+  if (status == nullptr) {
+    dims->resize(count);
+    status = g_api->GetDimensions(info, dims->data(), count);
+  }
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  return status;
+}
+
+OrtStatus* Compute(void* op_kernel, OrtKernelContext* context) {
+  const Kernel& kernel = *static_cast<const Kernel*>(op_kernel);
+  const int k = static_cast<int>(kernel.k), n = static_cast<int>(kernel.n), nb = k / kiln_q4::kBlock;
+  const int tiles = (n + kiln_q4::kTile - 1) / kiln_q4::kTile;
+  const OrtValue *x_value = nullptr, *w_value = nullptr;
+  RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, 0, &x_value));
+  RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, 1, &w_value));
+  std::vector<int64_t> x_dims, w_dims;
+  RETURN_IF_ERROR(Shape(x_value, &x_dims));
+  RETURN_IF_ERROR(Shape(w_value, &w_dims));
+  if (x_dims.empty() || x_dims.back() != k)
+    return Fail("X's last dimension must be K=" + std::to_string(k));
+  if (w_dims.size() != 3 || w_dims[0] != tiles || w_dims[1] != nb || w_dims[2] != kiln_q4::kTileBlockBytes)
+    return Fail("B must be [" + std::to_string(tiles) + ", " + std::to_string(nb) + ", 320] for K, N");
+  int64_t rows64 = 1;
+  for (size_t i = 0; i + 1 < x_dims.size(); ++i) rows64 *= x_dims[i];
+  if (rows64 > INT_MAX) return Fail("too many rows");
+  const int rows = static_cast<int>(rows64);
+  std::vector<int64_t> y_dims = x_dims;
+  y_dims.back() = n;
+  OrtValue* y_value = nullptr;
+  RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, y_dims.data(), y_dims.size(), &y_value));
+  if (rows == 0) return nullptr;
+  const float* x = nullptr;
+  const uint8_t* w = nullptr;
+  float* y = nullptr;
+  RETURN_IF_ERROR(g_api->GetTensorData(x_value, reinterpret_cast<const void**>(&x)));
+  RETURN_IF_ERROR(g_api->GetTensorData(w_value, reinterpret_cast<const void**>(&w)));
+  RETURN_IF_ERROR(g_api->GetTensorMutableData(y_value, reinterpret_cast<void**>(&y)));
+  const int per_task = rows >= 8 ? 1 : 4;
+  const size_t tasks = static_cast<size_t>((tiles + per_task - 1) / per_task);
+  if (kernel.accuracy_level == 0) {
+    Job job{kernel.isa, x, nullptr, nullptr, nullptr, rows, k, n, tiles, per_task, w, y};
+    return g_api->KernelContext_ParallelFor(context, RunTask, tasks, 0, &job);
+  }
+  // NOTE: per-thread scratch, reused across calls: no allocation on the decode path
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> scales;
+  xq.resize(static_cast<size_t>(rows) * k);
+  scales.resize(static_cast<size_t>(rows) * nb * 2);
+  float *dx = scales.data(), *xs = scales.data() + static_cast<size_t>(rows) * nb;
+  for (int m = 0; m < rows; ++m)
+    kiln_q4::QuantizeRow(x + static_cast<size_t>(m) * k, k, xq.data() + static_cast<size_t>(m) * k, dx + m * nb, xs + m * nb);
+  // a task is a few tiles (decode: enough tasks to share out, few enough to be cheap)
+  Job job{kernel.isa, nullptr, xq.data(), dx, xs, rows, k, n, tiles, per_task, w, y};
+  return g_api->KernelContext_ParallelFor(context, RunTask, tasks, 0, &job);
+}
+
+OrtStatus* CreateKernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info, void** out) {
+  auto* kernel = new Kernel;
+  OrtStatus* status = api->KernelInfoGetAttribute_int64(info, "K", &kernel->k);
+  if (status == nullptr) status = api->KernelInfoGetAttribute_int64(info, "N", &kernel->n);
+  if (status == nullptr) {
+    OrtStatus* missing = api->KernelInfoGetAttribute_int64(info, "accuracy_level", &kernel->accuracy_level);
+    if (missing != nullptr) api->ReleaseStatus(missing);        // optional: 4 by default
+  }
+  if (status == nullptr && kernel->accuracy_level != 0 && kernel->accuracy_level != 4)
+    status = Fail("accuracy_level must be 0 (float activations) or 4 (int8 activations)");
+  if (status == nullptr && (kernel->k <= 0 || kernel->k % kiln_q4::kBlock || kernel->n <= 0 || kernel->k > INT_MAX || kernel->n > INT_MAX))
+    status = Fail("K must be a positive multiple of 32 and N positive");
+  if (status != nullptr) {
+    delete kernel;
+    return status;
+  }
+  kernel->isa = kiln_q4::SelectIsa();
+  *out = kernel;
+  return nullptr;
+}
+
+void DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
+const char* Name(const OrtCustomOp*) { return "MatMulQ4Min"; }
+const char* Provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
+ONNXTensorElementDataType InputType(const OrtCustomOp*, size_t index) {
+  return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+}
+size_t InputCount(const OrtCustomOp*) { return 2; }
+ONNXTensorElementDataType OutputType(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+size_t OutputCount(const OrtCustomOp*) { return 1; }
+OrtCustomOpInputOutputCharacteristic Required(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
+OrtMemType MemoryType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
+int One(const OrtCustomOp*) { return 1; }
+int StartVersion(const OrtCustomOp*) { return 1; }
+int EndVersion(const OrtCustomOp*) { return INT_MAX; }
+size_t NoPairs(int** in, int** out) {
+  *in = *out = nullptr;
+  return 0;
+}
+void ReleasePairs(int*, int*) {}
+
+OrtCustomOp MakeOp() {
+  OrtCustomOp op;
+  std::memset(&op, 0, sizeof op);
+  op.version = kApiVersion;
+  op.GetName = Name;
+  op.GetExecutionProviderType = Provider;
+  op.GetInputType = InputType;
+  op.GetInputTypeCount = InputCount;
+  op.GetOutputType = OutputType;
+  op.GetOutputTypeCount = OutputCount;
+  op.KernelDestroy = DestroyKernel;
+  op.GetInputCharacteristic = Required;
+  op.GetOutputCharacteristic = Required;
+  op.GetInputMemoryType = MemoryType;
+  op.GetVariadicInputMinArity = One;
+  op.GetVariadicInputHomogeneity = One;
+  op.GetVariadicOutputMinArity = One;
+  op.GetVariadicOutputHomogeneity = One;
+  op.CreateKernelV2 = CreateKernel;
+  op.KernelComputeV2 = Compute;
+  op.GetStartVersion = StartVersion;
+  op.GetEndVersion = EndVersion;
+  op.GetMayInplace = NoPairs;
+  op.ReleaseMayInplace = ReleasePairs;
+  op.GetAliasMap = NoPairs;
+  op.ReleaseAliasMap = ReleasePairs;
+  return op;
+}
+
+}  // namespace
+
+extern "C" {
+
+// ONNX Runtime calls this when a session's options register the library.
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
+                                                                                const OrtApiBase* base) {
+  const OrtApi* api = base->GetApi(kApiVersion);
+  if (api == nullptr) {
+    // an onnxruntime older than the headers: report it through the oldest API there is
+    return base->GetApi(1)->CreateStatus(ORT_FAIL, "kiln's MatMulQ4Min library needs onnxruntime >= 1.29");
+  }
+  g_api = api;
+  static OrtCustomOp op = MakeOp();
+  OrtCustomOpDomain* domain = nullptr;        // NOTE: owned by the sessions for their lifetime; never released
+  RETURN_IF_ERROR(api->CreateCustomOpDomain("kiln", &domain));
+  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &op));
+  return api->AddCustomOpDomain(options, domain);
+}
+
+// Which vector path this CPU gets (with KILN_Q4_ISA applied): "avx512vnni" | "avx2" | "scalar".
+__attribute__((visibility("default"))) const char* KilnQ4Isa() { return kiln_q4::IsaName(kiln_q4::SelectIsa()); }
+
+}  // extern "C"

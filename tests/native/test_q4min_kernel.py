@@ -1,0 +1,150 @@
+"""kiln.MatMulQ4Min (kiln/engines/ort/native/) against numpy, through ONNX Runtime, on every vector path
+this CPU runs (KILN_Q4_ISA caps the path; it is read when a session creates the kernel).
+
+The reference repeats the kernel's scheme in numpy from the unpacked codes, not from the packed bytes,
+so a layout error fails it: each row of x quantized per block of 32 to int8 (scale amax/127, the same
+float32 rounding), the block sums kept in float, y = Σ_b d·dx·dot(q, xq) + mn·Σx. The integer dots
+are exact; what is left is float32 rounding of ~K/32 terms, so the bound is 1e-5 of the terms'
+magnitudes — a wrong code, scale, minimum or row is off by orders more.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from kiln.compiler.passes.q4min_linear import Q4MinBlocks, ensure_kiln_opset, pack_tiles, q4min_blocks, q4min_node
+from kiln.engines.ort import native
+from kiln.engines.ort.native.build import build
+
+ISAS = ("scalar", "avx2", "avx512vnni")
+
+
+@pytest.fixture(scope="module")
+def library():
+    path, message = build()
+    if path is None:
+        pytest.skip(message)
+    return path
+
+
+def model(k: int, n: int, packed: np.ndarray, rank: int = 3, accuracy_level: int = 4) -> bytes:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None] * rank)     # the kernel checks K itself
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    b = onnx.numpy_helper.from_array(packed, "b")
+    graph = helper.make_graph([q4min_node("x", "y", "b", k, n, "q4", accuracy_level)], "q4min", [x], [y], [b])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ensure_kiln_opset(m)
+    return m.SerializeToString()
+
+
+def session(k: int, n: int, packed: np.ndarray, threads: int = 2, rank: int = 3,
+            accuracy_level: int = 4) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    assert native.register(opts)
+    return ort.InferenceSession(model(k, n, packed, rank, accuracy_level), opts, providers=["CPUExecutionProvider"])
+
+
+def reference(x: np.ndarray, q: Q4MinBlocks) -> tuple[np.ndarray, np.ndarray]:
+    """(y, the sum of the terms' magnitudes) in float64 from the kernel's int8 activations."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k // 32, 32).astype(np.float32)
+    amax = np.abs(rows).max(axis=2, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+    xq = np.rint(rows * inv).astype(np.int64)                     # float32 product, rounded half-even
+    dx = (amax / np.float32(127)).astype(np.float64)[..., 0]      # [M, nb]
+    xs = rows.astype(np.float64).sum(axis=2)                      # [M, nb]
+    codes = q.codes.astype(np.int64).reshape(k // 32, 32, -1)     # [nb, 32, N]
+    dot = np.einsum("mbk,bkn->mbn", xq, codes).astype(np.float64)
+    d, mn = q.scales.astype(np.float64), q.mins.astype(np.float64)
+    terms_a = dot * d[None] * dx[..., None]
+    terms_b = mn[None] * xs[..., None]
+    y = (terms_a + terms_b).sum(axis=1)
+    scale = (np.abs(terms_a) + np.abs(terms_b)).sum(axis=1)
+    out_shape = (*x.shape[:-1], -1)
+    return y.reshape(out_shape), scale.reshape(out_shape)
+
+
+def runnable(isa: str, monkeypatch) -> None:
+    monkeypatch.setenv("KILN_Q4_ISA", isa)
+    if native.isa() != isa:
+        pytest.skip(f"this CPU does not run the {isa} path (it takes {native.isa()})")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("rows,k,n", [(1, 32, 16), (1, 576, 960), (1, 96, 40), (3, 64, 33), (5, 160, 17),
+                                      (9, 1536, 24), (2, 32, 1)])
+def test_matches_numpy(library, isa, rows, k, n, monkeypatch):
+    runnable(isa, monkeypatch)
+    rng = np.random.default_rng(k * 1000 + n + rows)
+    q = q4min_blocks(rng.normal(0, 0.05, (k, n)).astype(np.float32))
+    x = rng.normal(0, 1, (1, rows, k)).astype(np.float32)
+    x[0, 0, :32] *= 30                                            # an outlier block
+    if k >= 64:
+        x[0, -1, 32:64] = 0                                       # an all-zero block (scale 0)
+    y = session(k, n, pack_tiles(q)).run(None, {"x": x})[0]
+    want, scale = reference(x, q)
+    assert y.shape == (1, rows, n)
+    np.testing.assert_array_less(np.abs(y - want), 1e-5 * scale + 1e-6)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_paths_agree_with_float_matmul_and_threads(library, isa, monkeypatch):
+    """The int8 activations stay close to the float product, and one thread gives the same as two."""
+    runnable(isa, monkeypatch)
+    rng = np.random.default_rng(7)
+    w = rng.normal(0, 0.05, (256, 80)).astype(np.float32)
+    q = q4min_blocks(w)
+    x = rng.normal(0, 1, (4, 256)).astype(np.float32)
+    packed = pack_tiles(q)
+    y2 = session(256, 80, packed, threads=2, rank=2).run(None, {"x": x})[0]
+    y1 = session(256, 80, packed, threads=1, rank=2).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(y1, y2)
+    exact = x @ q.dequantize()
+    assert np.abs(y2 - exact).max() < 0.02 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("rows,k,n", [(1, 64, 16), (5, 96, 37)])
+def test_float_activations_match_the_dequantized_product(library, rows, k, n):
+    """accuracy_level 0 (the build's layout checks): x · (d·q + mn) with float activations."""
+    rng = np.random.default_rng(11)
+    q = q4min_blocks(rng.normal(0, 0.05, (k, n)).astype(np.float32))
+    x = rng.normal(0, 1, (rows, k)).astype(np.float32)
+    y = session(k, n, pack_tiles(q), rank=2, accuracy_level=0).run(None, {"x": x})[0]
+    want = x.astype(np.float64) @ q.dequantize().astype(np.float64)
+    bound = np.abs(x).astype(np.float64) @ np.abs(q.dequantize()).astype(np.float64)
+    np.testing.assert_array_less(np.abs(y - want), 1e-5 * bound + 1e-7)
+
+
+def test_q4_1_weights_are_reproduced_exactly():
+    """A Q4_1 block (w = d·q + m with half-float d and m) comes back with the same codes, d and m."""
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 16, (64, 24)).astype(np.uint8)
+    codes[0], codes[31], codes[32], codes[63] = 0, 15, 0, 15       # each block spans 0..15
+    d = rng.uniform(1e-3, 1e-2, (2, 24)).astype(np.float16)
+    m = rng.uniform(-0.1, 0.0, (2, 24)).astype(np.float16)
+    w = Q4MinBlocks(codes, d, m).dequantize()
+    q = q4min_blocks(w)
+    np.testing.assert_array_equal(q.codes, codes)
+    np.testing.assert_array_equal(q.scales, d)
+    np.testing.assert_array_equal(q.mins, m)
+
+
+def test_wrong_shapes_are_refused(library):
+    q = q4min_blocks(np.ones((64, 16), np.float32))
+    sess = session(64, 16, pack_tiles(q))
+    with pytest.raises(Exception, match="last dimension must be K=64"):
+        sess.run(None, {"x": np.ones((1, 1, 32), np.float32)})
+    bad = session(64, 32, pack_tiles(q))                           # B packed for N=16, attribute says 32
+    with pytest.raises(Exception, match=r"B must be \[2, 2, 320\]"):
+        bad.run(None, {"x": np.ones((1, 1, 64), np.float32)})
+
+
+def test_empty_batch(library):
+    q = q4min_blocks(np.ones((32, 16), np.float32))
+    y = session(32, 16, pack_tiles(q)).run(None, {"x": np.zeros((0, 3, 32), np.float32)})[0]
+    assert y.shape == (0, 3, 16)

@@ -1,0 +1,77 @@
+"""The q4min INT4 recipe (every linear but the LM head on kiln.MatMulQ4Min) on the tiny presets: the
+graph it makes, its check against fp32, an artifact built with it, and the paths without the op
+library (the build falls back and says so; such an artifact refuses to load with what to run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.compiler.build import build
+from kiln.compiler.export.decoder_graph import build_decoder
+from kiln.compiler.passes.base import run_pass
+from kiln.compiler.passes.quantize import MIN_TOP1, QuantizePass, int4_kernel_note, recipe_options
+from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
+from kiln.config import BuildConfig
+from kiln.contract.artifact import ArtifactError, EngineArtifact
+from kiln.contract.backends import get_backend
+from kiln.contract.quant import QuantMode
+from kiln.engines.ort import native
+from kiln.engines.ort.native.build import build as build_library
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library():
+    path, message = build_library()
+    if path is None:
+        pytest.skip(message)
+
+
+@pytest.fixture
+def no_library(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "LIBRARY", tmp_path / "absent.so")
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_every_linear_but_the_head_runs_on_the_kernel(tiny_sources, name):
+    src = tiny_sources[name]
+    model = build_decoder(src.spec, src.weights)
+    options = recipe_options(QuantMode.INT4, get_backend("ort"))
+    assert options == {"int4_rounding": "q4min", "int8_linears": ()}
+    check = QuantCheck("quantize", check_token_ids(src.tokenizer_dir, 512), MIN_TOP1[QuantMode.INT4])
+    out, report = run_pass(QuantizePass(QuantMode.INT4, **options), model, check)
+    kernel = [n for n in out.graph.node if n.op_type == native.OP_TYPE]
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in
+               {t.name for t in model.graph.initializer}]
+    assert len(kernel) == len(matmuls) - 1 and all(n.domain == native.OP_DOMAIN for n in kernel)
+    assert report.details["matmuls_by_bits"] == {4: len(kernel), 8: 1}          # the head 8-bit
+    assert any(o.domain == native.OP_DOMAIN for o in out.opset_import)
+    assert report.details["top1_agreement"] >= MIN_TOP1[QuantMode.INT4]       # the check ran it through ORT
+
+
+def test_an_artifact_records_the_op_and_refuses_to_load_without_the_library(tmp_path, monkeypatch):
+    from kiln import LLM, RuntimeConfig, SamplingParams
+
+    art = build(BuildConfig(source="tiny-llama", out=tmp_path / "a", quant=QuantMode.INT4, backend="ort"))
+    record = EngineArtifact.load(art).manifest.engines[0]
+    assert record["native_ops"] == [f"{native.OP_DOMAIN}.{native.OP_TYPE}"]
+    out = LLM(art, RuntimeConfig(kv_cache_memory=16 << 20)).generate([[1, 2, 3]], SamplingParams(max_tokens=4))
+    assert len(out[0].token_ids) == 4
+    monkeypatch.setattr(native, "LIBRARY", tmp_path / "absent.so")
+    with pytest.raises(ArtifactError, match=r"kiln\.MatMulQ4Min.*python -m kiln\.engines\.ort\.native\.build"):
+        LLM(art, RuntimeConfig(kv_cache_memory=16 << 20))
+
+
+def test_without_the_library_the_build_keeps_matmul_nbits_and_says_so(no_library, tmp_path):
+    backend = get_backend("ort")
+    assert recipe_options(QuantMode.INT4, backend) == {}
+    assert native.BUILD_COMMAND in int4_kernel_note(backend)
+    stages = []
+
+    def stage(name):
+        stages.append(name)
+        from contextlib import nullcontext
+        return nullcontext()
+    art = build(BuildConfig(source="tiny-llama", out=tmp_path / "a", quant=QuantMode.INT4, backend="ort"), stage)
+    assert any("MatMulNBits" in s and native.BUILD_COMMAND in s for s in stages)
+    manifest = EngineArtifact.load(art).manifest
+    assert "native_ops" not in manifest.engines[0] and manifest.quant["int4_rounding"] == "search"
