@@ -34,6 +34,9 @@ def runtime_options(fn):
                           "verified k+1 tokens per engine call (greedy output unchanged)."),
         click.option("--num-speculative-tokens", type=int, default=None,
                      help="Most tokens proposed per request and step (default 5; adapts to acceptance and load)."),
+        click.option("--batch-wait-ms", type=float, default=None,
+                     help="While nothing decodes, hold new prompts up to MS milliseconds so several share one "
+                          "prefill step (default 0 = off; --policy throughput: 5)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -299,7 +302,7 @@ def _with_policy(runtime, policy: str | None):
 @bench_options
 @runtime_options
 def bench(kv_cache_memory, policy, max_num_seqs, token_budget, max_model_len, no_prefix_caching, threads,
-          target_itl, speculative, num_speculative_tokens, **options):
+          target_itl, speculative, num_speculative_tokens, batch_wait_ms, **options):
     """Load-test a server (--url) or an artifact in-process (--engine): TTFT, ITL, e2e percentiles,
     throughput and goodput per concurrency or rate level; tables, JSON and plots."""
     from kiln.bench.cli_options import run_bench_command
@@ -307,7 +310,8 @@ def bench(kv_cache_memory, policy, max_num_seqs, token_budget, max_model_len, no
     runtime = dict(kv_cache_memory=kv_cache_memory, policy=policy, max_num_seqs=max_num_seqs,
                    token_budget=token_budget, max_model_len=max_model_len,
                    no_prefix_caching=no_prefix_caching, threads=threads, target_itl=target_itl,
-                   speculative=speculative, num_speculative_tokens=num_speculative_tokens)
+                   speculative=speculative, num_speculative_tokens=num_speculative_tokens,
+                   batch_wait_ms=batch_wait_ms)
     wide = Console(width=max(Console().width, 160))   # tables must not wrap their cells when piped
     _guarded(lambda: run_bench_command(console, wide, lambda: runtime_config(**runtime), **options))
 

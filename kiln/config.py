@@ -42,6 +42,9 @@ class BuildConfig:
     kv_dtype: str = "float32"     # ORT: the KV pool's element type, a key of passes.kv_io.KV_DTYPES
 
 
+MAX_BATCH_WAIT = 1.0        # seconds: a window is meant to stay far below any TTFT budget
+
+
 class SchedulingPolicy(enum.Enum):
     FCFS = "fcfs"
     PRIORITY = "priority"       # lower SamplingParams.priority first, then arrival
@@ -64,6 +67,11 @@ class SchedulerConfig:
     # ITL passed 2x the idle gaps; at 1.5 chat goodput fell: docs/benchmarks.md, serving under load).
     itl_stretch: float = 1.8
     min_prefill_chunk: int = 16
+    # The batch wait window (runtime/batch_wait.py): while nothing decodes, hold new prompts up to
+    # batch_wait seconds after the oldest arrived, until batch_wait_batch of them wait (0: max_num_seqs).
+    # 0 = off: it trades TTFT for fuller prefill steps.
+    batch_wait: float = 0.0
+    batch_wait_batch: int = 0
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "min_prefill_chunk"):
@@ -75,6 +83,10 @@ class SchedulerConfig:
             raise ValueError(f"target_itl must be a finite number of seconds >= 0 (0 = off), got {self.target_itl}")
         if not (self.itl_stretch == 0 or 1 <= self.itl_stretch < float("inf")):
             raise ValueError(f"itl_stretch must be 0 (off) or a finite factor >= 1, got {self.itl_stretch}")
+        if not 0 <= self.batch_wait <= MAX_BATCH_WAIT:
+            raise ValueError(f"batch_wait must be in [0, {MAX_BATCH_WAIT:g}] seconds (0 = off), got {self.batch_wait}")
+        if self.batch_wait_batch < 0:
+            raise ValueError(f"batch_wait_batch must be >= 0 (0 = max_num_seqs), got {self.batch_wait_batch}")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> SchedulerConfig:
@@ -86,8 +98,9 @@ class SchedulerConfig:
 # Latency: small steps so decodes are never stuck behind a long prefill. Throughput: big batches,
 # prefill allowed to stretch a step further (newcomers start sooner, running streams pay for it).
 SCHEDULER_PRESETS = {
-    "latency": dict(max_num_batched_tokens=256, max_num_seqs=16, target_itl=0.05, itl_stretch=1.5),
-    "throughput": dict(max_num_batched_tokens=2048, max_num_seqs=64, target_itl=0.25, itl_stretch=0.0),
+    "latency": dict(max_num_batched_tokens=256, max_num_seqs=16, target_itl=0.05, itl_stretch=1.5, batch_wait=0.0),
+    "throughput": dict(max_num_batched_tokens=2048, max_num_seqs=64, target_itl=0.25, itl_stretch=0.0,
+                       batch_wait=0.005),
 }
 
 

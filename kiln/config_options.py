@@ -8,7 +8,8 @@ from kiln.units import parse_bytes
 
 # The knob names, as keyword arguments of runtime_config() and as Triton model parameters.
 RUNTIME_KNOBS = ("kv_cache_memory", "policy", "max_num_seqs", "token_budget", "max_model_len",
-                 "no_prefix_caching", "threads", "target_itl", "speculative", "num_speculative_tokens")
+                 "no_prefix_caching", "threads", "target_itl", "speculative", "num_speculative_tokens",
+                 "batch_wait_ms")
 UNBOUNDED_MODEL_LEN = 1 << 30      # clipped to the artifact's context by the engine core
 
 
@@ -16,14 +17,17 @@ def runtime_config(kv_cache_memory: str | None = None, policy: str | None = None
                    max_num_seqs: int | None = None, token_budget: int | None = None,
                    max_model_len: int | None = None, no_prefix_caching: bool = False,
                    threads: int | None = None, target_itl: float | str | None = None,
-                   speculative: str | None = None, num_speculative_tokens: int | str | None = None) -> RuntimeConfig:
+                   speculative: str | None = None, num_speculative_tokens: int | str | None = None,
+                   batch_wait_ms: float | str | None = None) -> RuntimeConfig:
     """kv_cache_memory is a size text ("2GiB"); policy a scheduler preset; target_itl seconds (a
-    number or its text, as Triton parameters carry it); speculative `ngram` or `draft:PATH`;
+    number or its text, as Triton parameters carry it); batch_wait_ms milliseconds (likewise); speculative `ngram` or `draft:PATH`;
     None keeps the default."""
     knobs = {k: v for k, v in dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget,
                                    max_model_len=max_model_len).items() if v is not None}
     if target_itl is not None:
         knobs["target_itl"] = float(target_itl)
+    if batch_wait_ms is not None:
+        knobs["batch_wait"] = float(batch_wait_ms) / 1e3
     knobs.setdefault("max_model_len", UNBOUNDED_MODEL_LEN)
     if no_prefix_caching:
         knobs["enable_prefix_caching"] = False

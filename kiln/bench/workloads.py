@@ -81,6 +81,12 @@ def _json_mixed(rng, ctx, seed) -> dict:
     return dict(_chat_lengths(rng), json_schema=rng.random() < 0.5)
 
 
+def _short(rng, ctx, seed) -> dict:
+    # Prefill-bound traffic (classification, routing, scoring): with replies this short nothing
+    # decodes for long, and prompts arriving close together could share a prefill step.
+    return dict(prompt_tokens=rng.randint(16, 64), max_tokens=rng.randint(1, 4))
+
+
 def _max_context(rng, ctx, seed) -> dict:
     max_tokens = rng.randint(16, 32)
     return dict(prompt_tokens=ctx, max_tokens=max_tokens)      # clamped to fill the context exactly
@@ -93,6 +99,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("long-short", "15% long prompts among short ones (head-of-line blocking)", _long_short),
     Workload("cancel", "chat-like; 30% of clients disconnect after 1-8 chunks", _cancel),
     Workload("max-context", "prompts that fill the context window", _max_context),
+    Workload("short", "short prompts, replies of 1-4 tokens (prefill-bound; the batch wait window's case)", _short),
     Workload("json", "chat-like; every reply constrained to a JSON Schema (structured output)", _json),
     Workload("json-mixed", "chat-like; half the replies constrained to a JSON Schema", _json_mixed),
 ]}

@@ -282,6 +282,19 @@ class EngineClient:
         if self.core.has_unfinished():
             self._step()
         self._publish()
+        self._await_batch()
+
+    def _await_batch(self) -> None:
+        """While the batch wait window holds the waiting prompts and nothing else ran, sleep
+        until a command arrives or the window ends (runtime/batch_wait.py), instead of spinning."""
+        sched = self.core.scheduler
+        if sched.last_step_stats.batch_size or sched.batch_wait.remaining <= 0 or not self.core.has_unfinished():
+            return
+        try:
+            command = self._commands.get(timeout=sched.batch_wait.remaining)
+        except queue.Empty:
+            return
+        self._apply(command)
 
     def _drain_commands(self) -> None:
         while True:
@@ -289,11 +302,14 @@ class EngineClient:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(command, _Add):
-                for request, sink in command.entries:
-                    self._add(request, sink)
-            else:
-                self._finish(command.request_id, command.status)
+            self._apply(command)
+
+    def _apply(self, command) -> None:
+        if isinstance(command, _Add):
+            for request, sink in command.entries:
+                self._add(request, sink)
+        else:
+            self._finish(command.request_id, command.status)
 
     def _add(self, request: Request, sink: Sink) -> None:
         try:
@@ -377,9 +393,12 @@ class EngineClient:
 
     def _report_step(self, seconds: float) -> None:
         s = self.core.scheduler.last_step_stats
+        if not s.batch_size:                  # nothing ran (the batch wait window held the prompts)
+            return
         self._counters.steps += 1
         self._counters.scheduled_sequences += s.batch_size
-        report = StepReport(s.batch_size, s.num_scheduled_tokens, s.num_prefill_chunks, seconds)
+        report = StepReport(s.batch_size, s.num_scheduled_tokens, s.num_prefill_chunks, seconds,
+                            s.batch_wait_seconds)
         self.last_step = report
         for listener in self.step_listeners:
             listener(report)

@@ -26,6 +26,7 @@ class StepReport:
     num_scheduled_tokens: int
     num_prefill_chunks: int
     seconds: float
+    batch_wait_seconds: float | None = None   # the batch wait window's hold before this step's prompts
 
 
 @dataclass(frozen=True)

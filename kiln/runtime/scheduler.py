@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 
 from kiln.config import SchedulerConfig, SchedulingPolicy
+from kiln.runtime.batch_wait import BatchWaitWindow
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request, RequestStatus, kv_tokens_held
 from kiln.runtime.speculative.speculator import Speculator
@@ -33,6 +34,7 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self.step_costs = StepCostModel(config.target_itl, config.min_prefill_chunk,
                                         config.max_num_batched_tokens, config.itl_stretch)
+        self.batch_wait = BatchWaitWindow(config.batch_wait, config.batch_wait_batch or config.max_num_seqs)
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -68,7 +70,8 @@ class Scheduler:
         prefill_budget = self.step_costs.costs().prefill_budget(self._num_decodes())
         budget = StepBudget(self.config.max_num_batched_tokens, prefill_budget)
         self._schedule_running(out, budget, self._proposals())
-        if not out.preempted_request_ids:
+        held = self.batch_wait.hold(self.waiting, self._num_decodes(), prefill_budget)
+        if not out.preempted_request_ids and not held:
             self._schedule_waiting(out, budget)
         out.num_running, out.num_waiting = len(self.running), len(self.waiting)
         self._record_stats(out, prefill_budget)
@@ -188,7 +191,7 @@ class Scheduler:
             num_prefill_chunks=prefills, num_preempted=len(out.preempted_request_ids),
             num_decodes=decodes, num_proposed_tokens=proposed,
             num_prefill_tokens=out.num_scheduled_tokens - decodes - proposed,
-            prefill_budget=prefill_budget)
+            prefill_budget=prefill_budget, batch_wait_seconds=self.batch_wait.last_wait)
 
     # -- results ------------------------------------------------------------------------------
 

@@ -68,6 +68,7 @@ class StepStats:
     num_proposed_tokens: int = 0    # proposals those decodes verify
     num_prefill_tokens: int = 0
     prefill_budget: int = 0         # the prefill tokens this step was allowed
+    batch_wait_seconds: float | None = None   # how long the batch wait window held this step's prompts
 
 
 @dataclass

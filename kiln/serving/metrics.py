@@ -13,6 +13,7 @@ from kiln.runtime.request import Request
 from kiln.serving import engine_metrics as em
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
+BATCH_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
 
 
@@ -34,6 +35,9 @@ class ServerMetrics:
         self.decode = Histogram("kiln_request_decode_time_seconds", "First token to finish.",
                                 buckets=LATENCY_BUCKETS, registry=r)
         self.batch_size = Histogram(em.BATCH_SIZE.name, em.BATCH_SIZE.doc, buckets=em.BATCH_BUCKETS, registry=r)
+        self.batch_wait = Histogram("kiln_batch_wait_seconds", "How long the batch wait window held new prompts "
+                                    "before the step that admitted them (--batch-wait-ms).",
+                                    buckets=BATCH_WAIT_BUCKETS, registry=r)
         self.prompt_tokens = Counter("kiln_prompt_tokens", "Prompt tokens of engine requests.", registry=r)
         self.generation_tokens = Counter("kiln_generation_tokens", "Tokens generated.", registry=r)
         self.rejected = Counter("kiln_requests_rejected", "Requests refused: 429 by admission bound, "
@@ -46,6 +50,8 @@ class ServerMetrics:
     def observe_step(self, step: StepReport) -> None:
         """Engine thread; prometheus-client metrics are thread-safe."""
         self.batch_size.observe(step.batch_size)
+        if step.batch_wait_seconds is not None:
+            self.batch_wait.observe(step.batch_wait_seconds)
 
     def observe_request(self, request: Request, num_generated: int) -> None:
         self.prompt_tokens.inc(request.num_prompt_tokens)
