@@ -209,13 +209,19 @@ async def _prepare(server: Server, request: HttpRequest, kind: str):
 
 
 def _prepare_body(server: Server, kind: str, raw: bytes, options: RequestOptions):
-    """On a worker thread: the body's bytes -> a PreparedRequest, or an ApiError."""
+    return prepare_body(kind, raw, server.llm.tokenizer, server.limits, server.model_name, options)
+
+
+def prepare_body(kind: str, raw: bytes, tokenizer, limits: EngineLimits, model_name: str,
+                 options: RequestOptions):
+    """On a worker thread: the body's bytes -> a PreparedRequest, or an ApiError. NOTE: public,
+    for the Ray Serve ingress (kiln/scale), which validates exactly as this server does."""
     model_cls, prepare = ENDPOINTS[kind]
     body, ignored = parse_body(model_cls, decode_body(raw), strict=options.strict_api)
-    if body.model is not None and body.model != server.model_name:
+    if body.model is not None and body.model != model_name:
         raise ApiError(404, f"the model '{body.model}' does not exist; this server serves "
-                       f"'{server.model_name}'", "model", "model_not_found")
-    prepared = prepare(body, server.llm.tokenizer, server.limits, options)
+                       f"'{model_name}'", "model", "model_not_found")
+    prepared = prepare(body, tokenizer, limits, options)
     return replace(prepared, ignored_fields=ignored) if ignored else prepared
 
 

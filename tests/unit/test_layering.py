@@ -106,6 +106,25 @@ def test_configs_reach_only_the_contract(graph):
         m for m in graph if m.startswith("kiln.contract")} | {"kiln"}
 
 
+# kiln.scale (Ray Serve) sits on top of the one-process server: it may use these, and nothing of
+# kiln imports it back (kiln serve imports it lazily only through the CLI).
+SCALE_MAY_IMPORT = ("kiln.scale", "kiln.runtime", "kiln.serving", "kiln.contract", "kiln.config", "kiln.tokenizer")
+
+
+def test_scale_imports_only_the_layers_below_it(graph):
+    imported = {t for m, targets in graph.items() if m.startswith("kiln.scale") for t in targets}
+    outside = sorted(m for m in imported if m != "kiln" and not m.startswith(SCALE_MAY_IMPORT))
+    assert not outside, f"kiln.scale imports {outside}"
+    assert not any(m.startswith("kiln.compiler") for start in graph if start.startswith("kiln.scale")
+                   for m in reachable(graph, start)), "kiln.scale reaches the compiler"
+
+
+def test_nothing_below_imports_scale(graph):
+    importers = sorted(m for m, targets in graph.items() if not m.startswith("kiln.scale")
+                       and m != "kiln.cli" and any(t.startswith("kiln.scale") for t in targets))
+    assert not importers, f"modules importing kiln.scale: {importers}"
+
+
 def private_imports(path: Path) -> list[tuple[str, str]]:
     """(module, name) of every `from kiln.X import _name` whose module lies in another package."""
     own = module_name(path).rpartition(".")[0]

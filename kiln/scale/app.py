@@ -1,0 +1,154 @@
+"""The Serve application: the ingress deployment in front of the replica deployment.
+
+`build_app(args)` is the application builder `serve run` and Serve config files name
+(deploy/ray/kiln.yaml); `run(...)` is `kiln serve ARTIFACT --replicas N`: it starts a local Ray
+cluster (or joins --ray-address), runs the application and blocks until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from ray import serve
+from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+
+from kiln.config import RuntimeConfig, ServeConfig
+from kiln.scale.ingress import HedgeOptions, Ingress, create_ingress_app
+from kiln.scale.replica import KilnReplica
+from kiln.scale.router import ROUTING_STATS_PERIOD_S
+
+APP_NAME = "kiln"
+
+
+@dataclass(frozen=True)
+class ScaleOptions:
+    replicas: int = 2
+    replica_cpus: float = 1.0          # Ray logical CPUs per replica (and its engine threads, if unset)
+    max_replicas: int | None = None    # above `replicas`: autoscale between the two on kiln's signals
+    max_ongoing_requests: int = 64     # per replica; past it Serve queues at the ingress
+    drain_timeout: float = 30.0        # seconds a replica being removed waits for its streams
+    hedge: bool = False
+    hedge_fraction: float = 0.05
+    hedge_floor: float = 0.5
+    upscale_delay: float = 10.0
+    downscale_delay: float = 60.0
+    imbalance_abs: float = 4.0
+    imbalance_rel: float = 1.5
+
+    def __post_init__(self):
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {self.replicas}")
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) is below replicas ({self.replicas})")
+        if self.replica_cpus <= 0 or self.drain_timeout <= 0:
+            raise ValueError("replica_cpus and drain_timeout must be positive")
+
+
+@serve.deployment(name="kiln-ingress", ray_actor_options={"num_cpus": 0})
+@serve.ingress()
+class KilnIngress:
+    def __init__(self, replicas, artifact: str, config: ServeConfig, model_name: str,
+                 hedge: HedgeOptions | None = None):
+        self.ingress = Ingress(replicas, artifact, config, model_name, hedge)
+
+    def __serve_build_asgi_app__(self):
+        return create_ingress_app(self.ingress)
+
+
+def replica_deployment(options: ScaleOptions):
+    autoscaling = None
+    if options.max_replicas is not None and options.max_replicas > options.replicas:
+        autoscaling = AutoscalingConfig(
+            min_replicas=options.replicas, max_replicas=options.max_replicas, initial_replicas=options.replicas,
+            upscale_delay_s=options.upscale_delay, downscale_delay_s=options.downscale_delay,
+            metrics_interval_s=2.0, look_back_period_s=10.0,
+            policy={"policy_function": "kiln.scale.autoscale:kiln_autoscaling_policy"})
+    router = RequestRouterConfig(
+        request_router_class="kiln.scale.router:KilnPrefixRouter",
+        request_router_kwargs={"abs_threshold": options.imbalance_abs, "rel_threshold": options.imbalance_rel},
+        request_routing_stats_period_s=ROUTING_STATS_PERIOD_S)
+    return serve.deployment(KilnReplica, name="kiln-replica").options(
+        num_replicas=None if autoscaling else options.replicas, autoscaling_config=autoscaling,
+        ray_actor_options={"num_cpus": options.replica_cpus},
+        max_ongoing_requests=options.max_ongoing_requests, request_router_config=router,
+        graceful_shutdown_timeout_s=options.drain_timeout, graceful_shutdown_wait_loop_s=1.0,
+        health_check_period_s=5.0)
+
+
+def application(artifact: str | Path, runtime: RuntimeConfig, config: ServeConfig, options: ScaleOptions,
+                model_name: str | None = None):
+    artifact = str(Path(artifact).resolve())
+    name = model_name or config.served_model_name or Path(artifact).name
+    if runtime.threads is None:              # replicas share the machine: one thread per CPU share
+        runtime = _with(runtime, threads=max(1, int(options.replica_cpus)))
+    replicas = replica_deployment(options).bind(artifact, runtime, config, name)
+    hedge = HedgeOptions(options.hedge_fraction, options.hedge_floor) if options.hedge else None
+    return KilnIngress.bind(replicas, artifact, config, name, hedge)
+
+
+def build_app(args: dict):
+    """The builder for `serve run kiln.scale.app:build_app artifact=PATH replicas=2` and for
+    Serve config files: `artifact` is required; the others are ScaleOptions and ServeConfig
+    fields (ttft_slo, max_waiting, ...) by name."""
+    args = dict(args)
+    if "artifact" not in args:
+        raise ValueError("build_app needs artifact=PATH (an engine artifact folder)")
+    artifact = args.pop("artifact")
+    scale = {f.name: _coerce(args.pop(f.name), f.type) for f in fields(ScaleOptions) if f.name in args}
+    threads = args.pop("threads", None)
+    serve_fields = {f.name: f for f in fields(ServeConfig)}
+    unknown = sorted(set(args) - set(serve_fields))
+    if unknown:
+        raise ValueError(f"build_app does not know {', '.join(unknown)}")
+    config = ServeConfig(**{k: _coerce(v, serve_fields[k].type) for k, v in args.items()})
+    runtime = RuntimeConfig(threads=int(threads) if threads is not None else None)
+    return application(artifact, runtime, config, ScaleOptions(**scale))
+
+
+def run(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, options: ScaleOptions,
+        ray_address: str | None = None, announce=print) -> None:
+    """Start (or join) Ray, run the application on config.host:config.port, block until a signal."""
+    import ray
+
+    if ray_address:
+        ray.init(address=ray_address)
+    else:
+        cpus = max(options.replica_cpus * (options.max_replicas or options.replicas) + 1, 2)
+        ray.init(num_cpus=cpus, include_dashboard=False)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        serve.start(http_options={"host": config.host, "port": config.port})
+        serve.run(application(artifact, runtime, config, options), name=APP_NAME, route_prefix="/")
+        announce(f"serving on Ray Serve: http://{config.host}:{config.port}/v1 with {options.replicas} "
+                 f"replica(s){' (autoscaling to ' + str(options.max_replicas) + ')' if options.max_replicas else ''}")
+        stop.wait()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _with(runtime: RuntimeConfig, **changes) -> RuntimeConfig:
+    from dataclasses import replace
+
+    return replace(runtime, **changes)
+
+
+def _coerce(value, annotation: str):
+    """Config files give strings or YAML scalars; the dataclasses want their own types."""
+    kind = str(annotation)
+    if value is None or isinstance(value, bool):
+        return value
+    if kind.startswith("bool"):
+        return str(value).lower() in ("1", "true", "yes", "on")
+    if kind.startswith("int"):
+        return int(value)
+    if kind.startswith("float"):
+        return float(value)
+    if kind.startswith("tuple") and isinstance(value, (list, tuple)):
+        return tuple(value)
+    return value

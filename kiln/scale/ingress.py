@@ -1,0 +1,226 @@
+"""The ingress: kiln serve's OpenAI API (the same validation, errors, streaming) in front of the
+replica deployment.
+
+It validates and tokenizes each request exactly as kiln serve does (kiln.serving.app.prepare_body),
+hashes the prompt's blocks for the router, opens a stream on a replica, and renders the replica's
+deltas with kiln serve's renderer. A replica that refuses (429) is passed over once: the request
+goes to one other replica before the client gets the 429 and its Retry-After. The chosen replica
+is named in the `x-kiln-replica` header and in kiln_ingress_requests_total{replica}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from kiln.config import ServeConfig
+from kiln.contract.artifact import EngineArtifact
+from kiln.scale.hedge import HedgePolicy, race
+from kiln.scale.messages import portable, refusal_error
+from kiln.scale.prefix import prompt_block_hashes
+from kiln.scale.remote import RemoteSubscription, ReplicaFailed, ReplicaStream
+from kiln.serving.app import prepare_body
+from kiln.serving.errors import ApiError
+from kiln.serving.http_io import EventStream, RequestGuard, allowed_host_names, check_api_key, read_body, \
+    until_disconnected
+from kiln.serving.requests import RequestOptions
+from kiln.serving.responses import Renderer
+from kiln.tokenizer import Tokenizer
+
+log = logging.getLogger("kiln.scale")
+
+REPLICA_HEADER = "x-kiln-replica"
+BUSY_RETRY_AFTER = 1          # seconds, when Serve's own queue is full (no replica could say more)
+
+
+@dataclass(frozen=True)
+class HedgeOptions:
+    fraction: float = 0.05
+    floor: float = 0.5
+
+
+class Ingress:
+    """What the endpoints share: the replicas' handle, the tokenizer, the books."""
+
+    def __init__(self, replicas, artifact: str, config: ServeConfig, model_name: str,
+                 hedge: HedgeOptions | None = None):
+        self.replicas, self.config, self.model_name = replicas, config, model_name
+        self.tokenizer = Tokenizer(EngineArtifact.load(artifact).tokenizer_dir)
+        self.hedging = HedgePolicy(hedge.fraction, hedge.floor) if hedge is not None else None
+        self._limits = None
+        self.workers = ThreadPoolExecutor(2, thread_name_prefix="kiln-ingress-prepare")
+        disable_created_metrics()            # as kiln serve's metrics do
+        self.registry = CollectorRegistry()
+        self.routed = Counter("kiln_ingress_requests", "Requests the ingress sent, by the replica that "
+                              "took them.", ["replica"], registry=self.registry)
+        self.retried = Counter("kiln_ingress_retries", "Requests sent to another replica after one "
+                               "refused (429) or failed before starting.", registry=self.registry)
+        self.refused = Counter("kiln_ingress_refused", "Requests answered 429 after the retry.",
+                               registry=self.registry)
+        self.registry.register(_HedgeCollector(self))
+
+    async def limits(self):
+        if self._limits is None:                # every replica serves the same artifact
+            self._limits = await self.replicas.limits.remote()
+        return self._limits
+
+    def options(self, key_name: str | None) -> RequestOptions:
+        salt = f"api-key:{key_name}" if key_name is not None and self.config.per_key_cache_salt else None
+        return RequestOptions(self.config.allow_control_tokens_in_messages, salt)
+
+    async def open(self, prepared, route: tuple[int, ...], avoid: str | None = None,
+                   retries: int = 1) -> ReplicaStream:
+        """A stream a replica admitted; refused (429) or failing before admission, one other
+        replica is tried `retries` times. Raises the last ApiError."""
+        error = None
+        for attempt in range(retries + 1):
+            if attempt:
+                self.retried.inc()
+            stream = ReplicaStream(self.replicas.options(stream=True).generate.remote(
+                prepared, route=route, avoid=avoid))
+            item = await stream.opening()
+            if item[0] == "admitted":
+                self.routed.labels(stream.replica_id).inc()
+                return stream
+            if item[0] == "refused":
+                error = refusal_error(item)
+                if error.status != 429:
+                    raise error
+                if self.hedging is not None:
+                    self.hedging.refused()
+            else:                               # no replica could take it (Serve's queue, a dead replica)
+                error = _busy(item[1] if len(item) > 1 else "no replica answered")
+            avoid = stream.replica_id or avoid
+        self.refused.inc()
+        raise error
+
+    async def open_hedge(self, prepared, route, avoid: str | None) -> ReplicaStream | None:
+        try:
+            return await self.open(prepared, route, avoid, retries=0)
+        except ApiError:
+            return None
+
+    async def off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.workers, partial(fn, *args))
+
+
+class _HedgeCollector:
+    def __init__(self, ingress: Ingress):
+        self.ingress = ingress
+
+    def collect(self):
+        policy = self.ingress.hedging
+        counts = policy.counts if policy is not None else None
+        for name, doc in (("sent", "Duplicates sent to a second replica after the hedge delay."),
+                          ("won", "Hedges whose duplicate produced the first token."),
+                          ("cancelled", "Streams cancelled because the other one produced a token first.")):
+            family = CounterMetricFamily(f"kiln_hedges_{name}", doc)
+            family.add_metric([], getattr(counts, name) if counts else 0)
+            yield family
+
+
+def _busy(reason: str) -> ApiError:
+    return ApiError(429, f"server busy: {reason}; retry in {BUSY_RETRY_AFTER} s", code="no_replica",
+                    headers={"Retry-After": str(BUSY_RETRY_AFTER)})
+
+
+def create_ingress_app(ingress: Ingress) -> Starlette:
+    routes = [
+        Route("/health", partial(_health, ingress)),
+        Route("/ready", partial(_ready, ingress)),
+        Route("/metrics", partial(_metrics, ingress)),
+        Route("/v1/models", partial(_models, ingress)),
+        Route("/v1/completions", partial(_generate, ingress, kind="completion"), methods=["POST"]),
+        Route("/v1/chat/completions", partial(_generate, ingress, kind="chat"), methods=["POST"]),
+    ]
+    c = ingress.config
+    middleware = [Middleware(RequestGuard, hosts=allowed_host_names(c.host, c.allowed_hosts))]
+    return Starlette(routes=routes, middleware=middleware)
+
+
+async def _health(ingress: Ingress, request: HttpRequest) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def _ready(ingress: Ingress, request: HttpRequest) -> Response:
+    try:
+        await ingress.limits()
+    except Exception as e:                  # no replica has answered yet
+        return JSONResponse({"status": "loading", "reason": str(e)}, status_code=503)
+    return JSONResponse({"status": "ready", "model": ingress.model_name})
+
+
+async def _metrics(ingress: Ingress, request: HttpRequest) -> Response:
+    return Response(generate_latest(ingress.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _models(ingress: Ingress, request: HttpRequest) -> Response:
+    try:
+        check_api_key(request, ingress.config.api_key, ingress.config.api_keys)
+    except ApiError as e:
+        return e.response()
+    limits = await ingress.limits()
+    card = {"id": ingress.model_name, "object": "model", "created": int(time.time()), "owned_by": "kiln",
+            "max_model_len": limits.max_model_len}
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def _generate(ingress: Ingress, request: HttpRequest, kind: str) -> Response:
+    c = ingress.config
+    try:
+        key_name = check_api_key(request, c.api_key, c.api_keys)
+        raw = await read_body(request, c.max_body_bytes)
+        limits = await ingress.limits()
+        prepared = await ingress.off_loop(prepare_body, kind, raw, ingress.tokenizer, limits,
+                                          ingress.model_name, ingress.options(key_name))
+        _check_single_choice(prepared)
+        route = prompt_block_hashes(prepared.prompt_ids, limits.block_size, prepared.params.cache_salt)
+        sent = portable(prepared)
+        stream = await ingress.open(sent, route)
+    except ApiError as e:
+        return e.response()
+    try:
+        if ingress.hedging is not None:
+            stream = await race(stream, partial(ingress.open_hedge, sent, route), ingress.hedging)
+    except BaseException:
+        stream.cancel()
+        raise
+    renderer = Renderer(kind, ingress.model_name, ingress.tokenizer, prepared.parse_tool_calls)
+    sub = RemoteSubscription(stream)
+    if prepared.stream:
+        return EventStream(renderer.stream(sub, prepared.include_usage), on_close=stream.cancel,
+                           headers={REPLICA_HEADER: stream.replica_id or ""})
+    try:
+        finished, deltas = await until_disconnected(request.receive, _collect(sub))
+        body = renderer.body(deltas, sub.usage) if finished else None
+    except ReplicaFailed as e:
+        return ApiError(500, str(e), code="engine_error").response()
+    finally:
+        stream.cancel()                      # a no-op message once the replica has finished
+    if not finished:
+        return Response(status_code=499)
+    return JSONResponse(body, headers={REPLICA_HEADER: stream.replica_id or ""})
+
+
+def _check_single_choice(prepared) -> None:
+    # NOTE: getattr: these PreparedRequest fields are kiln serve's (n > 1, list prompts, echo);
+    # the ingress streams one replica's single choice.
+    if getattr(prepared, "n", 1) > 1 or getattr(prepared, "more_prompts", ()) or getattr(prepared, "echo", False):
+        raise ApiError(400, "n > 1, several prompts and echo are served by kiln serve, not yet through "
+                       "the Ray Serve ingress", "n", "unsupported_on_ray")
+
+
+async def _collect(sub: RemoteSubscription) -> list:
+    return [delta async for delta in sub.deltas()]

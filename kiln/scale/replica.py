@@ -1,0 +1,107 @@
+"""A Serve replica: one kiln engine client behind kiln serve's own admission, flights and
+response cache (kiln.serving.app.Server), streaming deltas to the ingress.
+
+The replica reports its prefix cache and load to the router (record_routing_stats) and its
+admission state to the autoscaler (record_autoscaling_stats). A cancelled request (the ingress
+cancelled it: its client hung up, or a hedge won) reaches the generator as a cancellation at its
+await; closing the subscription aborts the engine request, which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from kiln.config import RuntimeConfig, ServeConfig
+from kiln.runtime.sampling_params import SamplingParams
+from kiln.scale.messages import refusal
+from kiln.scale.prefix import RecentPrefixes
+from kiln.serving.app import Server
+from kiln.serving.errors import ApiError
+from kiln.serving.requests import EngineLimits, PreparedRequest
+
+log = logging.getLogger("kiln.scale")
+
+WARM_UP_TOKENS = 64
+
+
+class KilnReplica:
+    def __init__(self, artifact: str, runtime: RuntimeConfig, config: ServeConfig, model_name: str):
+        from ray import serve
+
+        from kiln.runtime.llm import LLM
+
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.llm = LLM(Path(artifact), runtime)
+        self.server = Server(self.llm, config, model_name)
+        self.server.start()
+        self.recent = RecentPrefixes()
+        self.refused, self._refused_reported, self._reported_at = 0, 0, time.monotonic()
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One short request before Serve routes here (the constructor returns only then), so
+        admission predicts from a measured prefill rate."""
+        ids = (self.llm.tokenizer.encode("Hello world. ") or [0]) * WARM_UP_TOKENS
+        ids = ids[:min(WARM_UP_TOKENS, self.server.limits.max_model_len - 2)]
+        request = self.llm.make_request(ids, SamplingParams(max_tokens=1, temperature=0), "kiln-warmup")
+        self.server.client.complete([request])
+        self.server.ready = True
+        log.info("replica %s ready", self.replica_id)
+
+    async def limits(self) -> EngineLimits:
+        return self.server.limits
+
+    async def generate(self, prepared: PreparedRequest, route: tuple[int, ...] = (), avoid: str | None = None):
+        """The stream of messages.py. `route` (the prompt's block hashes) and `avoid` are read by
+        the router; `route` is also remembered here for the routing summary."""
+        try:
+            if self.server.client.fault is not None:
+                raise ApiError(503, f"the engine has faulted: {self.server.client.fault}", code="engine_fault")
+            sub = self.server.generations.open(prepared)
+        except ApiError as e:
+            self.refused += e.status == 429
+            yield refusal(self.replica_id, e)
+            return
+        self.recent.add(route)
+        try:
+            yield ("admitted", self.replica_id)
+            async for delta in sub.deltas():
+                yield ("delta", delta)
+            yield ("usage", sub.usage)
+        except Exception as e:                # the engine failed mid-step, or refused the request
+            yield ("failed", f"{type(e).__name__}: {e}")
+        finally:
+            sub.close()                       # a cancellation lands here too: the KV is freed
+
+    async def record_routing_stats(self) -> dict:
+        s = self.server.client.snapshot
+        return {"load": self.server.generations.num_flights,
+                "hashes": self.recent.summary(s.prefix_cache.hashes)}
+
+    async def record_autoscaling_stats(self) -> dict:
+        admission, now = self.server.generations.admission, time.monotonic()
+        refused = self.refused - self._refused_reported
+        rate = refused / max(now - self._reported_at, 1e-3)
+        self._refused_reported, self._reported_at = self.refused, now
+        return {"predicted_ttft": admission.predicted_ttft(0), "ttft_slo": self.server.config.ttft_slo,
+                "waiting_tokens": admission.pending_tokens, "prefill_tps": admission.prefill_tokens_per_second,
+                "refused_per_s": rate}
+
+    async def state(self, route: tuple[int, ...] = (), avoid: str | None = None) -> dict:
+        """This replica's books now (the router's `avoid` picks a replica: tests ask each one)."""
+        s = self.server.client.snapshot
+        return {"replica": self.replica_id, "kv_blocks_used": s.kv_blocks_used, "running": s.num_running,
+                "flights": self.server.generations.num_flights, "finished": dict(s.finished)}
+
+    async def check_health(self) -> None:
+        """Serve replaces a replica whose engine loop faulted (it is never restarted in place)."""
+        if self.server.client.fault is not None:
+            raise RuntimeError(f"the engine has faulted: {self.server.client.fault}")
+
+    def __del__(self):
+        # Serve calls this after the drain (graceful_shutdown_timeout_s): streams have finished.
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.stop()

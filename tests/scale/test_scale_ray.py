@@ -1,0 +1,113 @@
+"""kiln on a real local Ray cluster (loopback, dashboard off): two replicas of a tiny model behind
+the ingress. One module-scoped cluster: starting Ray on two cores takes most of this module's time."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+ray = pytest.importorskip("ray", reason="the scale extra: pip install -e '.[scale]'")
+from ray import serve  # noqa: E402
+
+from kiln.config import RuntimeConfig, ServeConfig  # noqa: E402
+from kiln.scale.app import APP_NAME, ScaleOptions, application  # noqa: E402
+from kiln.scale.ingress import REPLICA_HEADER  # noqa: E402
+
+DEADLINE = 30.0       # seconds a poll waits for the cluster to catch up
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_llama_artifact):
+    port = _free_port()
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        config = ServeConfig(port=port, ttft_slo=0, response_cache=False, served_model_name="tiny-llama")
+        app = application(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=32 << 20), config,
+                          ScaleOptions(replicas=2, replica_cpus=1, drain_timeout=5))
+        serve.run(app, name=APP_NAME, route_prefix="/")
+        yield f"http://127.0.0.1:{port}", serve.get_deployment_handle("kiln-replica", app_name=APP_NAME)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def _replica_of(url: str, prompt: str, **body) -> str:
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 2, **body}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.headers[REPLICA_HEADER]
+
+
+def _states(handle) -> dict[str, dict]:
+    """Each replica's books: the router's `avoid` sends the second call to the other replica."""
+    first = handle.state.remote().result()
+    second = handle.state.remote(avoid=first["replica"]).result()
+    return {s["replica"]: s for s in (first, second)}
+
+
+def test_the_openai_client_streams_through_the_ingress(cluster):
+    url, _ = cluster
+    client = _client(url)
+    stream = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=6, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage.completion_tokens == 6
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    reply = client.completions.create(model="tiny-llama", prompt="hello there", max_tokens=3)
+    assert reply.usage.completion_tokens == 3 and reply.choices[0].finish_reason == "length"
+    assert [m.id for m in client.models.list().data] == ["tiny-llama"]
+    # kiln serve's own validation and error bodies
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny-llama", prompt="x", max_tokens=0)
+    assert e.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+    assert httpx.get(f"{url}/ready").json()["status"] == "ready"
+
+
+def test_a_shared_prefix_lands_on_one_replica_and_distinct_ones_spread(cluster):
+    url, _ = cluster
+    system = "You are a careful assistant who answers in one short sentence. " * 8     # many blocks
+    same = {_replica_of(url, f"{system} Question {i}: what is {i} plus {i}?") for i in range(6)}
+    assert len(same) == 1, f"one shared prefix went to {same}"
+    spread = {_replica_of(url, f"Topic {i} " * 40) for i in range(6)}
+    assert len(spread) == 2, "distinct prefixes all went to one replica"
+    metrics = httpx.get(f"{url}/metrics").text
+    routed = [line for line in metrics.splitlines() if line.startswith("kiln_ingress_requests_total{")]
+    assert len(routed) == 2 and all(f'replica="{r}"' in metrics for r in spread)
+
+
+def test_a_client_hang_up_cancels_the_replica_request_and_frees_its_kv(cluster):
+    url, handle = cluster
+    before = _states(handle)
+    context = httpx.get(f"{url}/v1/models").json()["data"][0]["max_model_len"]
+    body = {"prompt": "Count slowly: " * 4, "max_tokens": context - 200, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        replica = r.headers[REPLICA_HEADER]
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")          # it is generating on that replica
+    aborted_before = before[replica]["finished"].get("abort", 0)
+    deadline, state = time.monotonic() + DEADLINE, None
+    while time.monotonic() < deadline:
+        state = _states(handle)[replica]
+        if state["finished"].get("abort", 0) > aborted_before and state["kv_blocks_used"] == 0:
+            break
+        time.sleep(0.2)
+    assert state["finished"].get("abort", 0) == aborted_before + 1, state
+    assert state["kv_blocks_used"] == 0 and state["flights"] == 0 and state["running"] == 0
