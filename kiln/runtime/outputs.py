@@ -38,6 +38,8 @@ class StreamDelta:
     finished: bool = False
     finish_reason: str | None = None
     logprobs: list = field(default_factory=list)
+    # The first delta of a request that asked for prompt logprobs: those of prompt tokens 1, 2 ...
+    prompt_logprobs: list | None = None
 
 
 @dataclass
@@ -51,6 +53,7 @@ class CompletionOutput:
     num_cached_tokens: int
     logprobs: list
     metrics: RequestMetrics
+    prompt_logprobs: list | None = None     # with SamplingParams.prompt_logprobs (token 0 has none)
 
 
 class OutputProcessor:
@@ -58,6 +61,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._logprobs: dict[str, list] = {}
+        self._sent_prompt_logprobs: set[str] = set()
 
     def add(self, request: Request) -> None:
         p = request.sampling_params
@@ -81,8 +85,12 @@ class OutputProcessor:
         if finished and not detok.stopped:
             text += detok.finish()
         reason = FINISH_REASONS[RequestStatus.FINISHED_STOPPED] if stop is not None else r.finish_reason
+        prompt_lps = None
+        if r.sampling_params.prompt_logprobs is not None and r.request_id not in self._sent_prompt_logprobs:
+            self._sent_prompt_logprobs.add(r.request_id)
+            prompt_lps = list(r.prompt_logprobs)
         return StreamDelta(r.request_id, text, token_ids, finished, reason,
-                           [delta.logprobs] if delta.logprobs is not None else []), stop
+                           [delta.logprobs] if delta.logprobs is not None else [], prompt_lps), stop
 
     def aborted(self, request: Request) -> StreamDelta:
         return StreamDelta(request.request_id, "", [], True, request.finish_reason)
@@ -91,11 +99,13 @@ class OutputProcessor:
         detok = self._detok.pop(r.request_id)
         return CompletionOutput(r.request_id, r.prompt_token_ids, detok.output_text, list(r.output_token_ids),
                                 r.finish_reason, r.stop_reason, r.num_cached_tokens,
-                                self._logprobs.pop(r.request_id), RequestMetrics.of(r))
+                                self._logprobs.pop(r.request_id), RequestMetrics.of(r),
+                                list(r.prompt_logprobs) if r.sampling_params.prompt_logprobs is not None else None)
 
     def forget(self, request_id: str) -> None:
         self._detok.pop(request_id, None)
         self._logprobs.pop(request_id, None)
+        self._sent_prompt_logprobs.discard(request_id)
 
 
 def _drop_tail(r: Request, n: int, stop: str | None, stop_reason: str | None) -> None:

@@ -72,6 +72,9 @@ class Request:
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     timings: RequestTimings = field(default_factory=RequestTimings)
+    # With sampling_params.prompt_logprobs: the logprobs of prompt tokens 1, 2 ... (the first
+    # has none), filled chunk by chunk as the prompt is computed (runner.record_prompt_logprobs).
+    prompt_logprobs: list = field(default_factory=list)
     # The scheduler lowers this to fit max_model_len; sampling_params stays as the caller sent it.
     max_tokens: int = field(init=False)
     _all_token_ids: list[int] = field(init=False, repr=False)

@@ -19,7 +19,7 @@ import numpy as np
 from kiln.contract.engine import Engine, PagedBatch
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request
-from kiln.runtime.sampler import Sampler, SamplingState
+from kiln.runtime.sampler import Sampler, SamplingState, row_logprobs
 from kiln.runtime.speculative.verify import verify
 from kiln.runtime.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput
 
@@ -64,6 +64,21 @@ def paged_batch(scheduled: list[ScheduledRequest], kv: KVCacheManager, block_siz
                       num_proposed if num_proposed.any() else None)
 
 
+def prompt_logprob_rows(scheduled: list[ScheduledRequest]) -> list[tuple[ScheduledRequest, np.ndarray]]:
+    """For each request that wants prompt logprobs, the packed rows of its chunk whose logits
+    score a prompt token (row of position p scores token p + 1; the prompt's last position
+    scores the first output token, the sampling row)."""
+    out, offset = [], 0
+    for s in scheduled:
+        start, n = s.request.num_computed_tokens, s.num_new_tokens
+        if s.request.sampling_params.prompt_logprobs is not None:
+            last = min(start + n, s.request.num_prompt_tokens - 1)      # positions start .. last - 1
+            if last > start:
+                out.append((s, np.arange(offset, offset + last - start, dtype=np.int64)))
+        offset += n
+    return out
+
+
 class ModelRunner:
     def __init__(self, engine: Engine, kv: KVCacheManager, default_seed: int | None = None):
         self.engine, self.kv = engine, kv
@@ -77,8 +92,15 @@ class ModelRunner:
         if not out.scheduled:
             return RunnerOutput()
         batch = paged_batch(out.scheduled, self.kv, self.block_size)
+        num_sampling_rows = len(batch.logits_indices)
+        scored = prompt_logprob_rows(out.scheduled)
+        if scored:      # NOTE: after the sampling rows, which keep their places
+            batch.logits_indices = np.concatenate([batch.logits_indices, *(rows for _, rows in scored)])
         t0 = time.perf_counter()
         result = self.engine.execute(batch)
+        if scored:
+            record_prompt_logprobs(scored, result.logits[num_sampling_rows:])
+            result.logits = result.logits[:num_sampling_rows]
         self.stats.engine_seconds += time.perf_counter() - t0
         self.stats.engine_calls += result.calls
         self.stats.padded_tokens += result.padded_tokens
@@ -133,3 +155,18 @@ class ModelRunner:
             state = self.states[request.request_id] = SamplingState.from_params(params, request.prompt_token_ids,
                                                                                 eos)
         return state
+
+
+def record_prompt_logprobs(scored: list[tuple[ScheduledRequest, np.ndarray]], logits: np.ndarray) -> None:
+    """Append each chunk's prompt-token logprobs to its request. NOTE: the runner writes them
+    (not update()) because only it sees these rows; a chunk computed again after a preemption
+    adds nothing (the request has those positions already)."""
+    row = 0
+    for s, rows in scored:
+        r, start = s.request, s.request.num_computed_tokens
+        k = r.sampling_params.prompt_logprobs
+        for i in range(len(rows)):
+            token_index = start + i + 1                 # the prompt token this row scores
+            if token_index == len(r.prompt_logprobs) + 1:
+                r.prompt_logprobs.append(row_logprobs(logits[row + i], r.prompt_token_ids[token_index], k))
+        row += len(rows)

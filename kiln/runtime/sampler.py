@@ -305,6 +305,11 @@ def _logprobs(logits: np.ndarray, requests: Sequence[SamplingState], token_ids: 
     ]
 
 
+def row_logprobs(raw: np.ndarray, token_id: int, n: int) -> TokenLogprobs:
+    """The logprob of token_id and the n most likely tokens, from one row of raw logits."""
+    return _row_logprobs(np.asarray(raw, dtype=np.float32), token_id, n)
+
+
 def _row_logprobs(raw: np.ndarray, token_id: int, n: int) -> TokenLogprobs:
     peak = raw.max()
     log_norm = float(peak) + math.log(np.exp(raw - peak).sum(dtype=np.float64))

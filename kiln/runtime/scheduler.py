@@ -155,7 +155,8 @@ class Scheduler:
             budget.spend(n, decode=False)
 
     def _computed_blocks(self, request: Request):
-        if not self.config.enable_prefix_caching:
+        # NOTE: prompt logprobs need every prompt position computed: no prefix-cache hits.
+        if not self.config.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         return self.kv.get_computed_blocks(request)
 

@@ -24,6 +24,7 @@ from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.admission import Admission
 from kiln.serving.console import console_routes
 from kiln.serving.errors import ApiError, bad_request
+from kiln.serving.choices import generate_choices
 from kiln.serving.generations import Generations
 from kiln.serving.http_io import (EventStream, RequestGuard, allowed_host_names, check_api_key, decode_body,
                                   ignored_fields_header, read_body, until_disconnected)
@@ -176,6 +177,8 @@ async def _models(server: Server, request: HttpRequest) -> Response:
 async def _generate(server: Server, request: HttpRequest, kind: str) -> Response:
     try:
         prepared = await _prepare(server, request, kind)
+        if prepared.n > 1 or prepared.more_prompts or prepared.echo:
+            return await generate_choices(server, request, kind, prepared)
         sub = server.generations.open(prepared)
     except ApiError as e:
         return server.rejected(e)

@@ -32,7 +32,7 @@ class Recording:
         self.deltas, self.usage = tuple(deltas), usage
         self.parsed: dict = {}        # the reply's tool calls, parsed once (responses.Renderer.body)
         self.nbytes = 200 + sum(100 + 4 * len(d.text) + 8 * len(d.token_ids) + 200 * len(d.logprobs)
-                                for d in self.deltas)
+                                + 200 * len(d.prompt_logprobs or ()) for d in self.deltas)
 
     def subscribe(self) -> Subscription:
         return Subscription(self)
@@ -43,8 +43,13 @@ class Recording:
 
 class Flight:
     def __init__(self, client, request: Request, timeout: float | None,
-                 on_first_token: Callable[[], None], on_done: Callable[[Flight], None]):
+                 on_first_token: Callable[[], None], on_done: Callable[[Flight], None],
+                 after: asyncio.Event | None = None):
+        """after: the request reaches the engine once this is set (a sibling choice's first delta,
+        so that its prompt's blocks are in the prefix cache by then)."""
         self.client, self.request, self.timeout = client, request, timeout
+        self.after = after
+        self.first_delta = asyncio.Event()   # set at the first delta, or when the flight ends without one
         self.deltas: list[StreamDelta] = []
         self.done, self.cancelled = False, False
         self.error: Exception | None = None
@@ -90,6 +95,8 @@ class Flight:
     # -- the flight's task ---------------------------------------------------------------------
     async def _run(self) -> None:
         try:
+            if self.after is not None:
+                await self.after.wait()
             async for delta in self.client.stream(self.request):
                 if not self.deltas:
                     self._on_first_token()
@@ -101,11 +108,13 @@ class Flight:
         if self._deadline is not None:
             self._deadline.cancel()
         self.done = True
+        self.first_delta.set()
         self._wake()
         self._on_done(self)
 
     def _publish(self, delta: StreamDelta) -> None:
         self.deltas.append(delta)
+        self.first_delta.set()
         self._wake()
 
     def _wake(self) -> None:

@@ -23,8 +23,9 @@ class Generations:
         self._in_flight: dict[Hashable, Flight] = {}     # shareable flights, by cache key
         self.num_flights = 0                              # engine requests this server has open
 
-    def open(self, prepared: PreparedRequest) -> Subscription:
-        """A subscription to the request's deltas; raises ApiError(429) when admission refuses."""
+    def open(self, prepared: PreparedRequest, after=None) -> Subscription:
+        """A subscription to the request's deltas; raises ApiError(429) when admission refuses.
+        after: an asyncio.Event the engine request waits for (admitted now, submitted then)."""
         key = prepared.cache_key if self.cache is not None and prepared.deterministic else None
         shared = self._shared(key) if key is not None else None
         if shared is not None:
@@ -32,7 +33,7 @@ class Generations:
         ticket = self.admission.admit_prompt(prepared.prompt_ids)
         request = self.client.make_request(prepared.prompt_ids, prepared.params, f"kiln-{uuid.uuid4().hex}")
         flight = Flight(self.client, request, self.timeout, on_first_token=ticket.first_token,
-                        on_done=lambda f: self._landed(f, ticket, key))
+                        on_done=lambda f: self._landed(f, ticket, key), after=after)
         if key is not None:
             self._in_flight[key] = flight
         self.num_flights += 1

@@ -40,6 +40,7 @@ class _SamplingFields(_Body):
     seed: int | None = None
     stop: Union[str, list[str], None] = None
     n: int | None = None
+    best_of: int | None = None         # only = n: every sampled sequence is returned (no ranking)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False

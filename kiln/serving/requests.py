@@ -4,7 +4,7 @@ before anything is queued, so a bad request is a 400 and never disturbs the ones
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jinja2 import TemplateError
 
@@ -16,6 +16,7 @@ from kiln.serving.structured_requests import ToolPlan, bind, plan_tools, structu
 from kiln.tokenizer import ChatTemplateError, Tokenizer
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
+MAX_CHOICES = 64                       # n x prompts of one request: each is an engine request
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,17 @@ class PreparedRequest:
     # stay text). One when the client sets parallel_tool_calls to false.
     parse_tool_calls: int = 0
     ignored_fields: tuple[str, ...] = ()   # unknown body fields dropped (X-Kiln-Ignored-Fields)
+    n: int = 1                             # choices per prompt
+    more_prompts: tuple[tuple[int, ...], ...] = ()   # completions' list prompts after the first
+    # Completions' echo: each prompt's text (None: decode its ids) comes back before its output;
+    # echo_only (max_tokens 0): only the prompt does.
+    echo: bool = False
+    echo_only: bool = False
+    prompt_texts: tuple[str | None, ...] = ()
+
+    @property
+    def prompts(self) -> tuple[tuple[int, ...], ...]:
+        return (self.prompt_ids, *self.more_prompts)
 
     @property
     def deterministic(self) -> bool:
@@ -81,13 +93,25 @@ class PreparedRequest:
 
 def prepare_completion(body: CompletionRequest, tok: Tokenizer, limits: EngineLimits,
                        options: RequestOptions = RequestOptions()) -> PreparedRequest:
-    if body.echo:
-        raise bad_request("echo is not supported", "echo")
-    if isinstance(body.prompt, str):
-        _check_chars_fit(len(body.prompt), tok, limits, "prompt")
-    ids = _prompt_ids(body.prompt, tok, limits)
-    return _prepare("completion", body, ids, body.max_tokens, body.logprobs, limits, "prompt", tok,
-                    options=options)
+    prompts = _prompt_list(body.prompt)
+    if len(prompts) * _num_choices(body) > MAX_CHOICES:
+        raise bad_request(f"{len(prompts)} prompts x n = {_num_choices(body)} choices; at most {MAX_CHOICES} "
+                          "per request", "prompt")
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            _check_chars_fit(len(prompt), tok, limits, "prompt")
+    all_ids = [tuple(_prompt_ids(p, tok, limits)) for p in prompts]
+    # echo with max_tokens 0 (log-likelihood evaluation): one token is sampled, none returned.
+    echo_only = body.echo and body.max_tokens == 0
+    longest = max(all_ids, key=len)       # the context checks hold for every prompt
+    prepared = _prepare("completion", body, list(longest), 1 if echo_only else body.max_tokens, body.logprobs,
+                        limits, "prompt", tok, options=options)
+    params = prepared.params
+    if body.echo and body.logprobs is not None:
+        params = replace(params, prompt_logprobs=body.logprobs)
+    texts = tuple(p if isinstance(p, str) else None for p in prompts)
+    return replace(prepared, prompt_ids=all_ids[0], more_prompts=tuple(all_ids[1:]), params=params,
+                   echo=body.echo, echo_only=echo_only, prompt_texts=texts)
 
 
 def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimits,
@@ -140,7 +164,7 @@ def _check_chars_fit(num_chars: int, tok: Tokenizer, limits: EngineLimits, param
 
 def _prepare(kind, body, ids, max_tokens, logprobs, limits, prompt_param, tok,
              tools: ToolPlan = ToolPlan(), options: RequestOptions = RequestOptions()) -> PreparedRequest:
-    _check_n(body.n)
+    n = _num_choices(body)
     _check_prompt_fits(len(ids), limits, prompt_param)
     max_tokens = _max_tokens(kind, max_tokens, len(ids), limits)
     spec, field = structured_output(body, tools)
@@ -150,14 +174,17 @@ def _prepare(kind, body, ids, max_tokens, logprobs, limits, prompt_param, tok,
     options_ = body.stream_options
     include_usage = bool(body.stream and options_ and options_.include_usage)
     continuous = bool(body.stream and options_ and options_.continuous_usage_stats)
-    return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage, continuous, tools.max_calls)
+    return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage, continuous, tools.max_calls, n=n)
+
+
+def _prompt_list(prompt) -> list:
+    """A completion's prompts: a list of strings or of token-id lists is several prompts."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return list(prompt)
+    return [prompt]
 
 
 def _prompt_ids(prompt, tok: Tokenizer, limits: EngineLimits) -> list[int]:
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise bad_request("batched prompts are not supported; send one prompt per request", "prompt")
-        prompt = prompt[0]
     ids = tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise bad_request("the prompt is empty", "prompt")
@@ -193,9 +220,15 @@ def _call_for_template(call):
     return call
 
 
-def _check_n(n: int | None) -> None:
-    if n is not None and n != 1:
-        raise bad_request(f"only n=1 is supported, got {n}", "n")
+def _num_choices(body) -> int:
+    """n, checked: choices are sampled independently and all returned, so best_of may only be n."""
+    n = 1 if body.n is None else body.n
+    if not 1 <= n <= MAX_CHOICES:
+        raise bad_request(f"n must be in [1, {MAX_CHOICES}], got {n}", "n", "invalid_value")
+    if body.best_of is not None and body.best_of != n:
+        raise bad_request(f"best_of must equal n ({n}): every sampled sequence is returned, none ranked away",
+                          "best_of", "invalid_value")
+    return n
 
 
 def _check_prompt_fits(num_prompt: int, limits: EngineLimits, param: str) -> None:

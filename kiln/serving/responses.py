@@ -1,11 +1,13 @@
-"""OpenAI response bodies and SSE chunks, rendered from a subscription's deltas."""
+"""OpenAI response bodies and SSE chunks, rendered from the subscriptions of a request's choices."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from kiln.runtime.outputs import StreamDelta
@@ -25,70 +27,144 @@ def sse(payload) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+@dataclass(frozen=True)
+class Echo:
+    """A completion's prompt, returned before its output (`echo`)."""
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass
+class Choice:
+    """One choice of a response: its index, the prompt it samples (list prompts), its deltas."""
+    index: int
+    prompt_index: int
+    sub: Subscription
+    echo: Echo | None = None
+
+
+def total_usage(choices: list[Choice], completion_tokens: int) -> Usage:
+    """Each prompt's tokens counted once (its first choice's), however many choices sample it."""
+    firsts = {}
+    for c in choices:
+        firsts.setdefault(c.prompt_index, c.sub.usage)
+    return Usage(sum(u.prompt_tokens for u in firsts.values()), completion_tokens,
+                 sum(u.cached_tokens for u in firsts.values()))
+
+
 class Renderer:
     """Renders one response: a completion or a chat completion, whole or as a stream."""
 
-    def __init__(self, kind: str, model: str, tokenizer: Tokenizer, parse_tool_calls: int = 0):
-        """parse_tool_calls: at most this many tool calls are parsed out of a chat reply (0: none)."""
+    def __init__(self, kind: str, model: str, tokenizer: Tokenizer, parse_tool_calls: int = 0,
+                 echo_only: bool = False):
+        """parse_tool_calls: at most this many tool calls are parsed out of a chat reply (0: none).
+        echo_only: `echo` with max_tokens 0: the prompt comes back, the sampled token does not."""
         self.kind, self.model, self.tokenizer = kind, model, tokenizer
-        self.tools = ToolCallStream(parse_tool_calls) if parse_tool_calls else None
+        self.max_calls, self.echo_only = parse_tool_calls, echo_only
+        self._tool_streams: dict[int, ToolCallStream] = {}
+        self.tools = self._tools(0)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         self.id, self.created = f"{prefix}-{uuid.uuid4().hex}", int(time.time())
         self.object = "chat.completion" if kind == "chat" else "text_completion"
 
+    def _tools(self, index: int) -> ToolCallStream | None:
+        if not self.max_calls:
+            return None
+        return self._tool_streams.setdefault(index, ToolCallStream(self.max_calls))
+
     # -- whole responses ------------------------------------------------------------------------
     def body(self, deltas: list[StreamDelta], usage: Usage, memo: dict | None = None) -> dict:
-        """memo: where a cached response keeps its parsed tool calls (by max_calls), so a cache
-        hit does not parse the reply again; each response still gets fresh call ids."""
-        text = "".join(d.text for d in deltas)
+        """One choice's response. memo: where a cached response keeps its parsed tool calls (by
+        max_calls), so a cache hit does not parse the reply again; each response still gets
+        fresh call ids."""
+        return self._response([self.choice(0, deltas, memo)], usage)
+
+    def body_of(self, choices: list[Choice], results: list[tuple[list[StreamDelta], dict | None]]) -> dict:
+        """Every choice's response: results[i] is (deltas, memo) of choices[i]."""
+        bodies = [self.choice(c.index, deltas, memo, c.echo) for c, (deltas, memo) in zip(choices, results)]
+        return self._response(bodies, total_usage(choices, sum(self._returned(d) for d, _ in results)))
+
+    def _returned(self, deltas: list[StreamDelta]) -> int:
+        return 0 if self.echo_only else sum(len(d.token_ids) for d in deltas)
+
+    def _response(self, choices: list[dict], usage: Usage) -> dict:
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+                "choices": choices, "usage": usage_body(usage)}
+
+    def choice(self, index: int, deltas: list[StreamDelta], memo: dict | None = None,
+               echo: Echo | None = None) -> dict:
+        output = [] if self.echo_only else deltas
+        text = "".join(d.text for d in output)
         finish = deltas[-1].finish_reason if deltas else "abort"
-        choice = {"index": 0, "finish_reason": finish, "logprobs": self._logprobs(deltas)}
+        pairs = self._echo_pairs(echo, deltas) + self._pairs(output)
+        choice = {"index": index, "finish_reason": "length" if self.echo_only else finish,
+                  "logprobs": self._logprobs(pairs)}
         if self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
-            if self.tools is not None:
-                parsed = memo.get(self.tools.max_calls) if memo is not None else None
+            if self.max_calls:
+                parsed = memo.get(self.max_calls) if memo is not None else None
                 if parsed is None:
-                    parsed = split_tool_calls(text, self.tools.max_calls)
+                    parsed = split_tool_calls(text, self.max_calls)
                     if memo is not None:
-                        memo[self.tools.max_calls] = parsed
+                        memo[self.max_calls] = parsed
                 content, calls = parsed[0], [tool_call(name, args) for name, args in parsed[1]]
                 if calls:
                     choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
                     choice["finish_reason"] = _tool_finish(finish)
         else:
-            choice["text"] = text
-        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": usage_body(usage)}
+            choice["text"] = (echo.text if echo is not None else "") + text
+        return choice
 
     # -- streams ----------------------------------------------------------------------------------
     async def stream(self, sub: Subscription, include_usage: bool, continuous_usage: bool = False
                      ) -> AsyncIterator[bytes]:
-        """SSE chunks, then a usage chunk if asked for, then [DONE]. An engine error mid-stream is
-        an error event (the status line has gone already). continuous_usage: every chunk carries
-        the usage so far (vLLM's continuous_usage_stats)."""
+        async for chunk in self.stream_choices([Choice(0, 0, sub)], include_usage, continuous_usage):
+            yield chunk
+
+    async def stream_choices(self, choices: list[Choice], include_usage: bool, continuous_usage: bool = False
+                             ) -> AsyncIterator[bytes]:
+        """SSE chunks of every choice as they come, then a usage chunk if asked for, then
+        [DONE]. An engine error mid-stream is an error event (the status line has gone already).
+        continuous_usage: every chunk carries the usage so far (vLLM's continuous_usage_stats)."""
         generated = 0
 
-        def so_far() -> dict | None:
-            u = sub.usage
-            return usage_body(Usage(u.prompt_tokens, generated, u.cached_tokens)) if continuous_usage else None
+        def with_usage(chunk: dict) -> dict:
+            return {**chunk, "usage": usage_body(total_usage(choices, generated))} if continuous_usage else chunk
 
         if self.kind == "chat":
-            yield sse(self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None},
-                                  usage=so_far()))
+            for c in choices:
+                yield sse(with_usage(self._chunk({"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                                  "finish_reason": None})))
+        started: set[int] = set()
         try:
-            async for delta in sub.deltas():
-                generated += len(delta.token_ids)
-                if self.tools is not None:
-                    for chunk in self._tool_chunks(delta):
-                        yield sse({**chunk, "usage": so_far()} if continuous_usage else chunk)
-                elif delta.text or delta.finished:
-                    yield sse(self._chunk(self._delta_choice(delta), usage=so_far()))
+            async for c, delta in _merged(choices):
+                if c.index not in started:
+                    started.add(c.index)
+                    if c.echo is not None:
+                        yield sse(with_usage(self._echo_chunk(c, delta)))
+                generated += 0 if self.echo_only else len(delta.token_ids)
+                for chunk in self._delta_chunks(c.index, delta):
+                    yield sse(with_usage(chunk))
         except Exception as e:
             yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
             return
         if include_usage:
-            yield sse(self._chunk(None, usage=usage_body(sub.usage)))
+            yield sse(self._chunk(None, usage=usage_body(total_usage(choices, generated))))
         yield sse("[DONE]")
+
+    def _delta_chunks(self, index: int, delta: StreamDelta) -> list[dict]:
+        if self.echo_only:
+            return [self._chunk({"index": index, "text": "", "finish_reason": "length", "logprobs": None})] \
+                if delta.finished else []
+        if self.max_calls:
+            return self._tool_chunks(delta, index)
+        if delta.text or delta.finished:
+            return [self._chunk(self._delta_choice(delta, index))]
+        return []
+
+    def _echo_chunk(self, c: Choice, first: StreamDelta) -> dict:
+        return self._chunk({"index": c.index, "text": c.echo.text, "finish_reason": None,
+                            "logprobs": self._logprobs(self._echo_pairs(c.echo, [first]))})
 
     def _chunk(self, choice: dict | None, usage: dict | None = None) -> dict:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
@@ -98,34 +174,47 @@ class Renderer:
             chunk["usage"] = usage
         return chunk
 
-    def _delta_choice(self, d: StreamDelta) -> dict:
-        choice = {"finish_reason": d.finish_reason if d.finished else None, "logprobs": self._logprobs([d])}
+    def _delta_choice(self, d: StreamDelta, index: int = 0) -> dict:
+        choice = {"index": index, "finish_reason": d.finish_reason if d.finished else None,
+                  "logprobs": self._logprobs(self._pairs([d]))}
         if self.kind == "chat":
             choice["delta"] = {"content": d.text} if d.text else {}
         else:
             choice["text"] = d.text
         return choice
 
-    def _tool_chunks(self, d: StreamDelta) -> list[dict]:
+    def _tool_chunks(self, d: StreamDelta, index: int = 0) -> list[dict]:
         """Content as it comes, each tool call whole when it closes (OpenAI clients accumulate
         `tool_calls` deltas by index, so one delta per call is a valid stream)."""
-        events = self.tools.feed(d.text) + (self.tools.finish() if d.finished else [])
-        index = self.tools.num_calls - sum(kind == "call" for kind, _ in events)   # of the first call here
+        tools = self._tools(index)
+        events = tools.feed(d.text) + (tools.finish() if d.finished else [])
+        call = tools.num_calls - sum(kind == "call" for kind, _ in events)   # of the first call here
         chunks = []
         for kind, value in events:
             if kind == "content":
                 delta = {"content": value}
             else:
-                delta, index = {"tool_calls": [{"index": index, **value}]}, index + 1
-            chunks.append(self._chunk({"delta": delta, "finish_reason": None}))
+                delta, call = {"tool_calls": [{"index": call, **value}]}, call + 1
+            chunks.append(self._chunk({"index": index, "delta": delta, "finish_reason": None}))
         if d.finished:
-            finish = _tool_finish(d.finish_reason) if self.tools.num_calls else d.finish_reason
-            chunks.append(self._chunk({"delta": {}, "finish_reason": finish}))
+            finish = _tool_finish(d.finish_reason) if tools.num_calls else d.finish_reason
+            chunks.append(self._chunk({"index": index, "delta": {}, "finish_reason": finish}))
         return chunks
 
     # -- logprobs ---------------------------------------------------------------------------------
-    def _logprobs(self, deltas: list[StreamDelta]) -> dict | None:
-        pairs = [(t, lp) for d in deltas for t, lp in zip(d.token_ids, d.logprobs) if lp is not None]
+    @staticmethod
+    def _pairs(deltas: list[StreamDelta]) -> list:
+        return [(t, lp) for d in deltas for t, lp in zip(d.token_ids, d.logprobs) if lp is not None]
+
+    @staticmethod
+    def _echo_pairs(echo: Echo | None, deltas: list[StreamDelta]) -> list:
+        """The prompt's (token, logprobs) pairs, the first token's logprobs None (nothing precedes it)."""
+        scored = deltas[0].prompt_logprobs if echo is not None and deltas else None
+        if scored is None:
+            return []
+        return [(echo.token_ids[0], None), *zip(echo.token_ids[1:], scored)]
+
+    def _logprobs(self, pairs: list) -> dict | None:
         if not pairs:
             return None
         return self._chat_logprobs(pairs) if self.kind == "chat" else self._completion_logprobs(pairs)
@@ -143,9 +232,41 @@ class Renderer:
     def _completion_logprobs(self, pairs) -> dict:
         tokens = [self._token(t) for t, _ in pairs]
         offsets = [0, *itertools.accumulate(len(x) for x in tokens)][:-1]
-        return {"tokens": tokens, "token_logprobs": [lp.token_logprob for _, lp in pairs],
-                "top_logprobs": [{self._token(i): v for i, v in lp.top} for _, lp in pairs],
+        return {"tokens": tokens, "token_logprobs": [None if lp is None else lp.token_logprob for _, lp in pairs],
+                "top_logprobs": [None if lp is None else {self._token(i): v for i, v in lp.top} for _, lp in pairs],
                 "text_offset": offsets}
+
+
+async def _merged(choices: list[Choice]) -> AsyncIterator[tuple[Choice, StreamDelta]]:
+    """Every choice's deltas as they come (one choice: its own, without a task)."""
+    if len(choices) == 1:
+        async for delta in choices[0].sub.deltas():
+            yield choices[0], delta
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(c: Choice) -> None:
+        try:
+            async for delta in c.sub.deltas():
+                queue.put_nowait((c, delta, None))
+            queue.put_nowait((c, None, None))
+        except Exception as e:
+            queue.put_nowait((c, None, e))
+
+    tasks = [asyncio.ensure_future(pump(c)) for c in choices]
+    try:
+        left = len(choices)
+        while left:
+            c, delta, error = await queue.get()
+            if error is not None:
+                raise error
+            if delta is None:
+                left -= 1
+            else:
+                yield c, delta
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def _tool_finish(finish: str | None) -> str | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -148,3 +149,80 @@ def test_continuous_usage_stats_count_up_chunk_by_chunk(tiny_server):
     counts = [e["usage"]["completion_tokens"] for e in events]
     assert all(e["usage"]["prompt_tokens"] == 2 for e in events)
     assert counts == sorted(counts) and counts[-1] == 5 and counts[0] >= 1
+
+
+# ---- n, best_of, list prompts, echo with prompt logprobs ----
+
+def _texts(out: dict) -> list[str]:
+    assert [c["index"] for c in out["choices"]] == list(range(len(out["choices"])))
+    return [c["text"] for c in out["choices"]]
+
+
+def test_n_choices_are_seeded_samples_that_differ(tiny_server):
+    kw = {"temperature": 1.0, "seed": 11, "ignore_eos": True, "max_tokens": 8}
+    out = _completion(tiny_server, n=3, best_of=3, **kw)
+    texts = _texts(out)
+    assert len(set(texts)) == 3
+    # choice j samples with seed + j: each is the single request with that seed
+    assert [_completion(tiny_server, **{**kw, "seed": 11 + j})["choices"][0]["text"] for j in range(3)] == texts
+    assert out["usage"]["prompt_tokens"] == 2 and out["usage"]["completion_tokens"] == 24
+    chat = _post(tiny_server, "/v1/chat/completions", {**OK_CHAT, "n": 2, **kw}).json()
+    assert [c["index"] for c in chat["choices"]] == [0, 1] and chat["usage"]["completion_tokens"] == 16
+
+
+def test_n_streams_every_choice_as_the_whole_response_has_it(tiny_server):
+    body = {**OK_PROMPT, "n": 2, "temperature": 1.0, "seed": 3, "ignore_eos": True, "max_tokens": 6,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{tiny_server.url}/v1/completions", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    streamed = ["", ""]
+    for e in events[:-1]:
+        for c in e["choices"]:
+            streamed[c["index"]] += c["text"]
+    assert streamed == _texts(_completion(tiny_server, **{**body, "stream": False}))
+    assert events[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_n_siblings_compute_the_prompt_once_through_the_prefix_cache(tiny_server, tiny_llama_artifact):
+    from kiln.contract.artifact import EngineArtifact
+    block = EngineArtifact.load(tiny_llama_artifact).manifest.kv_layout.block_size
+    prompt = [(7 * i + 13) % 250 for i in range(6 * block + 5)]      # a prompt no other test sends
+    before = tiny_server.metrics()["kiln_prefix_cache_hits_total"]
+    out = _completion(tiny_server, prompt=prompt, n=4, temperature=1.0, seed=1, max_tokens=3)
+    assert len(out["choices"]) == 4
+    # the first choice computes the prompt; each sibling finds its 6 full blocks cached
+    deadline = time.monotonic() + 10
+    while tiny_server.metrics()["kiln_prefix_cache_hits_total"] - before < 3 * 6 * block and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tiny_server.metrics()["kiln_prefix_cache_hits_total"] - before == 3 * 6 * block
+
+
+def test_list_prompts_are_answered_in_order(tiny_server):
+    out = _completion(tiny_server, prompt=["ab", "cde"], n=2, ignore_eos=True)
+    alone = [_completion(tiny_server, prompt=p, ignore_eos=True)["choices"][0]["text"] for p in ("ab", "cde")]
+    assert _texts(out) == [alone[0], alone[0], alone[1], alone[1]]          # greedy: siblings agree
+    assert out["usage"]["prompt_tokens"] == 5 and out["usage"]["completion_tokens"] == 24
+    too_many = _post(tiny_server, "/v1/completions", {**OK_PROMPT, "prompt": ["a"] * 33, "n": 2})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "prompt"
+
+
+def test_echo_with_max_tokens_0_returns_the_prompts_logprobs(tiny_server, tok):
+    """What lm-eval's log-likelihood requests send; each prompt token's logprob is the one the
+    model gives it as the next token after the tokens before it."""
+    prompt = "kiln fires"
+    out = _completion(tiny_server, prompt=prompt, echo=True, max_tokens=0, logprobs=2)
+    choice = out["choices"][0]
+    assert choice["text"] == prompt and out["usage"]["completion_tokens"] == 0
+    lp = choice["logprobs"]
+    ids = tok.encode(prompt)
+    assert lp["tokens"] == [tok.decode([t]) for t in ids]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert all(len(top) == 2 for top in lp["top_logprobs"][1:])
+    for k in (1, 4, len(ids) - 1):
+        # the same score, from a generation step: prompt ids[:k], the next token forced to ids[k]
+        step = _completion(tiny_server, prompt=ids[:k], max_tokens=1, logprobs=0, logit_bias={str(ids[k]): 100})
+        assert lp["token_logprobs"][k] == pytest.approx(step["choices"][0]["logprobs"]["token_logprobs"][0], abs=1e-3)
+    more = _completion(tiny_server, prompt=prompt, echo=True, max_tokens=3, ignore_eos=True)
+    assert more["choices"][0]["text"] == prompt + _completion(tiny_server, prompt=prompt, max_tokens=3,
+                                                               ignore_eos=True)["choices"][0]["text"]
+    assert _post(tiny_server, "/v1/completions", {**OK_PROMPT, "max_tokens": 0}).status_code == 400
