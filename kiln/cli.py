@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import click
@@ -14,6 +15,7 @@ from kiln.compiler.progress import console, rich_stage
 from kiln.config import LOG_LEVELS
 from kiln.config_options import runtime_config
 from kiln.contract.backends import BACKENDS
+from kiln.scale.cli_options import SCALE_OPTIONS, run_on_ray, scale_options, wants_ray
 
 
 def runtime_options(fn):
@@ -267,6 +269,7 @@ def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_t
 @_security_options
 @_api_options
 @_limit_options
+@scale_options
 @runtime_options
 def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waiting, max_waiting_tokens,
           request_timeout, no_response_cache, no_console, log_level, **runtime):
@@ -277,6 +280,7 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
     security = {name: runtime.pop(name) for name in SECURITY_OPTIONS}
     limits = {name: runtime.pop(name) for name in LIMIT_OPTIONS}
     api = {name: runtime.pop(name) for name in API_OPTIONS}
+    scale = {name: runtime.pop(name) for name in SCALE_OPTIONS}
 
     def go():
         cfg = ServeConfig(**_security_config(**security), **_limits_config(max_waiting, request_timeout, **limits),
@@ -285,8 +289,9 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
                           max_waiting_tokens=max_waiting_tokens, response_cache=not no_response_cache,
                           console=not no_console, log_level=log_level, strict_api=api["strict_api"],
                           chat_template=api["chat_template"])
-        run_server(artifact, _with_policy(runtime_config(**runtime), api["scheduling_policy"]), cfg,
-                   announce=lambda m: console.print(f"[dim]{m}[/]"))
+        run = partial(run_on_ray, scale=scale) if wants_ray(scale) else run_server
+        run(artifact, _with_policy(runtime_config(**runtime), api["scheduling_policy"]), cfg,
+            announce=lambda m: console.print(f"[dim]{m}[/]"))
     _guarded(go)
 
 
