@@ -33,6 +33,7 @@ from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest, pars
 from kiln.serving.requests import EngineLimits, RequestOptions, prepare_chat, prepare_completion
 from kiln.serving.response_cache import ResponseCache
 from kiln.serving.responses import Renderer
+from kiln.serving.utility_routes import utility_routes
 
 log = logging.getLogger("kiln.serving")
 
@@ -127,6 +128,7 @@ def create_app(llm, config: ServeConfig, model_name: str) -> Starlette:
         Route("/v1/models", partial(_models, server)),
         Route("/v1/completions", partial(_generate, server, kind="completion"), methods=["POST"]),
         Route("/v1/chat/completions", partial(_generate, server, kind="chat"), methods=["POST"]),
+        *utility_routes(server),
         *console_routes(server),
     ]
     middleware = [Middleware(RequestGuard, hosts=allowed_host_names(config.host, config.allowed_hosts))]

@@ -176,3 +176,18 @@ def _as_api_error(e: ValidationError, skip_extra: bool = False) -> ApiError:
     if first["type"] == "extra_forbidden":
         return bad_request(f"'{param}' is not supported by this server", param, "unsupported_parameter")
     return bad_request(f"invalid value for '{param}': {first['msg']}", param, "invalid_value")
+
+
+class TokenizeRequest(_Body):
+    """vLLM's /tokenize body: a prompt, or chat messages rendered through the template first."""
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]

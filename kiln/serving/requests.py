@@ -117,7 +117,7 @@ def prepare_completion(body: CompletionRequest, tok: Tokenizer, limits: EngineLi
 def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimits,
                  options: RequestOptions = RequestOptions()) -> PreparedRequest:
     tools = plan_tools(body, tok)
-    messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
+    messages = message_dicts(body.messages)
     _check_chars_fit(sum(len(text) for text in _texts(messages)), tok, limits, "messages")
     try:
         ids = tok.encode_chat(messages, tools=tools.tools,
@@ -134,6 +134,11 @@ def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimi
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     return _prepare("chat", body, ids, max_tokens, logprobs, limits, "messages", tok, tools, options)
+
+
+def message_dicts(messages) -> list[dict]:
+    """The body's messages as the chat template takes them (400 for those it cannot)."""
+    return [_message_dict(i, m) for i, m in enumerate(messages)]
 
 
 def _texts(value):

@@ -226,3 +226,35 @@ def test_echo_with_max_tokens_0_returns_the_prompts_logprobs(tiny_server, tok):
     assert more["choices"][0]["text"] == prompt + _completion(tiny_server, prompt=prompt, max_tokens=3,
                                                                ignore_eos=True)["choices"][0]["text"]
     assert _post(tiny_server, "/v1/completions", {**OK_PROMPT, "max_tokens": 0}).status_code == 400
+
+
+# ---- /tokenize, /detokenize, /version, /openapi.json, /docs ----
+
+def test_tokenize_counts_what_the_endpoints_count_and_detokenize_inverts_it(tiny_server, tok):
+    r = _post(tiny_server, "/tokenize", {"model": MODEL, "prompt": "hello kiln"}).json()
+    assert r["tokens"] == tok.encode("hello kiln") and r["count"] == len(r["tokens"]) and r["max_model_len"] == 1024
+    chat = _post(tiny_server, "/v1/chat/completions", OK_CHAT).json()["usage"]["prompt_tokens"]
+    assert _post(tiny_server, "/tokenize", {"messages": OK_CHAT["messages"]}).json()["count"] == chat
+    bare = _post(tiny_server, "/tokenize", {"messages": OK_CHAT["messages"], "add_generation_prompt": False})
+    assert bare.json()["count"] < chat
+    assert _post(tiny_server, "/detokenize", {"tokens": r["tokens"]}).json() == {"prompt": "hello kiln"}
+    for path, body, param in [("/detokenize", {"tokens": [10 ** 6]}, "tokens"),
+                              ("/tokenize", {"prompt": "a", "messages": OK_CHAT["messages"]}, "prompt"),
+                              ("/tokenize", {"prompt": 5}, "prompt")]:
+        bad = _post(tiny_server, path, body)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+    assert _post(tiny_server, "/tokenize", {"prompt": "a", "model": "gpt-9"}).status_code == 404
+
+
+def test_version_openapi_and_docs(tiny_server):
+    from importlib.metadata import version
+    assert httpx.get(f"{tiny_server.url}/version").json() == {"version": version("kiln")}
+    spec = httpx.get(f"{tiny_server.url}/openapi.json").json()
+    op = spec["paths"]["/v1/completions"]["post"]
+    assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/CompletionRequest"
+    fields = spec["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert {"prompt", "n", "best_of", "echo", "min_tokens", "stop_token_ids", "priority"} <= set(fields)
+    assert "chat_template_kwargs" in spec["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    page = httpx.get(f"{tiny_server.url}/docs")
+    assert page.headers["content-type"].startswith("text/html")
+    assert all(f"<code>{path}</code>" in page.text for path in spec["paths"])
