@@ -86,6 +86,7 @@ class _EngineCollector:
         for reason, n in sorted(s.finished.items()):
             finished.add_metric([reason], n)
         yield finished
+        yield from _gateway_gauges(s)
         yield _gauge("kiln_admission_waiting_requests", "Admitted requests without a first token.",
                      self.admission.pending)
         yield _gauge("kiln_admission_waiting_tokens", "Their prompt tokens.", self.admission.pending_tokens)
@@ -99,6 +100,20 @@ class _EngineCollector:
         cache = self.generations.cache
         yield _gauge("kiln_response_cache_entries", "Responses in the response cache.", len(cache) if cache else 0)
         yield _gauge("kiln_response_cache_bytes", "Their estimated size.", cache.nbytes if cache else 0)
+
+
+# The Gateway API Inference Extension's model-server protocol reads these two gauges (vLLM's
+# names, which its endpoint picker defaults to): the queue and the KV cache's use as a fraction.
+# Aliases of kiln_requests_waiting and kiln_kv_blocks_used / kiln_kv_blocks_total.
+GATEWAY_QUEUE, GATEWAY_KV_USAGE = "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
+
+
+def _gateway_gauges(s):
+    yield _gauge(GATEWAY_QUEUE, "Requests in the engine's waiting queue (alias of kiln_requests_waiting, "
+                 "for the Kubernetes inference gateway).", s.num_waiting)
+    used = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
+    yield _gauge(GATEWAY_KV_USAGE, "KV-cache blocks in use as a fraction of the pool (kiln_kv_blocks_used "
+                 "/ kiln_kv_blocks_total, for the Kubernetes inference gateway).", used)
 
 
 def _gauge(name, doc, value):
