@@ -162,3 +162,47 @@ def test_truncated_file_refused(tiny_folder):
     f.write_bytes(f.read_bytes()[:-1000])
     with pytest.raises(CheckpointError, match="truncated"):
         load_source(str(tiny_folder))
+
+
+def _raw_safetensors(path, header: bytes, length: int | None = None, data: bytes = b"") -> None:
+    import struct
+
+    path.write_bytes(struct.pack("<Q", len(header) if length is None else length) + header + data)
+
+
+def test_header_length_past_the_cap_refused_without_reading(tiny_folder):
+    """A length field of 2**63 (in a file a few bytes long) is refused on the number alone."""
+    _raw_safetensors(tiny_folder / "model.safetensors", b"{}", length=2**63)
+    with pytest.raises(CheckpointError, match="header claims .* not a safetensors file"):
+        load_source(str(tiny_folder))
+
+
+@pytest.mark.parametrize("entry", [
+    {"dtype": "F32", "shape": [4], "data_offsets": [16, 0]},          # end before start
+    {"dtype": "F32", "shape": [4], "data_offsets": [-16, 0]},         # before the data
+    {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]},         # negative dimension
+    {"dtype": "F32", "shape": 4, "data_offsets": [0, 16]},            # shape not a list
+    {"dtype": "F32", "shape": [4]},                                   # no offsets
+    [1, 2, 3],                                                        # not an object
+])
+def test_damaged_header_entry_refused_with_tensor_name(tiny_folder, entry):
+    header = json.dumps({"model.norm.weight": entry}).encode()
+    _raw_safetensors(tiny_folder / "model.safetensors", header, data=bytes(16))
+    with pytest.raises(CheckpointError, match="tensor model.norm.weight: model.safetensors has a damaged header entry"):
+        load_source(str(tiny_folder))
+
+
+def test_header_that_is_not_an_object_refused(tiny_folder):
+    _raw_safetensors(tiny_folder / "model.safetensors", b"[1, 2]")
+    with pytest.raises(CheckpointError, match="not a JSON object"):
+        load_source(str(tiny_folder))
+
+
+@pytest.mark.parametrize("shard", ["/etc/passwd", "../outside.safetensors", "sub/model.safetensors", ".."])
+def test_index_shard_outside_the_folder_refused(tiny_folder, shard):
+    _resave(tiny_folder, "bfloat16", 3)
+    index = tiny_folder / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"]
+    index.write_text(json.dumps({"weight_map": weight_map | {"model.norm.weight": shard}}))
+    with pytest.raises(CheckpointError, match="tensor model.norm.weight: .* a shard must be a file name"):
+        load_source(str(tiny_folder))

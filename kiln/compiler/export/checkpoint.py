@@ -19,6 +19,9 @@ from typing import Callable
 import numpy as np
 
 INDEX = "model.safetensors.index.json"
+# safetensors' own reader refuses a header past 100 MB: a length field near 2**64 must not become
+# one read of the whole file (or an allocation of it) before anything is checked.
+MAX_HEADER_BYTES = 100_000_000
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}   # BF16 read as raw bits
 
 
@@ -51,10 +54,10 @@ def _shards(folder: Path) -> dict[Path, list[str] | None]:
     """file -> the names the index assigns to it (None: whatever the file holds)."""
     index = folder / INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map") or {}
+        weight_map = _weight_map(index)
         shards: dict[Path, list[str]] = {}
         for name, file in weight_map.items():
-            shards.setdefault(folder / file, []).append(name)
+            shards.setdefault(folder / _shard_name(name, file), []).append(name)
         for file, names in shards.items():
             if not file.is_file():
                 raise CheckpointError(f"tensor {names[0]}: its shard {file.name} (from {INDEX}) is missing")
@@ -65,6 +68,25 @@ def _shards(folder: Path) -> dict[Path, list[str] | None]:
     return {f: None for f in files}
 
 
+def _weight_map(index: Path) -> dict:
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map") or {}
+    except (ValueError, AttributeError):
+        raise CheckpointError(f"{INDEX} is not a JSON object with a weight_map") from None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{INDEX}: its weight_map is not an object of tensor name -> file")
+    return weight_map
+
+
+def _shard_name(tensor: str, file) -> str:
+    """A shard named by the index: a plain file name in the checkpoint's folder, never a path that
+    leaves it (an absolute path, `..`, a sub-folder)."""
+    if not isinstance(file, str) or not file or Path(file).name != file or file in (".", ".."):
+        raise CheckpointError(f"tensor {tensor}: {INDEX} names its shard {file!r}; a shard must be a file "
+                              "name in the checkpoint's folder")
+    return file
+
+
 def _header(file: Path) -> dict[str, TensorEntry]:
     size = file.stat().st_size
     with open(file, "rb") as f:
@@ -72,21 +94,36 @@ def _header(file: Path) -> dict[str, TensorEntry]:
         if len(raw) < 8:
             raise CheckpointError(f"{file.name} is not a safetensors file (shorter than its header)")
         (length,) = struct.unpack("<Q", raw)
+        if length > MAX_HEADER_BYTES:
+            raise CheckpointError(f"{file.name}: its header claims {length} bytes (safetensors headers "
+                                  f"stop at {MAX_HEADER_BYTES}); not a safetensors file")
         if length > size - 8:
             raise CheckpointError(f"{file.name} is truncated (its header runs past the end)")
         try:
             header = json.loads(f.read(length))
         except ValueError:
             raise CheckpointError(f"{file.name} has a damaged safetensors header") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{file.name} has a damaged safetensors header (not a JSON object)")
     header.pop("__metadata__", None)
     base = 8 + length
-    entries = {}
-    for name, e in header.items():
-        start, end = (base + o for o in e["data_offsets"])
-        if end > size:
-            raise CheckpointError(f"tensor {name}: {file.name} is truncated (its data runs past the end)")
-        entries[name] = TensorEntry(file, e["dtype"], tuple(e["shape"]), start, end)
-    return entries
+    return {name: _entry(file, name, e, base, size) for name, e in header.items()}
+
+
+def _entry(file: Path, name: str, e, base: int, size: int) -> TensorEntry:
+    """One header entry, checked for its form and that its bytes lie inside the file's data."""
+    try:
+        dtype, shape, (start, end) = e["dtype"], tuple(e["shape"]), e["data_offsets"]
+        well_formed = (isinstance(dtype, str) and all(isinstance(d, int) and d >= 0 for d in shape)
+                       and isinstance(start, int) and isinstance(end, int) and 0 <= start <= end)
+    except (TypeError, KeyError, ValueError):
+        well_formed = False
+    if not well_formed:
+        raise CheckpointError(f"tensor {name}: {file.name} has a damaged header entry "
+                              "(dtype, shape or data_offsets)")
+    if base + end > size:
+        raise CheckpointError(f"tensor {name}: {file.name} is truncated (its data runs past the end)")
+    return TensorEntry(file, dtype, shape, base + start, base + end)
 
 
 def check_tensors(entries: dict[str, TensorEntry], expected: dict[str, tuple[int, ...]]) -> None:
