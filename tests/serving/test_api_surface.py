@@ -258,3 +258,28 @@ def test_version_openapi_and_docs(tiny_server):
     page = httpx.get(f"{tiny_server.url}/docs")
     assert page.headers["content-type"].startswith("text/html")
     assert all(f"<code>{path}</code>" in page.text for path in spec["paths"])
+
+
+# ---- usage: exact, and what it counts ----
+
+def test_usage_counts_the_tokens_the_model_read_and_wrote(tiny_server, tiny_llama_artifact, tok):
+    """prompt_tokens: the rendered chat template's tokens (as transformers' apply_chat_template
+    counts them; a load generator counting only the message text sees fewer); completion_tokens:
+    every token generated, an EOS that ended the reply included (as vLLM counts)."""
+    from transformers import PreTrainedTokenizerFast
+    from kiln.contract.artifact import EngineArtifact
+    folder = EngineArtifact.load(tiny_llama_artifact).tokenizer_dir
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token="<|im_end|>")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Count me, exactly."}]
+    body = {**OK_CHAT, "messages": messages, "max_tokens": 7, "ignore_eos": True, "logprobs": True}
+    whole = _post(tiny_server, "/v1/chat/completions", body).json()
+    rendered = hf.apply_chat_template(messages, chat_template=tok.chat_template, add_generation_prompt=True,
+                                      tokenize=True, return_dict=False)
+    assert whole["usage"]["prompt_tokens"] == len(rendered) > len(tok.encode("Be brief.Count me, exactly."))
+    assert whole["usage"]["completion_tokens"] == 7 == len(whole["choices"][0]["logprobs"]["content"])
+    with httpx.stream("POST", f"{tiny_server.url}/v1/chat/completions", timeout=60,
+                      json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        last = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")][-1]
+    assert last["usage"] == whole["usage"]
+    ended = _completion(tiny_server, logit_bias={str(tok.eos_token_id): 100}, max_tokens=8)
+    assert (ended["choices"][0]["text"], ended["usage"]["completion_tokens"]) == ("", 1)
