@@ -40,7 +40,7 @@ def calibration(smollm2_source) -> list[int]:
 
 @pytest.fixture(scope="module")
 def int4(fused, check, calibration):
-    """As the build makes it (build._checked_quantize)."""
+    """The MatMulNBits recipe: as the build makes it where kiln's op library is not built (build._checked_quantize)."""
     return run_pass(QuantizePass(QuantMode.INT4, calibration_ids=calibration), fused, check)
 
 

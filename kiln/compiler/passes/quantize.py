@@ -116,7 +116,7 @@ class QuantizePass:
                  int8_linears: tuple[str, ...] | None = None, block_offsets: bool | None = None,
                  int8_kernel: str | None = None, nbits_linears: tuple[str, ...] = NBITS_LINEARS,
                  int4_rounding: str | None = None, calibration_ids: list[int] | None = None,
-                 offset_linears: tuple[str, ...] = ()):
+                 offset_linears: tuple[str, ...] = (), head_kernel: str = "nbits"):
         """table_bits: bits of the embedding and LM head; int8_linears: node-name segments (e.g.
         "down_proj") of linears kept at 8 bits. None takes the mode's recipe; (4, ()) is pure int4.
         block_offsets: 4-bit linears keep a float minimum per block (passes/block_offsets.py).
@@ -124,7 +124,12 @@ class QuantizePass:
         when given, picks "block_offsets" or "min_max"); "search" weighs errors by the inputs of a run
         over calibration_ids (int4_calibration.py; without them: plain squared error).
         offset_linears: node-name segments (e.g. "layers.29") of 4-bit linears that keep block offsets
-        whatever int4_rounding says (a mixed split)."""
+        whatever int4_rounding says (a mixed split). head_kernel: "nbits" (the LM head MatMulNBits at
+        table_bits, sharing its table with the embedding) or "q4min" (4-bit on kiln.MatMulQ4Min; the
+        embedding then keeps a table of its own at table_bits)."""
+        if head_kernel not in ("nbits", "q4min"):
+            raise ValueError(f"head_kernel must be 'nbits' or 'q4min', not {head_kernel!r}")
+        self.head_kernel = head_kernel
         int8_kernel = int8_kernel or ("dynamic" if mode is QuantMode.W8A8 else "nbits")
         if int8_kernel not in INT8_KERNELS:
             raise ValueError(f"int8_kernel must be one of {INT8_KERNELS}, not {int8_kernel!r}")
@@ -132,7 +137,7 @@ class QuantizePass:
         self.nbits_linears = tuple(nbits_linears)     # name segments kept on MatMulNBits regardless
         self.mode, self.block_size, self.symmetric = mode, block_size, symmetric
         self.int4_rounding = _int4_rounding(mode, int4_rounding, block_offsets)
-        if self.int4_rounding == "q4min" and block_size != 32:
+        if "q4min" in (self.int4_rounding, head_kernel) and block_size != 32:
             raise ValueError("int4_rounding='q4min' takes block_size=32 (the kernel's block)")
         self.block_offsets = self.int4_rounding == "block_offsets"
         self.offset_linears = tuple(offset_linears)
@@ -198,7 +203,7 @@ class _Rewrite:
             "int8_kernel": self.p.int8_kernel, "nbits_linears": list(self.p.nbits_linears),
             "int8_linears": list(self.p.int8_linears), "matmuls_quantized": len(self.quantized),
             "matmuls_by_bits": dict(Counter(_bits(n) for n in self.quantized.values())), "skipped": self.skipped,
-            "lm_head": self._head_note(), "embedding": embed_note,
+            "lm_head": self._head_note(), "embedding": embed_note, "head_kernel": self.p.head_kernel,
         }
 
     @property
@@ -228,6 +233,10 @@ class _Rewrite:
             return _rewire(self.groups[b], node)
         bits = self.p.table_bits if is_head else self._linear_bits(node)
         rounding = self._int4_rounding(node) if bits == 4 and not is_head else None
+        if is_head and self.p.head_kernel == "q4min":
+            group = [q4min_linear(self.graph, self.inits[b], node, self.wdir)]
+            self.quantized[b], self.groups[b] = group[0], group
+            return group            # NOTE: no head_table: the embedding quantizes its own
         if rounding == "search":
             group = [searched_linear(self.graph, self.inits[b], node, self.p.block_size,
                                      self.moments.get(node.input[0]), self.wdir)]
@@ -294,6 +303,8 @@ class _Rewrite:
     def _head_note(self) -> str:
         if self.head is None:
             return "no MatMul feeding the logits output found"
+        if self.head is not None and self.head.input[1] in self.quantized and self.p.head_kernel == "q4min":
+            return "MatMulQ4Min 4-bit (float minimum per block)"
         if self.head_table is None:
             return "fp32"
         return f"MatMulNBits {self.head_table.bits}-bit"
