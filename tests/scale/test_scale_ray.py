@@ -3,6 +3,8 @@ the ingress. One module-scoped cluster: starting Ray on two cores takes most of 
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 
@@ -63,12 +65,14 @@ def test_the_openai_client_streams_through_the_ingress(cluster):
     url, _ = cluster
     client = _client(url)
     stream = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
-                                            max_tokens=6, stream=True, stream_options={"include_usage": True})
+                                            max_tokens=6, stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True})     # random weights may say EOS
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].usage.completion_tokens == 6
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
-    reply = client.completions.create(model="tiny-llama", prompt="hello there", max_tokens=3)
+    reply = client.completions.create(model="tiny-llama", prompt="hello there", max_tokens=3,
+                                      extra_body={"ignore_eos": True})
     assert reply.usage.completion_tokens == 3 and reply.choices[0].finish_reason == "length"
     assert [m.id for m in client.models.list().data] == ["tiny-llama"]
     # kiln serve's own validation and error bodies
@@ -111,3 +115,28 @@ def test_a_client_hang_up_cancels_the_replica_request_and_frees_its_kv(cluster):
         time.sleep(0.2)
     assert state["finished"].get("abort", 0) == aborted_before + 1, state
     assert state["kv_blocks_used"] == 0 and state["flights"] == 0 and state["running"] == 0
+
+
+def test_a_killed_replica_ends_its_streams_with_an_error_and_the_cluster_recovers(cluster):
+    """Last in the module: it kills a replica's process (SIGKILL) mid-stream."""
+    url, handle = cluster
+    states = _states(handle)
+    context = httpx.get(f"{url}/v1/models").json()["data"][0]["max_model_len"]
+    body = {"prompt": "Count slowly: " * 4, "max_tokens": context - 200, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+        victim = r.headers[REPLICA_HEADER]
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        os.kill(states[victim]["pid"], signal.SIGKILL)
+        rest = [line for line in lines if line]               # ends: httpx's timeout would raise
+    assert rest and rest[-1] != "data: [DONE]", rest[-3:]
+    assert rest[-1].startswith('data: {"error"'), rest[-1]         # an SSE error event, never a hang
+    # new requests are served meanwhile (a request routed to the dead replica is retried once)
+    for i in range(4):
+        assert _replica_of(url, f"after the fault {i} " * 5) != victim
+    deadline, after = time.monotonic() + 90, {}
+    while time.monotonic() < deadline and len(after) < 2:     # Serve starts a replacement
+        time.sleep(0.5)
+        after = _states(handle)                               # once the handle's router knows it
+    assert len(after) == 2 and victim not in after, after.keys()
+    assert all(s["kv_blocks_used"] == 0 and s["flights"] == 0 for s in after.values())
