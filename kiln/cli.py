@@ -232,6 +232,26 @@ def _limit_options(fn):
 
 LIMIT_OPTIONS = ("limit_concurrency", "keep_alive_timeout", "body_timeout", "max_body_size", "step_timeout")
 
+def _semantic_options(fn):
+    """The semantic response cache, opt-in (docs/serving.md, The semantic cache)."""
+    options = [
+        click.option("--semantic-cache", "semantic_cache", is_flag=True, default=None,
+                     help="Answer deterministic chat questions that paraphrase an earlier one from its stored "
+                          "answer (X-Cache: semantic); numbers, dates, negations and names must agree."),
+        click.option("--semantic-cache-model", "semantic_cache_model", type=click.Path(path_type=Path), default=None,
+                     help="Folder of the sentence-embedding model (model.onnx, tokenizer.json; default: "
+                          "all-MiniLM-L6-v2, exported on first use)."),
+        click.option("--semantic-cache-threshold", "semantic_cache_threshold", type=float, default=None,
+                     help="Cosine similarity at or above which a stored question matches (default 0.9)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+SEMANTIC_OPTIONS = ("semantic_cache", "semantic_cache_model", "semantic_cache_threshold")
+
+
 
 def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_timeout, body_timeout,
                    max_body_size, step_timeout) -> dict:
@@ -272,6 +292,7 @@ def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_t
 @scale_options
 @runtime_options
 def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waiting, max_waiting_tokens,
+@_semantic_options
           request_timeout, no_response_cache, no_console, log_level, **runtime):
     """Serve an artifact over an OpenAI-compatible HTTP API."""
     from kiln.config import DEFAULT_TTFT_SLO, ServeConfig
@@ -284,11 +305,12 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
 
     def go():
         cfg = ServeConfig(**_security_config(**security), **_limits_config(max_waiting, request_timeout, **limits),
+    semantic = {name: value for name in SEMANTIC_OPTIONS if (value := runtime.pop(name)) is not None}
                           host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                           ttft_slo=DEFAULT_TTFT_SLO if ttft_slo is None else ttft_slo,
                           max_waiting_tokens=max_waiting_tokens, response_cache=not no_response_cache,
                           console=not no_console, log_level=log_level, strict_api=api["strict_api"],
-                          chat_template=api["chat_template"])
+                          chat_template=api["chat_template"], **semantic)
         run = partial(run_on_ray, scale=scale) if wants_ray(scale) else run_server
         run(artifact, _with_policy(runtime_config(**runtime), api["scheduling_policy"]), cfg,
             announce=lambda m: console.print(f"[dim]{m}[/]"))

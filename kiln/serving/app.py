@@ -34,6 +34,7 @@ from kiln.serving.requests import EngineLimits, RequestOptions, prepare_chat, pr
 from kiln.serving.response_cache import ResponseCache
 from kiln.serving.responses import Renderer
 from kiln.serving.utility_routes import utility_routes
+from kiln.serving.semantic_requests import load_semantic_responses
 
 log = logging.getLogger("kiln.serving")
 
@@ -58,6 +59,10 @@ class Server:
         self.limits = EngineLimits.of(self.client.snapshot, llm.artifact.manifest,
                                       llm.core.scheduler.config.policy is SchedulingPolicy.PRIORITY)
         self.generations: Generations | None = None
+        # --semantic-cache: loaded before serving, so a missing embedding model stops kiln serve
+        self.semantic = load_semantic_responses(config) if config.semantic_cache else None
+        if self.semantic is not None:
+            self.metrics.registry.register(self.semantic)
         self.workers = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="kiln-prepare")
 
     def start(self) -> None:
@@ -178,14 +183,17 @@ async def _models(server: Server, request: HttpRequest) -> Response:
 
 async def _generate(server: Server, request: HttpRequest, kind: str) -> Response:
     try:
-        prepared = await _prepare(server, request, kind)
+        prepared, semantic = await _prepare(server, request, kind)
         if prepared.n > 1 or prepared.more_prompts or prepared.echo:
             return await generate_choices(server, request, kind, prepared)
-        sub = server.generations.open(prepared)
+        sub = server.semantic.open(server.generations, prepared, semantic) if semantic else \
+            server.generations.open(prepared)
     except ApiError as e:
         return server.rejected(e)
     renderer = Renderer(kind, server.model_name, server.llm.tokenizer, prepared.parse_tool_calls)
     headers = ignored_fields_header(prepared.ignored_fields)
+    if getattr(sub, "cache_kind", None):
+        headers = {**headers, "X-Cache": sub.cache_kind}
     if prepared.stream:
         return EventStream(renderer.stream(sub, prepared.include_usage, prepared.continuous_usage),
                            on_close=sub.close, headers=headers)
@@ -210,7 +218,13 @@ async def _generate(server: Server, request: HttpRequest, kind: str) -> Response
 async def _prepare(server: Server, request: HttpRequest, kind: str):
     key_name = server.check(request)
     raw = await read_body(request, server.config.max_body_bytes)
-    return await server.off_loop(_prepare_body, server, kind, raw, server.options(key_name))
+    options = server.options(key_name)
+    prepared = await server.off_loop(_prepare_body, server, kind, raw, options)
+    semantic = None
+    if server.semantic is not None:           # embedding is CPU work: off the loop too
+        bypass = "no-cache" in request.headers.get("cache-control", "").lower()
+        semantic = await server.off_loop(server.semantic.prepare, raw, prepared, options.cache_salt, bypass)
+    return prepared, semantic
 
 
 def _prepare_body(server: Server, kind: str, raw: bytes, options: RequestOptions):

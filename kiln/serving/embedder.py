@@ -1,0 +1,49 @@
+"""A sentence embedder on ONNX Runtime, for the semantic response cache: text -> a unit vector, so
+that a dot product between two embeddings is their cosine similarity.
+
+The model folder holds model.onnx (pooled and normalised in the graph) and tokenizer.json, as
+embedder_export.py writes them. The session runs on one thread: the engine owns the cores, and
+one short question embeds in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+MAX_TOKENS = 128        # all-MiniLM-L6-v2 was trained on 128-token inputs; a question is shorter
+
+
+class EmbedderError(ValueError):
+    """The embedding model is missing or unusable (a configuration error: kiln serve stops)."""
+
+
+class Embedder:
+    def __init__(self, folder: Path, threads: int = 1):
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        folder = Path(folder)
+        model, tokenizer = folder / "model.onnx", folder / "tokenizer.json"
+        if not model.is_file() or not tokenizer.is_file():
+            raise EmbedderError(f"{folder} holds no embedding model (model.onnx and tokenizer.json); "
+                                f"make one with: python -m kiln.serving.embedder_export {folder}")
+        self.folder = folder
+        self.tokenizer = Tokenizer.from_file(str(tokenizer))
+        self.tokenizer.enable_truncation(MAX_TOKENS)
+        self.tokenizer.enable_padding()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = threads
+        self.session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        self._inputs = {i.name for i in self.session.get_inputs()}
+        self.dim = int(self.embed(["probe"]).shape[1])
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """[len(texts), dim] float32, each row of unit length."""
+        encodings = self.tokenizer.encode_batch(list(texts))
+        feeds = {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                 "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+                 "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
+        (out,) = self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self._inputs})
+        return out.astype(np.float32, copy=False)
