@@ -23,7 +23,7 @@ from kiln.runtime.engine_client import EngineClient, EngineError
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.admission import Admission
 from kiln.serving.console import console_routes
-from kiln.serving.errors import ApiError, bad_request
+from kiln.serving.errors import ApiError, bad_request, engine_failure
 from kiln.serving.choices import generate_choices
 from kiln.serving.generations import Generations
 from kiln.serving.http_io import (EventStream, RequestGuard, allowed_host_names, check_api_key, decode_body,
@@ -207,7 +207,7 @@ async def _generate(server: Server, request: HttpRequest, kind: str) -> Response
     except ValueError as e:          # the engine refused it (a limit the checks above missed)
         return server.rejected(bad_request(str(e)))
     except EngineError as e:         # the engine failed mid-step; it serves the next request
-        return ApiError(500, str(e), code="engine_error").response()
+        return engine_failure(e).response()
     finally:
         sub.close()
     if not finished:

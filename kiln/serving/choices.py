@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from kiln.runtime.engine_client import EngineError
 from kiln.runtime.sampling_params import MAX_SEED, SamplingParams
-from kiln.serving.errors import ApiError, bad_request
+from kiln.serving.errors import ApiError, bad_request, engine_failure
 from kiln.serving.generations import Generations
 from kiln.serving.http_io import EventStream, ignored_fields_header, until_disconnected
 from kiln.serving.requests import PreparedRequest
@@ -84,7 +84,7 @@ async def generate_choices(server, request, kind: str, prepared: PreparedRequest
     except ValueError as e:          # the engine refused one (a limit the checks missed)
         return server.rejected(bad_request(str(e)))
     except EngineError as e:         # the engine failed mid-step; it serves the next request
-        return ApiError(500, str(e), code="engine_error").response()
+        return engine_failure(e).response()
     finally:
         close()
     if not finished:

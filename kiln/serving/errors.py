@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
+
 from starlette.responses import JSONResponse
+
+log = logging.getLogger("kiln.serving")
 
 # The `type` OpenAI clients expect for each status.
 ERROR_TYPES = {
@@ -36,3 +41,13 @@ class ApiError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, param, code)
+
+
+def engine_failure(error: BaseException) -> ApiError:
+    """A 500 for a request the engine failed mid-step. The client gets an incident id, never the
+    error's own text (a native library's message can name files, devices or other requests'
+    shapes); the server's log has the text under the same id."""
+    incident = uuid.uuid4().hex[:12]
+    log.error("engine failure, incident %s: %s: %s", incident, type(error).__name__, error)
+    return ApiError(500, f"the engine failed while running this request (incident {incident}); "
+                         "the cause is in the server's log", code="engine_error")

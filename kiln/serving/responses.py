@@ -14,6 +14,7 @@ from kiln.runtime.outputs import StreamDelta
 from kiln.serving.flights import Subscription, Usage
 from kiln.serving.tools import ToolCallStream, split_tool_calls, tool_call
 from kiln.tokenizer import Tokenizer
+from kiln.serving.errors import engine_failure
 
 
 def usage_body(u: Usage) -> dict:
@@ -146,7 +147,7 @@ class Renderer:
                 for chunk in self._delta_chunks(c.index, delta):
                     yield sse(with_usage(chunk))
         except Exception as e:
-            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
+            yield sse(engine_failure(e).body())
             return
         if include_usage:
             yield sse(self._chunk(None, usage=usage_body(total_usage(choices, generated))))

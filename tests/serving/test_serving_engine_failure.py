@@ -5,6 +5,8 @@ metrics count the failure, and the next request is served as before."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 import threading
 import time
 
@@ -63,7 +65,8 @@ def _stream(client, prompt: str) -> list[dict]:
         return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
 
 
-def test_engine_failure_ends_every_request_and_the_server_recovers(app_client):
+def test_engine_failure_ends_every_request_and_the_server_recovers(app_client, caplog):
+    caplog.set_level(logging.ERROR, logger="kiln.serving")
     client, llm = app_client
     before = client.post("/v1/completions", json={**BODY, "prompt": "again", "max_tokens": 8}).json()
     _fail_when_running(llm, 3)
@@ -76,12 +79,20 @@ def test_engine_failure_ends_every_request_and_the_server_recovers(app_client):
     for job in jobs:
         job.join(60)
 
+    messages = []
     for prompt in ("aa", "bbb"):              # streamed: chunks, then an error event, no finish
         events = results[prompt]
-        assert "injected engine fault" in events[-1]["error"]["message"]
+        messages.append(events[-1]["error"]["message"])
         assert all(e["choices"][0]["finish_reason"] is None for e in events[:-1])
     whole = results["whole"]
     assert whole.status_code == 500 and whole.json()["error"]["code"] == "engine_error"
+    messages.append(whole.json()["error"]["message"])
+    # the client reads an incident id, never the engine's own text; the log has the text by that id
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    for message in messages:
+        assert "injected engine fault" not in message
+        incident = re.search(r"incident ([0-9a-f]{12})", message).group(1)
+        assert re.search(f"incident {incident}: .*injected engine fault", logged)
     _wait(lambda: _metrics(client)["kiln_kv_blocks_used"] == 0)
     m = _metrics(client)
     assert m["kiln_engine_failures_total"] == 1 and m['kiln_requests_finished_total{finish_reason="error"}'] == 3
