@@ -290,9 +290,9 @@ def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_t
 @_api_options
 @_limit_options
 @scale_options
+@_semantic_options
 @runtime_options
 def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waiting, max_waiting_tokens,
-@_semantic_options
           request_timeout, no_response_cache, no_console, log_level, **runtime):
     """Serve an artifact over an OpenAI-compatible HTTP API."""
     from kiln.config import DEFAULT_TTFT_SLO, ServeConfig
@@ -302,10 +302,10 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
     limits = {name: runtime.pop(name) for name in LIMIT_OPTIONS}
     api = {name: runtime.pop(name) for name in API_OPTIONS}
     scale = {name: runtime.pop(name) for name in SCALE_OPTIONS}
+    semantic = {name: value for name in SEMANTIC_OPTIONS if (value := runtime.pop(name)) is not None}
 
     def go():
         cfg = ServeConfig(**_security_config(**security), **_limits_config(max_waiting, request_timeout, **limits),
-    semantic = {name: value for name in SEMANTIC_OPTIONS if (value := runtime.pop(name)) is not None}
                           host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                           ttft_slo=DEFAULT_TTFT_SLO if ttft_slo is None else ttft_slo,
                           max_waiting_tokens=max_waiting_tokens, response_cache=not no_response_cache,
