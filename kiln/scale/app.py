@@ -37,6 +37,7 @@ class ScaleOptions:
     downscale_delay: float = 60.0
     imbalance_abs: float = 4.0
     imbalance_rel: float = 1.5
+    slow_replica_delay: float = 0.0    # test/benchmark knob: the rank-0 replica's streams start this late
 
     def __post_init__(self):
         if self.replicas < 1:
@@ -84,7 +85,7 @@ def application(artifact: str | Path, runtime: RuntimeConfig, config: ServeConfi
     name = model_name or config.served_model_name or Path(artifact).name
     if runtime.threads is None:              # replicas share the machine: one thread per CPU share
         runtime = _with(runtime, threads=max(1, int(options.replica_cpus)))
-    replicas = replica_deployment(options).bind(artifact, runtime, config, name)
+    replicas = replica_deployment(options).bind(artifact, runtime, config, name, options.slow_replica_delay)
     hedge = HedgeOptions(options.hedge_fraction, options.hedge_floor) if options.hedge else None
     return KilnIngress.bind(replicas, artifact, config, name, hedge)
 

@@ -9,6 +9,7 @@ await; closing the subscription aborts the engine request, which frees its KV bl
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -28,12 +29,17 @@ WARM_UP_TOKENS = 64
 
 
 class KilnReplica:
-    def __init__(self, artifact: str, runtime: RuntimeConfig, config: ServeConfig, model_name: str):
+    def __init__(self, artifact: str, runtime: RuntimeConfig, config: ServeConfig, model_name: str,
+                 slow_replica_delay: float = 0.0):
         from ray import serve
 
         from kiln.runtime.llm import LLM
 
-        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id
+        # A test and benchmark knob (hedging): the rank-0 replica holds each stream this long
+        # after admitting it, before its first delta.
+        self.slow = slow_replica_delay if context.rank is not None and context.rank.rank == 0 else 0.0
         self.llm = LLM(Path(artifact), runtime)
         self.server = Server(self.llm, config, model_name)
         self.server.start()
@@ -68,6 +74,8 @@ class KilnReplica:
         self.recent.add(route)
         try:
             yield ("admitted", self.replica_id)
+            if self.slow:
+                await asyncio.sleep(self.slow)
             async for delta in sub.deltas():
                 yield ("delta", delta)
             yield ("usage", sub.usage)

@@ -31,7 +31,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def cluster(tiny_llama_artifact):
     port = _free_port()
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    # logical CPUs: two replicas of one CPU, two hedging ones of half a CPU (test_hedged_requests...)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         config = ServeConfig(port=port, ttft_slo=0, response_cache=False, served_model_name="tiny-llama")
@@ -42,6 +43,22 @@ def cluster(tiny_llama_artifact):
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hedged(cluster, tiny_llama_artifact):
+    """A second application on the same cluster: hedging on, its rank-0 replica 3 s slow."""
+    url, _ = cluster
+    config = ServeConfig(ttft_slo=0, response_cache=False, served_model_name="tiny-llama")
+    options = ScaleOptions(replicas=2, replica_cpus=0.5, drain_timeout=5, hedge=True, hedge_fraction=1.0,
+                           hedge_floor=0.3, slow_replica_delay=SLOW)
+    serve.run(application(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=32 << 20, threads=1), config,
+                          options), name="hedge", route_prefix="/hedge")
+    yield f"{url}/hedge", serve.get_deployment_handle("kiln-replica", app_name="hedge")
+    serve.delete("hedge")
+
+
+SLOW = 3.0       # seconds the slow replica holds each stream before its first token
 
 
 def _client(url: str) -> openai.OpenAI:
@@ -115,6 +132,25 @@ def test_a_client_hang_up_cancels_the_replica_request_and_frees_its_kv(cluster):
         time.sleep(0.2)
     assert state["finished"].get("abort", 0) == aborted_before + 1, state
     assert state["kv_blocks_used"] == 0 and state["flights"] == 0 and state["running"] == 0
+
+
+def test_hedged_requests_clip_a_slow_replica(hedged):
+    url, handle = hedged
+    answered = [_replica_of(url, f"Hedge topic {i} " * 20) for i in range(4)]
+    metrics = {line.split()[0]: float(line.split()[1]) for line in httpx.get(f"{url}/metrics").text.splitlines()
+               if line.startswith("kiln_hedges_")}
+    sent = metrics["kiln_hedges_sent_total"]
+    # distinct prefixes spread over both replicas, so some went to the slow one first and were
+    # hedged; the fast replica's duplicate won every time and the slow stream was cancelled
+    assert sent >= 1 and metrics["kiln_hedges_won_total"] == sent == metrics["kiln_hedges_cancelled_total"]
+    assert len(set(answered)) == 1, answered             # every answer came from the fast replica
+    states = _states(handle)
+    slow = next(r for r in states if r != answered[0])
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline and states[slow]["flights"]:
+        time.sleep(0.2)
+        states = _states(handle)
+    assert states[slow]["flights"] == 0 and states[slow]["kv_blocks_used"] == 0
 
 
 def test_a_killed_replica_ends_its_streams_with_an_error_and_the_cluster_recovers(cluster):
