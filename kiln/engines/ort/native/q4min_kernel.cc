@@ -198,19 +198,77 @@ Isa SelectIsa() {
   return static_cast<int>(want) < static_cast<int>(best) ? want : best;
 }
 
-void QuantizeRow(const float* x, int k, int8_t* xq, float* dx, float* xs) {
+namespace {
+
+// NOTE: cvtss2si rounds by MXCSR (nearest, ties to even) like the vector paths' cvtps2dq; it is
+// baseline x86-64, where std::nearbyint would be a libm call per element.
+inline int8_t RoundToInt8(float v) { return static_cast<int8_t>(_mm_cvtss_si32(_mm_set_ss(v))); }
+
+void QuantizeRowScalar(const float* x, int k, int8_t* xq, float* dx, float* xs) {
   for (int b = 0; b < k / kBlock; ++b) {
     const float* v = x + b * kBlock;
     float amax = 0.0f, sum = 0.0f;
     for (int i = 0; i < kBlock; ++i) {
-      amax = std::fmax(amax, std::fabs(v[i]));
+      const float a = std::fabs(v[i]);
+      amax = a > amax ? a : amax;
       sum += v[i];
     }
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int i = 0; i < kBlock; ++i) xq[b * kBlock + i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
+    for (int i = 0; i < kBlock; ++i) xq[b * kBlock + i] = RoundToInt8(v[i] * inv);
     dx[b] = amax / 127.0f;
     xs[b] = sum;
   }
+}
+
+__attribute__((target("avx2,fma")))
+void QuantizeRowAvx2(const float* x, int k, int8_t* xq, float* dx, float* xs) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int b = 0; b < k / kBlock; ++b) {
+    __m256 v[4], amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + b * kBlock + 8 * i);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+      sum = _mm256_add_ps(sum, v[i]);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+    const float a = _mm_cvtss_f32(m4);
+    const __m256 inv = _mm256_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+    // int32 -> int16 -> int8 with saturation (values are within +-127); packs interleave lanes, so permute back
+    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + b * kBlock), ordered);
+    dx[b] = a / 127.0f;
+    xs[b] = _mm_cvtss_f32(s4);
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+void QuantizeRowAvx512(const float* x, int k, int8_t* xq, float* dx, float* xs) {
+  for (int b = 0; b < k / kBlock; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + b * kBlock), v1 = _mm512_loadu_ps(x + b * kBlock + 16);
+    const float a = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const __m512 inv = _mm512_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + b * kBlock), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + b * kBlock + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))));
+    dx[b] = a / 127.0f;
+    xs[b] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+  }
+}
+
+}  // namespace
+
+void QuantizeRow(Isa isa, const float* x, int k, int8_t* xq, float* dx, float* xs) {
+  if (isa == Isa::kAvx512Vnni) QuantizeRowAvx512(x, k, xq, dx, xs);
+  else if (isa == Isa::kAvx2) QuantizeRowAvx2(x, k, xq, dx, xs);
+  else QuantizeRowScalar(x, k, xq, dx, xs);
 }
 
 void MatMulTiles(Isa isa, const int8_t* xq, const float* dx, const float* xs, int rows, int k,

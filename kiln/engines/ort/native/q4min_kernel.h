@@ -27,8 +27,9 @@ enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2 };
 Isa SelectIsa();
 const char* IsaName(Isa isa);
 
-// One row's activations quantized per block: xq [K] int8, dx [K/32], xs [K/32].
-void QuantizeRow(const float* x, int k, int8_t* xq, float* dx, float* xs);
+// One row's activations quantized per block: xq [K] int8, dx [K/32], xs [K/32]. Every path rounds
+// x * (127 / amax) to the nearest int8, ties to even; only the block sums' addition order differs.
+void QuantizeRow(Isa isa, const float* x, int k, int8_t* xq, float* dx, float* xs);
 
 // y[m, n0 .. n1) for rows m in [0, rows), tiles t in [t0, t1); y's row stride is n (the valid columns).
 void MatMulTiles(Isa isa, const int8_t* xq, const float* dx, const float* xs, int rows, int k,

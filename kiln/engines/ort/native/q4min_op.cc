@@ -107,7 +107,7 @@ OrtStatus* Compute(void* op_kernel, OrtKernelContext* context) {
   scales.resize(static_cast<size_t>(rows) * nb * 2);
   float *dx = scales.data(), *xs = scales.data() + static_cast<size_t>(rows) * nb;
   for (int m = 0; m < rows; ++m)
-    kiln_q4::QuantizeRow(x + static_cast<size_t>(m) * k, k, xq.data() + static_cast<size_t>(m) * k, dx + m * nb, xs + m * nb);
+    kiln_q4::QuantizeRow(kernel.isa, x + static_cast<size_t>(m) * k, k, xq.data() + static_cast<size_t>(m) * k, dx + m * nb, xs + m * nb);
   // a task is a few tiles (decode: enough tasks to share out, few enough to be cheap)
   Job job{kernel.isa, nullptr, xq.data(), dx, xs, rows, k, n, tiles, per_task, w, y};
   return g_api->KernelContext_ParallelFor(context, RunTask, tasks, 0, &job);
