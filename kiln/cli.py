@@ -202,13 +202,15 @@ def _api_options(fn):
                      help="Waiting-queue order: fcfs (default) or priority (a request's `priority`, lower first)."),
         click.option("--chat-template", "chat_template", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                      default=None, help="A Jinja chat template file to use instead of the artifact's."),
+        click.option("--ttft-refuse-factor", type=float, default=None,
+                     help="Refuse (429) a request predicted past F times --ttft-slo (default 5; 1 = at the objective)."),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
 
 
-API_OPTIONS = ("strict_api", "scheduling_policy", "chat_template")
+API_OPTIONS = ("strict_api", "scheduling_policy", "chat_template", "ttft_refuse_factor")
 
 
 def _limit_options(fn):
@@ -276,7 +278,8 @@ def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_t
               help="Require 'Authorization: Bearer KEY' on /v1/* (or set KILN_API_KEY, kept out of ps).")
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the folder name).")
 @click.option("--ttft-slo", type=float, default=None,
-              help="Refuse (429) when the predicted TTFT exceeds S seconds (default 2; 0 = never).")
+              help="The TTFT objective, S seconds (default 2; 0 = no TTFT check): requests predicted past it "
+                   "queue; past --ttft-refuse-factor times it they get 429.")
 @click.option("--max-waiting", type=int, default=None,
               help="Refuse when N requests await their first token (default 256; 0 = no bound).")
 @click.option("--max-waiting-tokens", type=int, default=None, help="Refuse when their prompts exceed N tokens.")
@@ -312,9 +315,15 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
                           console=not no_console, log_level=log_level, strict_api=api["strict_api"],
                           chat_template=api["chat_template"], **semantic)
         run = partial(run_on_ray, scale=scale) if wants_ray(scale) else run_server
+        cfg = _with_refuse_factor(cfg, api["ttft_refuse_factor"])
         run(artifact, _with_policy(runtime_config(**runtime), api["scheduling_policy"]), cfg,
             announce=lambda m: console.print(f"[dim]{m}[/]"))
     _guarded(go)
+
+
+def _with_refuse_factor(cfg, factor: float | None):
+    from dataclasses import replace
+    return cfg if factor is None else replace(cfg, ttft_refuse_factor=factor)
 
 
 def _with_policy(runtime, policy: str | None):

@@ -172,6 +172,9 @@ class RuntimeConfig:
 
 
 DEFAULT_TTFT_SLO = 2.0      # seconds: the bound the project's goodput figures use
+# Past 5x the objective (10 s by default) a queued request is refused: an interactive client has
+# given up by then, and a benchmark's closed loop at any sane concurrency stays far below it.
+DEFAULT_TTFT_REFUSE_FACTOR = 5.0
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -186,7 +189,10 @@ class ServeConfig:
     served_model_name: str | None = None     # default: the artifact folder's name
     console: bool = True                     # the playground and dashboard at / (--no-console)
     # Admission control: a request over any bound is refused at once with 429.
-    ttft_slo: float = DEFAULT_TTFT_SLO       # seconds; refuse when the predicted TTFT exceeds it; 0 = off
+    ttft_slo: float = DEFAULT_TTFT_SLO       # seconds: the TTFT objective admission predicts against; 0 = off
+    # Refuse (429) only past this multiple of the objective: a request predicted later than the
+    # objective but within it queues, as a vLLM-like server would (1: refuse at the objective).
+    ttft_refuse_factor: float = DEFAULT_TTFT_REFUSE_FACTOR
     max_waiting: int | None = 256            # admitted requests still waiting for their first token
     max_waiting_tokens: int | None = None    # their prompt tokens
     request_timeout: float | None = 600.0    # seconds; the request ends with finish_reason "timeout"
@@ -231,6 +237,8 @@ class ServeConfig:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if not 0 <= self.ttft_slo < float("inf"):
             raise ValueError(f"ttft_slo must be a finite number of seconds >= 0 (0 = off), got {self.ttft_slo}")
+        if not 1 <= self.ttft_refuse_factor < float("inf"):
+            raise ValueError(f"ttft_refuse_factor must be a finite number >= 1, got {self.ttft_refuse_factor}")
         if self.request_timeout is not None and self.request_timeout <= 0:
             raise ValueError(f"request_timeout must be positive, got {self.request_timeout}")
         for name in ("max_waiting", "max_waiting_tokens", "limit_concurrency", "max_body_bytes"):

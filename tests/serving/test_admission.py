@@ -26,6 +26,12 @@ def engine(num_running=0, max_num_seqs=32, remaining=(), costs=COSTS, prefilled=
     return SimpleNamespace(snapshot=snapshot)
 
 
+def strict(**kw) -> ServeConfig:
+    """Refusal at the objective itself (ttft_refuse_factor 1): these tests check the prediction's
+    arithmetic against the bound, so they put the bound at the objective."""
+    return ServeConfig(ttft_refuse_factor=1.0, **kw)
+
+
 def refusal(adm: Admission, n: int) -> ApiError:
     with pytest.raises(ApiError) as e:
         adm.admit(n)
@@ -46,7 +52,7 @@ def test_bounds_refuse_and_tickets_give_their_place_back():
 
 
 def test_idle_prediction_is_the_queue_over_the_prefill_rate():
-    adm = Admission(ServeConfig(ttft_slo=1.0), engine())
+    adm = Admission(strict(ttft_slo=1.0), engine())
     assert adm.prefill_tokens_per_second == pytest.approx(1000)
     assert adm.predicted_ttft(400) == pytest.approx(0.4)
     adm.admit(400)
@@ -62,7 +68,7 @@ def test_idle_prediction_is_the_queue_over_the_prefill_rate():
 
 
 def test_decode_load_raises_the_prediction():
-    idle, busy = (Admission(ServeConfig(ttft_slo=1.0), engine(num_running=n)) for n in (0, 16))
+    idle, busy = (Admission(strict(ttft_slo=1.0), engine(num_running=n)) for n in (0, 16))
     assert idle.predicted_ttft(600) == pytest.approx(0.6)
     # 16 streams: each 100 ms step prefills (0.1 - 0.04) / 0.001 = 60 tokens -> 10 steps.
     assert busy.predicted_ttft(600) == pytest.approx(1.0)
@@ -77,7 +83,7 @@ def test_a_prompt_still_prefilling_is_not_also_a_decode():
     600 tokens in 30 steps, 3 s, refused at a 2 s objective. The engine decodes 12 streams, then
     up to 16, at 40 ms a step: 60 tokens a step, 10 steps, 1 s."""
     client = engine(num_running=14, num_prefilling=2)
-    adm = Admission(ServeConfig(ttft_slo=2.0), client)
+    adm = Admission(strict(ttft_slo=2.0), client)
     for _ in range(4):
         adm.admit(100)
     assert adm.predicted_ttft(200) == pytest.approx(10 * 0.1)
@@ -115,7 +121,7 @@ def test_prompt_tokens_in_the_prefix_cache_are_not_prefilled_again():
     """Prompts the engine has seen (a shared system prompt; the bench's levels share their first
     requests) prefill only their uncached tail."""
     seen = list(range(512))
-    adm = Admission(ServeConfig(ttft_slo=0.5), engine(),
+    adm = Admission(strict(ttft_slo=0.5), engine(),
                     cached_prefix=lambda ids: 496 if list(ids) == seen else 0)
     for _ in range(3):
         adm.admit_prompt(seen)                       # 16 tokens each left to compute
@@ -135,7 +141,7 @@ def test_prompt_tokens_in_the_prefix_cache_are_not_prefilled_again():
 
 def test_full_seats_add_the_wait_for_the_shortest_replies():
     full = engine(num_running=4, max_num_seqs=4, remaining=(3, 10, 50, 50))
-    adm = Admission(ServeConfig(ttft_slo=5.0), full)
+    adm = Admission(strict(ttft_slo=5.0), full)
     # Every seat is taken: wait until the shortest reply ends, 3 steps of max(20 ms, 100 ms).
     assert adm.predicted_ttft(100) == pytest.approx(3 * 0.1 + COSTS.prefill_seconds(100, 4))
     adm.admit(100)
@@ -144,7 +150,7 @@ def test_full_seats_add_the_wait_for_the_shortest_replies():
 
 
 def test_a_refusal_stops_predicting_once_past_the_objective():
-    adm = Admission(ServeConfig(ttft_slo=1.0), engine(num_running=4))
+    adm = Admission(strict(ttft_slo=1.0), engine(num_running=4))
     for _ in range(10):
         adm.admit(30)                                # 60-80 tokens a step beside 4-14 decodes
     whole = adm.predicted_ttft(4000)                 # then 60 a step: about 67 steps more
@@ -170,8 +176,28 @@ def test_the_default_objective_is_two_seconds():
     assert ServeConfig().ttft_slo == 2.0
 
 
-def test_calibration_scales_the_prediction_by_what_first_tokens_took():
+def test_by_default_a_request_past_the_objective_queues_and_past_five_times_it_is_refused():
+    """The default a closed-loop benchmark can live with: predicted 1.74 s against a 1 s objective
+    is admitted (strict mode refuses it); past 5 s it is refused, naming the multiple."""
+    assert ServeConfig().ttft_refuse_factor == 5.0
     adm = Admission(ServeConfig(ttft_slo=1.0), engine())
+    adm.admit(400)
+    assert adm.predicted_ttft(600) == pytest.approx(1.14) and adm.predicted_ttft(600) > 1.0
+    adm.admit(600)
+    assert refusal(Admission(strict(ttft_slo=1.0), engine()), 1100).code == "ttft_slo"
+    error = refusal(adm, 6000)
+    assert error.code == "ttft_slo" and "exceeds 5 x the 1 s objective" in error.message
+    assert int(error.headers["Retry-After"]) >= 1
+
+
+@pytest.mark.parametrize("bad", [0.5, float("inf"), float("nan")])
+def test_refuse_factor_is_at_least_one(bad):
+    with pytest.raises(ValueError, match="ttft_refuse_factor"):
+        ServeConfig(ttft_refuse_factor=bad)
+
+
+def test_calibration_scales_the_prediction_by_what_first_tokens_took():
+    adm = Admission(strict(ttft_slo=1.0), engine())
     assert adm.predicted_ttft(600) == pytest.approx(0.6)
     for _ in range(60):                              # each first token took twice the prediction
         adm.calibration.observe(predicted=0.3, realised=0.6)

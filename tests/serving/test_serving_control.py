@@ -84,7 +84,9 @@ def test_max_waiting_refuses_with_429(one_seat_server):
 
 
 def test_ttft_slo_and_token_bound_refuse(start_server, tiny_llama_artifact):
-    server = start_server(tiny_llama_artifact, *TINY_FLAGS, "--ttft-slo", "0.02", "--max-waiting-tokens", "600")
+    # --ttft-refuse-factor 1: refused at the objective itself (by default only past 5 x it)
+    server = start_server(tiny_llama_artifact, *TINY_FLAGS, "--ttft-slo", "0.02", "--ttft-refuse-factor", "1",
+                          "--max-waiting-tokens", "600")
     # The tiny model prefills ~3,000 tokens/s here (measured at warm-up): 500 tokens predict ~0.17 s
     # and are refused however idle the server is, 10 tokens (~3 ms) are not. Safe for rates 500-25,000.
     assert 500 < server.metrics()["kiln_prefill_tokens_per_second"] < 25_000

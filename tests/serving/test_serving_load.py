@@ -36,7 +36,8 @@ RSS_GROWTH_LIMIT = 64 << 20
 @pytest.fixture(scope="module")
 def loaded_server(start_module_server, tiny_llama_artifact):
     # Four seats for sixteen clients: newcomers wait for seats as well as for prefill.
-    return start_module_server(tiny_llama_artifact, *TINY_FLAGS, "--ttft-slo", str(TTFT_SLO),
+    # --ttft-refuse-factor 1: refusal at the objective itself (the strict mode this test holds to it)
+    return start_module_server(tiny_llama_artifact, *TINY_FLAGS, "--ttft-slo", str(TTFT_SLO), "--ttft-refuse-factor", "1",
                                "--max-num-seqs", "4", "--served-model-name", MODEL)
 
 
