@@ -21,7 +21,12 @@ Prompt = str | Sequence[int]
 
 
 class LLM:
-    def __init__(self, artifact: str | Path | EngineArtifact, config: RuntimeConfig | None = None):
+    def __init__(self, artifact: str | Path | EngineArtifact | None = None, config: RuntimeConfig | None = None,
+                 *, model: str | Path | None = None):
+        """model: vLLM's name for the artifact (LLM(model="engines/smollm2"))."""
+        if (artifact is None) == (model is None):
+            raise TypeError("give the artifact folder once: LLM(artifact) or LLM(model=artifact)")
+        artifact = artifact if model is None else model
         verifying = None
         if isinstance(artifact, EngineArtifact):
             self.artifact = artifact
@@ -68,7 +73,11 @@ class LLM:
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         return self.client.complete([self.make_request(p, sp) for p, sp in zip(prompts, params_list)])
 
-    def chat(self, conversations: list[list[dict]], params: SamplingParams | None = None) -> list[CompletionOutput]:
+    def chat(self, conversations: list[dict] | list[list[dict]], params: SamplingParams | None = None
+             ) -> list[CompletionOutput]:
+        """One conversation (a list of messages) or many (a list of them), as vLLM takes them."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
         return self.generate([self.chat_prompt(c) for c in conversations], params)
 
     # -- streaming API ------------------------------------------------------------------------

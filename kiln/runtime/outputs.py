@@ -54,6 +54,17 @@ class CompletionOutput:
     logprobs: list
     metrics: RequestMetrics
     prompt_logprobs: list | None = None     # with SamplingParams.prompt_logprobs (token 0 has none)
+    index: int = 0                          # the sequence's index (vLLM's CompletionOutput.index)
+
+    # NOTE: vLLM's shapes, so code ported from it runs: a RequestOutput holds its sequences in
+    # `outputs` (kiln samples one per request: this output itself) and says `finished`.
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        return [self]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 class OutputProcessor:
