@@ -44,6 +44,7 @@ class Tokenizer:
         # The most characters one token stands for: a prompt of n characters is at least
         # n / max_token_chars tokens, a bound the server checks before it tokenizes anything.
         self.max_token_chars = max((len(t) for t in self.fast.get_vocab()), default=1) or 1
+        self._byte_level = _decodes_byte_level(folder / "tokenizer.json")
 
     def set_chat_template(self, template: str) -> None:
         """Use `template` (Jinja text) instead of the artifact's (kiln serve --chat-template)."""
@@ -59,6 +60,26 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.fast.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes the token stands for, from its vocabulary piece: a token holding part of a
+        UTF-8 character gives that part (decoded alone it would be U+FFFD). Byte-level BPE maps
+        bytes to printable characters (GPT-2's table); SentencePiece writes a byte as <0xNN> and a
+        space as U+2581."""
+        piece = self.fast.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level:
+            try:
+                return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+            except KeyError:            # an added token written as plain text
+                return piece.encode()
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        return piece.replace("\u2581", " ").encode()
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
@@ -128,6 +149,25 @@ class Tokenizer:
             raise ChatTemplateError("a message holds special-token text that this model's chat "
                                     "template cannot keep apart from its own markers")
         return ids
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (what byte-level BPE vocabularies are written in)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    chars, extra = dict(zip(printable, printable)), 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], extra = 256 + extra, extra + 1
+    return {b: chr(c) for b, c in chars.items()}
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+def _decodes_byte_level(path: Path) -> bool:
+    decoder = (_read_json(path).get("decoder") or {})
+    kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders") or [] if isinstance(d, dict)]
+    return "ByteLevel" in kinds
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:

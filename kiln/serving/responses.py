@@ -225,8 +225,10 @@ class Renderer:
 
     def _chat_logprobs(self, pairs) -> dict:
         def entry(token_id, logprob):
-            text = self._token(token_id)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+            # NOTE: bytes from the token's own bytes, not its text decoded alone (a partial UTF-8
+            # character would be U+FFFD's three bytes); clients join them to rebuild the text.
+            return {"token": self._token(token_id), "logprob": logprob,
+                    "bytes": list(self.tokenizer.token_bytes(token_id))}
         return {"content": [{**entry(t, lp.token_logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
                             for t, lp in pairs]}
 

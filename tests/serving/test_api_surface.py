@@ -283,3 +283,18 @@ def test_usage_counts_the_tokens_the_model_read_and_wrote(tiny_server, tiny_llam
     assert last["usage"] == whole["usage"]
     ended = _completion(tiny_server, logit_bias={str(tok.eos_token_id): 100}, max_tokens=8)
     assert (ended["choices"][0]["text"], ended["usage"]["completion_tokens"]) == ("", 1)
+
+
+def test_logprob_bytes_are_the_tokens_own_bytes(tiny_server, tok):
+    """A token holding half of "é" has the byte 0xC3, not U+FFFD's three bytes (what decoding it
+    alone gives), so a client that joins the bytes of the tokens rebuilds the text."""
+    first, second = tok.encode("é")
+    body = {**OK_CHAT, "max_tokens": 2, "logprobs": True, "top_logprobs": 1,
+            "logit_bias": {str(first): 100}, "ignore_eos": True}
+    content = _post(tiny_server, "/v1/chat/completions", body).json()["choices"][0]["logprobs"]["content"]
+    assert content[0]["bytes"] == [0xC3] and content[0]["token"] == "\ufffd"
+    # the second token (forced) completes the character: the two tokens' bytes are "é" in UTF-8
+    pair = _post(tiny_server, "/v1/completions", {**OK_PROMPT, "max_tokens": 1, "logprobs": 0,
+                                                   "logit_bias": {str(second): 100}}).json()
+    assert pair["choices"][0]["logprobs"]["tokens"] == ["\ufffd"]
+    assert bytes([0xC3] + list(tok.token_bytes(second))).decode() == "é"
