@@ -37,6 +37,7 @@ class ScaleOptions:
     downscale_delay: float = 60.0
     imbalance_abs: float = 4.0
     imbalance_rel: float = 1.5
+    prefix_routing: bool = True        # False: Serve's default router (the benchmark's baseline)
     slow_replica_delay: float = 0.0    # test/benchmark knob: the rank-0 replica's streams start this late
 
     def __post_init__(self):
@@ -71,10 +72,11 @@ def replica_deployment(options: ScaleOptions):
         request_router_class="kiln.scale.router:KilnPrefixRouter",
         request_router_kwargs={"abs_threshold": options.imbalance_abs, "rel_threshold": options.imbalance_rel},
         request_routing_stats_period_s=ROUTING_STATS_PERIOD_S)
+    routing = {"request_router_config": router} if options.prefix_routing else {}
     return serve.deployment(KilnReplica, name="kiln-replica").options(
         num_replicas=None if autoscaling else options.replicas, autoscaling_config=autoscaling,
         ray_actor_options={"num_cpus": options.replica_cpus},
-        max_ongoing_requests=options.max_ongoing_requests, request_router_config=router,
+        max_ongoing_requests=options.max_ongoing_requests, **routing,
         graceful_shutdown_timeout_s=options.drain_timeout, graceful_shutdown_wait_loop_s=1.0,
         health_check_period_s=5.0)
 

@@ -41,7 +41,6 @@ class KilnPrefixRouter(RequestRouter):
         self._memory_blocks = memory_blocks
         self._routed: dict[str, RecentPrefixes] = {}
         self._in_flight: dict[str, int] = defaultdict(int)
-        self._requests: dict[str, str] = {}            # internal request id -> replica id
         self._reported: dict[str, tuple[dict, frozenset]] = {}  # replica -> (its last stats, their hashes)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
@@ -77,13 +76,18 @@ class KilnPrefixRouter(RequestRouter):
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: ReplicaResult) -> None:
-        rid = replica_id.unique_id
         route = (pending_request.kwargs or {}).get("route") or ()
-        self._routed.setdefault(rid, RecentPrefixes(self._memory_blocks)).add(route)
-        self._in_flight[rid] += 1
-        self._requests[pending_request.metadata.internal_request_id] = rid
+        self._routed.setdefault(replica_id.unique_id, RecentPrefixes(self._memory_blocks)).add(route)
+
+    # NOTE: the in-flight count goes up on sending and down on completion, both by replica: Serve
+    # sends before it registers the completion callback, but may call on_request_routed after a
+    # request already completed (a request cancelled at once: a hedge's loser), which leaked a
+    # count per cancellation when the count went up there.
+    def on_send_request(self, replica_id: ReplicaID) -> None:
+        super().on_send_request(replica_id)
+        self._in_flight[replica_id.unique_id] += 1
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        rid = self._requests.pop(internal_request_id, None)
-        if rid is not None:
-            self._in_flight[rid] = max(self._in_flight[rid] - 1, 0)
+        super().on_request_completed(replica_id, internal_request_id)
+        rid = replica_id.unique_id
+        self._in_flight[rid] = max(self._in_flight[rid] - 1, 0)
