@@ -65,7 +65,8 @@ async def generate_choices(server, request, kind: str, prepared: PreparedRequest
         choices = open_choices(server.generations, prepared, server.llm.tokenizer)
     except ApiError as e:
         return server.rejected(e)
-    renderer = Renderer(kind, server.model_name, server.llm.tokenizer, prepared.parse_tool_calls, prepared.echo_only)
+    renderer = Renderer(kind, server.model_name, server.llm.tokenizer, prepared.parse_tool_calls, prepared.echo_only,
+                        prepared.tool_format)
     headers = ignored_fields_header(prepared.ignored_fields)
 
     def close() -> None:

@@ -68,6 +68,7 @@ class PreparedRequest:
     # stay text). One when the client sets parallel_tool_calls to false.
     parse_tool_calls: int = 0
     ignored_fields: tuple[str, ...] = ()   # unknown body fields dropped (X-Kiln-Ignored-Fields)
+    tool_format: str = "hermes"            # the tool-call syntax parsed (tool_formats.py)
     n: int = 1                             # choices per prompt
     more_prompts: tuple[tuple[int, ...], ...] = ()   # completions' list prompts after the first
     # Completions' echo: each prompt's text (None: decode its ids) comes back before its output;
@@ -179,7 +180,8 @@ def _prepare(kind, body, ids, max_tokens, logprobs, limits, prompt_param, tok,
     options_ = body.stream_options
     include_usage = bool(body.stream and options_ and options_.include_usage)
     continuous = bool(body.stream and options_ and options_.continuous_usage_stats)
-    return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage, continuous, tools.max_calls, n=n)
+    return PreparedRequest(kind, tuple(ids), params, body.stream, include_usage, continuous, tools.max_calls, n=n,
+                           tool_format=tools.format)
 
 
 def _prompt_list(prompt) -> list:

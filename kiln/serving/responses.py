@@ -12,7 +12,8 @@ from typing import AsyncIterator
 
 from kiln.runtime.outputs import StreamDelta
 from kiln.serving.flights import Subscription, Usage
-from kiln.serving.tools import ToolCallStream, split_tool_calls, tool_call
+from kiln.serving.tool_formats import call_stream, split_calls
+from kiln.serving.tools import ToolCallStream, tool_call
 from kiln.tokenizer import Tokenizer
 from kiln.serving.errors import engine_failure
 
@@ -57,11 +58,12 @@ class Renderer:
     """Renders one response: a completion or a chat completion, whole or as a stream."""
 
     def __init__(self, kind: str, model: str, tokenizer: Tokenizer, parse_tool_calls: int = 0,
-                 echo_only: bool = False):
-        """parse_tool_calls: at most this many tool calls are parsed out of a chat reply (0: none).
-        echo_only: `echo` with max_tokens 0: the prompt comes back, the sampled token does not."""
+                 echo_only: bool = False, tool_format: str = "hermes"):
+        """parse_tool_calls: at most this many tool calls are parsed out of a chat reply (0: none),
+        in tool_format's syntax (tool_formats.py). echo_only: `echo` with max_tokens 0: the prompt
+        comes back, the sampled token does not."""
         self.kind, self.model, self.tokenizer = kind, model, tokenizer
-        self.max_calls, self.echo_only = parse_tool_calls, echo_only
+        self.max_calls, self.echo_only, self.tool_format = parse_tool_calls, echo_only, tool_format
         self._tool_streams: dict[int, ToolCallStream] = {}
         self.tools = self._tools(0)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
@@ -71,7 +73,9 @@ class Renderer:
     def _tools(self, index: int) -> ToolCallStream | None:
         if not self.max_calls:
             return None
-        return self._tool_streams.setdefault(index, ToolCallStream(self.max_calls))
+        if index not in self._tool_streams:
+            self._tool_streams[index] = call_stream(self.tool_format, self.max_calls)
+        return self._tool_streams[index]
 
     # -- whole responses ------------------------------------------------------------------------
     def body(self, deltas: list[StreamDelta], usage: Usage, memo: dict | None = None) -> dict:
@@ -105,7 +109,7 @@ class Renderer:
             if self.max_calls:
                 parsed = memo.get(self.max_calls) if memo is not None else None
                 if parsed is None:
-                    parsed = split_tool_calls(text, self.max_calls)
+                    parsed = split_calls(self.tool_format, text, self.max_calls)
                     if memo is not None:
                         memo[self.max_calls] = parsed
                 content, calls = parsed[0], [tool_call(name, args) for name, args in parsed[1]]

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from kiln.runtime.structured import GrammarError, StructuredOutput, compiler_for
 from kiln.serving.errors import bad_request
 from kiln.serving.http_io import MAX_JSON_DEPTH, decode_json
-from kiln.serving.tools import forced_call_grammar, template_takes_tools
+from kiln.serving.tool_formats import forced_grammar, format_for_template
+from kiln.serving.tools import template_takes_tools
 
 MAX_TOOL_CALLS = 64
 # A constraint is compiled on the request's way in, on one of the server's few preparation
@@ -24,6 +25,7 @@ class ToolPlan:
     tools: list[dict] | None = None        # what the chat template renders (None: no tools)
     max_calls: int = 0                     # tool calls parsed out of the reply (0: not parsed)
     forced: StructuredOutput | None = None  # the grammar of a required or named call
+    format: str = "hermes"                 # the template's tool-call syntax (tool_formats.py)
 
 
 def plan_tools(body, tok) -> ToolPlan:
@@ -41,12 +43,13 @@ def plan_tools(body, tok) -> ToolPlan:
         return ToolPlan()      # as vLLM does by default: the model is not told about tools it may not call
     templated = [{"type": "function", "function": f} for f in functions]
     max_calls = 1 if body.parallel_tool_calls is False else MAX_TOOL_CALLS
+    fmt = format_for_template(tok.chat_template)
     if choice in (None, "auto"):
-        return ToolPlan(templated, max_calls)
+        return ToolPlan(templated, max_calls, format=fmt)
     name = None if choice == "required" else choice.function.name
     if name is not None and name not in {f["name"] for f in functions}:
         raise bad_request(f"tool_choice names '{name}', which is not among the tools", "tool_choice")
-    return ToolPlan(templated, max_calls, forced=forced_call_grammar(functions, name))
+    return ToolPlan(templated, max_calls, forced=forced_grammar(fmt, functions, name), format=fmt)
 
 
 def structured_output(body, tools: ToolPlan | None = None) -> tuple[StructuredOutput | None, str | None]:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -298,3 +300,35 @@ def test_logprob_bytes_are_the_tokens_own_bytes(tiny_server, tok):
                                                    "logit_bias": {str(second): 100}}).json()
     assert pair["choices"][0]["logprobs"]["tokens"] == ["\ufffd"]
     assert bytes([0xC3] + list(tok.token_bytes(second))).decode() == "é"
+
+
+# ---- tool calls in a Llama-3 template's syntax ----
+
+@pytest.fixture(scope="module")
+def llama3_server(start_module_server, tiny_llama_artifact, tmp_path_factory):
+    sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+    from test_chat_template_golden import LLAMA3_STYLE
+    template = tmp_path_factory.mktemp("llama3") / "chat.jinja"
+    template.write_text(LLAMA3_STYLE)
+    return start_module_server(tiny_llama_artifact, *TINY_FLAGS, "--chat-template", str(template))
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+    "additionalProperties": False}}}
+
+
+def test_a_llama3_template_gets_its_calls_parsed_whole_and_streamed(llama3_server):
+    body = {**OK_CHAT, "max_tokens": 60, "tools": [WEATHER],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    out = _post(llama3_server, "/v1/chat/completions", body).json()["choices"][0]
+    assert "tool_calls" in out["message"], out
+    call = out["message"]["tool_calls"][0]["function"]
+    assert out["finish_reason"] == "tool_calls" and call["name"] == "get_weather"
+    assert json.loads(call["arguments"])["city"] in ("Paris", "Rome")
+    with httpx.stream("POST", f"{llama3_server.url}/v1/chat/completions", json={**body, "stream": True},
+                      timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    deltas = [c["delta"] for e in events for c in e["choices"]]
+    streamed = [d["tool_calls"][0]["function"] for d in deltas if "tool_calls" in d]
+    assert streamed == [call] and events[-1]["choices"][0]["finish_reason"] == "tool_calls"

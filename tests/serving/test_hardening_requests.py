@@ -91,8 +91,8 @@ def test_a_cached_reply_is_parsed_for_tool_calls_once(monkeypatch):
     reply = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
     recording = Recording([StreamDelta("r", reply, [1], True, "stop")], Usage(3, 1, 0))
     calls = []
-    real = responses_module.split_tool_calls
-    monkeypatch.setattr(responses_module, "split_tool_calls", lambda *a: calls.append(a) or real(*a))
+    real = responses_module.split_calls
+    monkeypatch.setattr(responses_module, "split_calls", lambda *a: calls.append(a) or real(*a))
     bodies = [Renderer("chat", MODEL, None, 64).body(list(recording.deltas), recording.usage, recording.parsed)
               for _ in range(3)]
     assert len(calls) == 1
