@@ -117,6 +117,15 @@ class SemanticCache:
             while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
                 self._drop(next(iter(self._entries)))
 
+    def check_invariants(self) -> None:
+        """For tests: the bounds hold, the byte count is the entries' sum, and the per-key index
+        names exactly the live entries."""
+        with self._lock:
+            assert len(self._entries) <= self.max_entries and self.nbytes <= self.max_bytes
+            assert self.nbytes == sum(e.nbytes for e in self._entries.values())
+            assert sorted(i for ids in self._by_key.values() for i in ids) == sorted(self._entries)
+            assert all(self._by_key.values())
+
     def _drop(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)
         self.nbytes -= entry.nbytes

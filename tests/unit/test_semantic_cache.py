@@ -145,3 +145,33 @@ def test_bad_settings_are_refused():
         SemanticCache(10, 100, 60, threshold=1.5)
     with pytest.raises(ValueError, match="above 0"):
         SemanticCache(0, 100, 60)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+OPS = st.lists(st.tuples(st.sampled_from(["put", "lookup", "wait"]), st.integers(0, 5), st.integers(0, 3),
+                         st.integers(0, 3000)), max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS, st.integers(1, 6), st.integers(1500, 8000))
+def test_random_use_keeps_the_bounds_and_the_books(ops, max_entries, max_bytes):
+    """Whatever the order of puts, lookups and time passing: at most max_entries entries and
+    max_bytes bytes, the byte count is the entries' sum, the per-key index names exactly the live
+    entries, and no lookup returns an entry older than the TTL."""
+    clock = Clock()
+    cache = SemanticCache(max_entries, max_bytes, ttl=10, clock=clock)
+    stored_at = {}
+    for op, a, key, size in ops:
+        q = query(f"question {a}?", (1, a, 0), key=f"k{key}")
+        if op == "put":
+            cache.put(q, (a, key, clock.now), size)
+            stored_at[(a, key, clock.now)] = clock.now
+        elif op == "lookup":
+            found = cache.lookup(q)
+            if found.outcome == "hit":
+                assert clock.now - stored_at[found.value] <= 10
+        else:
+            clock.now += size / 300
+        cache.check_invariants()
