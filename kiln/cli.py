@@ -202,6 +202,8 @@ def _api_options(fn):
                      help="Waiting-queue order: fcfs (default) or priority (a request's `priority`, lower first)."),
         click.option("--chat-template", "chat_template", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                      default=None, help="A Jinja chat template file to use instead of the artifact's."),
+        click.option("--tool-call-parser", type=click.Choice(["hermes", "llama3_json", "mistral"]), default=None,
+                     help="The tool-call syntax replies are parsed in (default: the chat template's)."),
         click.option("--ttft-refuse-factor", type=float, default=None,
                      help="Refuse (429) a request predicted past F times --ttft-slo (default 5; 1 = at the objective)."),
     ]
@@ -210,7 +212,7 @@ def _api_options(fn):
     return fn
 
 
-API_OPTIONS = ("strict_api", "scheduling_policy", "chat_template", "ttft_refuse_factor")
+API_OPTIONS = ("strict_api", "scheduling_policy", "chat_template", "ttft_refuse_factor", "tool_call_parser")
 
 
 def _limit_options(fn):
@@ -315,15 +317,16 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
                           console=not no_console, log_level=log_level, strict_api=api["strict_api"],
                           chat_template=api["chat_template"], **semantic)
         run = partial(run_on_ray, scale=scale) if wants_ray(scale) else run_server
-        cfg = _with_refuse_factor(cfg, api["ttft_refuse_factor"])
+        cfg = _with_refuse_factor(cfg, api["ttft_refuse_factor"], api["tool_call_parser"])
         run(artifact, _with_policy(runtime_config(**runtime), api["scheduling_policy"]), cfg,
             announce=lambda m: console.print(f"[dim]{m}[/]"))
     _guarded(go)
 
 
-def _with_refuse_factor(cfg, factor: float | None):
+def _with_refuse_factor(cfg, factor: float | None, tool_call_parser: str | None):
     from dataclasses import replace
-    return cfg if factor is None else replace(cfg, ttft_refuse_factor=factor)
+    cfg = cfg if factor is None else replace(cfg, ttft_refuse_factor=factor)
+    return replace(cfg, tool_call_parser=tool_call_parser)
 
 
 def _with_policy(runtime, policy: str | None):

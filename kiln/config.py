@@ -229,6 +229,7 @@ class ServeConfig:
     # header and logs them; True (--strict-api) refuses them with 400.
     strict_api: bool = False
     chat_template: Path | None = None                # a template file replacing the artifact's (--chat-template)
+    tool_call_parser: str | None = None              # the tool-call syntax; None: the template's (--tool-call-parser)
 
     def __post_init__(self):
         if self.api_key is not None and not self.api_key.strip():

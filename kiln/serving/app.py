@@ -106,7 +106,8 @@ class Server:
 
     def options(self, key_name: str | None) -> RequestOptions:
         salt = f"api-key:{key_name}" if key_name is not None and self.config.per_key_cache_salt else None
-        return RequestOptions(self.config.allow_control_tokens_in_messages, salt, self.config.strict_api)
+        return RequestOptions(self.config.allow_control_tokens_in_messages, salt, self.config.strict_api,
+                              self.config.tool_call_parser)
 
     async def off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.workers, partial(fn, *args))

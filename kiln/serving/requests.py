@@ -48,6 +48,7 @@ class RequestOptions:
     control_tokens_in_messages: bool = False   # parse special-token text in messages (the old way)
     cache_salt: str | None = None              # the API key's prefix-cache salt (a body's nests in it)
     strict_api: bool = False                   # unknown body fields: 400 (True) or dropped and named
+    tool_format: str | None = None             # --tool-call-parser; None: the template's syntax
 
 
 # A prompt of n characters is at least n / (the longest token's characters) tokens; halved again
@@ -117,7 +118,7 @@ def prepare_completion(body: CompletionRequest, tok: Tokenizer, limits: EngineLi
 
 def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimits,
                  options: RequestOptions = RequestOptions()) -> PreparedRequest:
-    tools = plan_tools(body, tok)
+    tools = plan_tools(body, tok, options.tool_format)
     messages = message_dicts(body.messages)
     _check_chars_fit(sum(len(text) for text in _texts(messages)), tok, limits, "messages")
     try:

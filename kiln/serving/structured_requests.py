@@ -28,7 +28,8 @@ class ToolPlan:
     format: str = "hermes"                 # the template's tool-call syntax (tool_formats.py)
 
 
-def plan_tools(body, tok) -> ToolPlan:
+def plan_tools(body, tok, tool_format: str | None = None) -> ToolPlan:
+    """tool_format: the tool-call syntax (tool_formats.FORMATS); None: the template's."""
     choice = body.tool_choice
     if not body.tools:
         if choice not in (None, "none"):
@@ -43,7 +44,7 @@ def plan_tools(body, tok) -> ToolPlan:
         return ToolPlan()      # as vLLM does by default: the model is not told about tools it may not call
     templated = [{"type": "function", "function": f} for f in functions]
     max_calls = 1 if body.parallel_tool_calls is False else MAX_TOOL_CALLS
-    fmt = format_for_template(tok.chat_template)
+    fmt = tool_format or format_for_template(tok.chat_template)
     if choice in (None, "auto"):
         return ToolPlan(templated, max_calls, format=fmt)
     name = None if choice == "required" else choice.function.name

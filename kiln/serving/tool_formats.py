@@ -23,6 +23,7 @@ from kiln.runtime.structured.grammar import JSON_STYLE
 from kiln.serving import tools as hermes
 
 ANY_OBJECT = {"type": "object"}
+FORMATS = ("hermes", "llama3_json", "mistral")
 
 
 def format_for_template(chat_template: str | None) -> str:

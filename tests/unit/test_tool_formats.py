@@ -55,3 +55,15 @@ def test_plain_content_streams_at_once():
 def test_more_calls_than_allowed_stay_content():
     reply = '{"name": "a", "parameters": {}}; {"name": "b", "parameters": {}}'
     assert split_calls("llama3_json", reply, 1) == (reply, [])
+
+
+def test_the_tool_call_parser_option_overrides_the_template():
+    from types import SimpleNamespace
+
+    from kiln.serving.protocol import ChatCompletionRequest
+    from kiln.serving.structured_requests import plan_tools
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})
+    tok = SimpleNamespace(chat_template=HERMES.replace("<tools></tools>", "{{ tools }}"))
+    assert plan_tools(body, tok).format == "hermes"
+    assert plan_tools(body, tok, "mistral").format == "mistral"
