@@ -30,16 +30,17 @@ WARM_UP_TOKENS = 64
 
 class KilnReplica:
     def __init__(self, artifact: str, runtime: RuntimeConfig, config: ServeConfig, model_name: str,
-                 slow_replica_delay: float = 0.0):
+                 slow_replica_delay: float = 0.0, slow_replica_every: int = 1):
         from ray import serve
 
         from kiln.runtime.llm import LLM
 
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
-        # A test and benchmark knob (hedging): the rank-0 replica holds each stream this long
-        # after admitting it, before its first delta.
+        # A test and benchmark knob (hedging): the rank-0 replica holds every n-th stream this
+        # long after admitting it, before its first delta.
         self.slow = slow_replica_delay if context.rank is not None and context.rank.rank == 0 else 0.0
+        self.slow_every, self._streams = max(slow_replica_every, 1), 0
         self.llm = LLM(Path(artifact), runtime)
         self.server = Server(self.llm, config, model_name)
         self.server.start()
@@ -74,7 +75,8 @@ class KilnReplica:
         self.recent.add(route)
         try:
             yield ("admitted", self.replica_id)
-            if self.slow:
+            self._streams += 1
+            if self.slow and self._streams % self.slow_every == 0:
                 await asyncio.sleep(self.slow)
             async for delta in sub.deltas():
                 yield ("delta", delta)
