@@ -35,7 +35,8 @@ when the rest are dynamic; nb= alone: none), search (4-bit linears with integer 
 passes/int4_search.py, weighted by a calibration run over kiln/data/calibration.txt as in the
 build; nocal: plain squared error; cal: accepted, the default), q4min (4-bit linears with a float
 minimum per block on kiln's MatMulQ4Min kernel, passes/q4min_linear.py: int4-q4min-pure is the INT4
-recipe when the op library is built; hq4: the LM head on it too),
+recipe when the op library is built with hq8, the LM head on kiln's MatMulQ8; hq4: the head
+on MatMulQ4Min),
 o=a+b (these 4-bit linears keep block offsets: a mixed split), e.g. int4-pure-t4 (everything
 4-bit), int4-sym-bs16, int4-search-cal-o=gate_up_proj, int4-off-pure (the former INT4 recipe:
 every linear 4-bit with block offsets). --no-latency: perplexity and answers only.
@@ -72,6 +73,8 @@ def make_pass(variant: str, calibration_ids: list[int] | None = None) -> Quantiz
         kw["int4_rounding"] = "q4min"
     if "hq4" in opts:           # the LM head 4-bit on MatMulQ4Min too (the embedding keeps its own table)
         kw["head_kernel"] = "q4min"
+    if "hq8" in opts:           # the LM head 8-bit on kiln's MatMulQ8 (the INT4 recipe with the library)
+        kw["head_kernel"] = "q8"
     # as the build: calibration tokens given (used by the search only); "nocal": plain squared error
     kw["calibration_ids"] = None if "nocal" in opts else calibration_ids
     for o in opts:

@@ -16,7 +16,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from kiln.compiler.passes.q4min_linear import Q4MinBlocks, ensure_kiln_opset, pack_tiles, q4min_blocks, q4min_node
+from kiln.compiler.passes.q4min_linear import (Q4MinBlocks, ensure_kiln_opset, pack_tiles, pack_tiles_q8, q4min_blocks,
+                                               q4min_node, q8_blocks)
 from kiln.engines.ort import native
 from kiln.engines.ort.native.build import build
 
@@ -31,22 +32,41 @@ def library():
     return path
 
 
-def model(k: int, n: int, packed: np.ndarray, rank: int = 3, accuracy_level: int = 4) -> bytes:
+def model(k: int, n: int, packed: np.ndarray, rank: int = 3, accuracy_level: int = 4, op_type: str = native.OP_TYPE) -> bytes:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None] * rank)     # the kernel checks K itself
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     b = onnx.numpy_helper.from_array(packed, "b")
-    graph = helper.make_graph([q4min_node("x", "y", "b", k, n, "q4", accuracy_level)], "q4min", [x], [y], [b])
+    graph = helper.make_graph([q4min_node("x", "y", "b", k, n, "q4", accuracy_level, op_type)], "q4min", [x], [y], [b])
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     ensure_kiln_opset(m)
     return m.SerializeToString()
 
 
 def session(k: int, n: int, packed: np.ndarray, threads: int = 2, rank: int = 3,
-            accuracy_level: int = 4) -> ort.InferenceSession:
+            accuracy_level: int = 4, op_type: str = native.OP_TYPE) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     assert native.register(opts)
-    return ort.InferenceSession(model(k, n, packed, rank, accuracy_level), opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model(k, n, packed, rank, accuracy_level, op_type), opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def int8_rows(x: np.ndarray):
+    """The kernel's activations: (xq [M, nb, 32] int64, dx [M, nb], xs [M, nb]) for x [..., K]."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k // 32, 32).astype(np.float32)
+    amax = np.abs(rows).max(axis=2, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+    xq = np.rint(rows * inv).astype(np.int64)                     # float32 product, rounded half-even
+    return xq, (amax / np.float32(127)).astype(np.float64)[..., 0], rows.astype(np.float64).sum(axis=2)
+
+
+def reference_q8(x: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    xq, dx, _ = int8_rows(x)
+    k = x.shape[-1]
+    dot = np.einsum("mbk,bkn->mbn", xq, codes.astype(np.int64).reshape(k // 32, 32, -1)).astype(np.float64)
+    terms = dot * scales.astype(np.float64)[None] * dx[..., None]
+    return terms.sum(axis=1).reshape(*x.shape[:-1], -1), np.abs(terms).sum(axis=1).reshape(*x.shape[:-1], -1)
 
 
 def reference(x: np.ndarray, q: Q4MinBlocks) -> tuple[np.ndarray, np.ndarray]:
@@ -90,6 +110,35 @@ def test_matches_numpy(library, isa, rows, k, n, monkeypatch):
     want, scale = reference(x, q)
     assert y.shape == (1, rows, n)
     np.testing.assert_array_less(np.abs(y - want), 1e-5 * scale + 1e-6)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("rows,k,n", [(1, 32, 16), (1, 576, 200), (3, 64, 33), (6, 160, 17)])
+def test_q8_matches_numpy(library, isa, rows, k, n, monkeypatch):
+    """kiln.MatMulQ8, codes spanning -127..127 (the AVX-512 path offsets them by 128)."""
+    runnable(isa, monkeypatch)
+    rng = np.random.default_rng(k + n + rows)
+    q = q8_blocks(rng.normal(0, 0.05, (k, n)).astype(np.float32))
+    assert q.codes.min() == -127 and q.codes.max() == 127
+    x = rng.normal(0, 1, (1, rows, k)).astype(np.float32)
+    x[0, 0, :32] *= 30
+    y = session(k, n, pack_tiles_q8(q), op_type=native.OP_TYPE_Q8).run(None, {"x": x})[0]
+    want, scale = reference_q8(x, q.codes, q.scales)
+    assert y.shape == (1, rows, n)
+    np.testing.assert_array_less(np.abs(y - want), 1e-5 * scale + 1e-6)
+    exact = session(k, n, pack_tiles_q8(q), accuracy_level=0, op_type=native.OP_TYPE_Q8).run(None, {"x": x})[0]
+    np.testing.assert_allclose(exact, x @ q.dequantize(), rtol=1e-4, atol=1e-4)
+
+
+def test_q8_0_weights_are_reproduced_exactly():
+    rng = np.random.default_rng(5)
+    codes = rng.integers(-127, 128, (64, 24)).astype(np.int8)
+    codes[0], codes[32] = 127, -127
+    d = rng.uniform(1e-3, 1e-2, (2, 24)).astype(np.float16)
+    from kiln.compiler.passes.q4min_linear import Q8Blocks
+    q = q8_blocks(Q8Blocks(codes, d).dequantize())
+    np.testing.assert_array_equal(q.codes, codes)
+    np.testing.assert_array_equal(q.scales, d)
 
 
 @pytest.mark.parametrize("isa", ISAS)

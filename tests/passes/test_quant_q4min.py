@@ -1,4 +1,5 @@
-"""The q4min INT4 recipe (every linear but the LM head on kiln.MatMulQ4Min) on the tiny presets: the
+"""The q4min INT4 recipe (every linear but the LM head on kiln.MatMulQ4Min, the head on kiln.MatMulQ8)
+on the tiny presets: the
 graph it makes, its check against fp32, an artifact built with it, and the paths without the op
 library (the build falls back and says so; such an artifact refuses to load with what to run)."""
 
@@ -36,14 +37,18 @@ def test_every_linear_but_the_head_runs_on_the_kernel(tiny_sources, name):
     src = tiny_sources[name]
     model = build_decoder(src.spec, src.weights)
     options = recipe_options(QuantMode.INT4, get_backend("ort"))
-    assert options == {"int4_rounding": "q4min", "int8_linears": ()}
+    assert options == {"int4_rounding": "q4min", "int8_linears": (), "head_kernel": "q8"}
     check = QuantCheck("quantize", check_token_ids(src.tokenizer_dir, 512), MIN_TOP1[QuantMode.INT4])
     out, report = run_pass(QuantizePass(QuantMode.INT4, **options), model, check)
     kernel = [n for n in out.graph.node if n.op_type == native.OP_TYPE]
     matmuls = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in
                {t.name for t in model.graph.initializer}]
     assert len(kernel) == len(matmuls) - 1 and all(n.domain == native.OP_DOMAIN for n in kernel)
+    head = [n for n in out.graph.node if n.op_type == native.OP_TYPE_Q8]
+    assert len(head) == 1
     assert report.details["matmuls_by_bits"] == {4: len(kernel), 8: 1}          # the head 8-bit
+    assert report.details["lm_head"] == "MatMulQ8 8-bit"
+    assert "GatherBlockQuantized 8-bit" in report.details["embedding"]          # a table of its own
     assert any(o.domain == native.OP_DOMAIN for o in out.opset_import)
     assert report.details["top1_agreement"] >= MIN_TOP1[QuantMode.INT4]       # the check ran it through ORT
 
@@ -53,11 +58,11 @@ def test_an_artifact_records_the_op_and_refuses_to_load_without_the_library(tmp_
 
     art = build(BuildConfig(source="tiny-llama", out=tmp_path / "a", quant=QuantMode.INT4, backend="ort"))
     record = EngineArtifact.load(art).manifest.engines[0]
-    assert record["native_ops"] == [f"{native.OP_DOMAIN}.{native.OP_TYPE}"]
+    assert record["native_ops"] == ["kiln.MatMulQ4Min", "kiln.MatMulQ8"]
     out = LLM(art, RuntimeConfig(kv_cache_memory=16 << 20)).generate([[1, 2, 3]], SamplingParams(max_tokens=4))
     assert len(out[0].token_ids) == 4
     monkeypatch.setattr(native, "LIBRARY", tmp_path / "absent.so")
-    with pytest.raises(ArtifactError, match=r"kiln\.MatMulQ4Min.*python -m kiln\.engines\.ort\.native\.build"):
+    with pytest.raises(ArtifactError, match=r"kiln\.MatMulQ4Min, kiln\.MatMulQ8.*python -m kiln\.engines\.ort\.native\.build"):
         LLM(art, RuntimeConfig(kv_cache_memory=16 << 20))
 
 

@@ -58,7 +58,7 @@ def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
     if weights is not None:
         record["weights"] = file_record(root, weights)
     if native.uses_native_ops(model.graph):     # the loader refuses it where the op library is not built
-        record["native_ops"] = [f"{native.OP_DOMAIN}.{native.OP_TYPE}"]
+        record["native_ops"] = native.native_op_names(model.graph)
     layout = KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size, dtype=config.kv_dtype,
                       block_bytes=int8_block_bytes(spec, config.block_size) if config.kv_dtype == "int8" else 0)
     return BuiltEngines([record], layout, [report.to_dict()])

@@ -30,7 +30,7 @@ from kiln.compiler.passes.block_offsets import offset_linear
 from kiln.compiler.passes.int4_calibration import InputMoments, linear_input_moments
 from kiln.compiler.passes.int4_linear import searched_linear
 from kiln.compiler.passes.dynamic_int8 import dynamic_int8_linear
-from kiln.compiler.passes.q4min_linear import ensure_kiln_opset, q4min_linear
+from kiln.compiler.passes.q4min_linear import ensure_kiln_opset, q4min_linear, q8_linear
 from kiln.compiler.passes.quant_tables import QuantizedTable, embedding_node, lm_head_node, quantize_embedding
 from kiln.compiler.passes.quant_tables import weight_quantizer
 from kiln.contract.quant import QuantMode
@@ -74,15 +74,17 @@ _INT4_ROUNDING = {QuantMode.INT4: "search"}
 # into a dense MatMul), and what the CPU recipe avoids (MatMulNBits' slow float zero point, one
 # dispatch per node) was measured on the ORT CPU kernels.
 # With kiln's op library built (kiln/engines/ort/native), the ort backend's INT4 is every linear
-# but the LM head 4-bit with a float minimum per block on kiln.MatMulQ4Min (Q4_1 exactly): the
-# figures are in q4min_linear.py's docstring. Without it, the MatMulNBits recipe above, and the build
-# says so (int4_kernel_note).
+# but the LM head 4-bit with a float minimum per block on kiln.MatMulQ4Min (Q4_1 exactly), and the
+# LM head 8-bit on kiln.MatMulQ8 (Q8_0 exactly; the embedding keeps a GatherBlockQuantized table of
+# its own). SmolLM2 perplexity over fp32 (bench/bench_quant_ppl.py --fuse): +1.50 % with the head on
+# MatMulNBits 8-bit; the head 4-bit on MatMulQ4Min: +6.54 % and the answer loses Paris. Without the
+# library, the MatMulNBits recipe above, and the build says so (int4_kernel_note).
 def recipe_options(mode: QuantMode, backend) -> dict:
     """QuantizePass options for `mode` on `backend` (a kiln.contract.backends.Backend) beyond the mode's defaults."""
     if mode is QuantMode.INT4 and not backend.cpu_int4_recipe:
         return {"int4_rounding": "block_offsets", "int8_linears": ()}
     if mode is QuantMode.INT4 and native.available():
-        return {"int4_rounding": "q4min", "int8_linears": ()}
+        return {"int4_rounding": "q4min", "int8_linears": (), "head_kernel": "q8"}
     return {}
 
 
@@ -91,7 +93,7 @@ def int4_kernel_note(backend) -> str:
     if not backend.cpu_int4_recipe:
         return "4-bit linears: MatMulNBits with block offsets"
     if native.available():
-        return f"4-bit linears: kiln's MatMulQ4Min kernel ({native.LIBRARY.name})"
+        return f"4-bit linears: kiln's MatMulQ4Min kernel, the LM head on its MatMulQ8 ({native.LIBRARY.name})"
     return (f"4-bit linears: MatMulNBits (attention 4-bit, MLP 8-bit): kiln's op library is not built, "
             f"run `{native.BUILD_COMMAND}` for the faster all-4-bit kernel")
 
@@ -101,6 +103,8 @@ def int4_kernel_note(backend) -> str:
 # up, no slower at 1); "nbits" = MatMulNBits blocks of 32. The LM head stays MatMulNBits: it shares
 # its table with the embedding and runs only at the logits rows.
 INT8_KERNELS = ("dynamic", "nbits")
+# How the LM head runs (QuantizePass head_kernel): MatMulNBits, or one of kiln's ops.
+HEAD_KERNELS = ("nbits", "q8", "q4min")
 # ...except these, whose input has outliers that one activation scale per call cannot hold: the
 # MLP's down projection reads SiLU(gate)*up. SmolLM2 perplexity over fp32 (bench/bench_quant_ppl.py
 # --fuse): all 8-bit linears dynamic +26.5%; only down_proj dynamic +18%; all but down_proj +1.8%
@@ -125,10 +129,10 @@ class QuantizePass:
         over calibration_ids (int4_calibration.py; without them: plain squared error).
         offset_linears: node-name segments (e.g. "layers.29") of 4-bit linears that keep block offsets
         whatever int4_rounding says (a mixed split). head_kernel: "nbits" (the LM head MatMulNBits at
-        table_bits, sharing its table with the embedding) or "q4min" (4-bit on kiln.MatMulQ4Min; the
-        embedding then keeps a table of its own at table_bits)."""
-        if head_kernel not in ("nbits", "q4min"):
-            raise ValueError(f"head_kernel must be 'nbits' or 'q4min', not {head_kernel!r}")
+        table_bits, sharing its table with the embedding), "q8" (8-bit on kiln.MatMulQ8) or "q4min"
+        (4-bit on kiln.MatMulQ4Min); with either of kiln's, the embedding keeps a table of its own."""
+        if head_kernel not in HEAD_KERNELS:
+            raise ValueError(f"head_kernel must be one of {HEAD_KERNELS}, not {head_kernel!r}")
         self.head_kernel = head_kernel
         int8_kernel = int8_kernel or ("dynamic" if mode is QuantMode.W8A8 else "nbits")
         if int8_kernel not in INT8_KERNELS:
@@ -137,7 +141,7 @@ class QuantizePass:
         self.nbits_linears = tuple(nbits_linears)     # name segments kept on MatMulNBits regardless
         self.mode, self.block_size, self.symmetric = mode, block_size, symmetric
         self.int4_rounding = _int4_rounding(mode, int4_rounding, block_offsets)
-        if "q4min" in (self.int4_rounding, head_kernel) and block_size != 32:
+        if ("q4min" in (self.int4_rounding, head_kernel) or head_kernel == "q8") and block_size != 32:
             raise ValueError("int4_rounding='q4min' takes block_size=32 (the kernel's block)")
         self.block_offsets = self.int4_rounding == "block_offsets"
         self.offset_linears = tuple(offset_linears)
@@ -233,8 +237,9 @@ class _Rewrite:
             return _rewire(self.groups[b], node)
         bits = self.p.table_bits if is_head else self._linear_bits(node)
         rounding = self._int4_rounding(node) if bits == 4 and not is_head else None
-        if is_head and self.p.head_kernel == "q4min":
-            group = [q4min_linear(self.graph, self.inits[b], node, self.wdir)]
+        if is_head and self.p.head_kernel != "nbits":
+            kernel = q4min_linear if self.p.head_kernel == "q4min" else q8_linear
+            group = [kernel(self.graph, self.inits[b], node, self.wdir)]
             self.quantized[b], self.groups[b] = group[0], group
             return group            # NOTE: no head_table: the embedding quantizes its own
         if rounding == "search":
@@ -303,8 +308,8 @@ class _Rewrite:
     def _head_note(self) -> str:
         if self.head is None:
             return "no MatMul feeding the logits output found"
-        if self.head is not None and self.head.input[1] in self.quantized and self.p.head_kernel == "q4min":
-            return "MatMulQ4Min 4-bit (float minimum per block)"
+        if self.head is not None and self.head.input[1] in self.quantized and self.p.head_kernel != "nbits":
+            return {"q4min": "MatMulQ4Min 4-bit (float minimum per block)", "q8": "MatMulQ8 8-bit"}[self.p.head_kernel]
         if self.head_table is None:
             return "fp32"
         return f"MatMulNBits {self.head_table.bits}-bit"
@@ -323,7 +328,7 @@ def _bits(node: onnx.NodeProto) -> int:
     if node.op_type == "DynamicQuantizeMatMul":
         return 8
     if node.domain == native.OP_DOMAIN:
-        return 4
+        return 8 if node.op_type == native.OP_TYPE_Q8 else 4
     return next(a.i for a in node.attribute if a.name == "bits")
 
 

@@ -21,7 +21,7 @@ from kiln.compiler.passes.verify import _session, seeded_feeds
 
 KINDS = ("key", "value")
 # ops whose accuracy_level 4 rounds activations to int8 and 0 keeps them float (kiln.MatMulQ4Min too)
-LEVELLED_OPS = ("MatMulNBits", "MatMulQ4Min")
+LEVELLED_OPS = ("MatMulNBits", "MatMulQ4Min", "MatMulQ8")
 POOL_INPUTS = ("key_cache.", "value_cache.", "key_scale.", "value_scale.")   # shared by all rows
 
 

@@ -1,8 +1,9 @@
 """kiln's ONNX Runtime custom-op library: find it, register it on session options, say what it runs.
 
 The library (built by `python -m kiln.engines.ort.native.build`, which scripts/setup.sh runs) holds
-one operator, `kiln.MatMulQ4Min`: a linear over 4-bit codes with a float scale and a float minimum
-per block of 32 (q4min_kernel.h). An engine graph that uses it cannot load without it.
+two operators: `kiln.MatMulQ4Min`, a linear over 4-bit codes with a float scale and a float minimum
+per block of 32, and `kiln.MatMulQ8`, 8-bit codes with a float scale per block (q4min_kernel.h). An
+engine graph that uses them cannot load without it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 
 OP_DOMAIN = "kiln"
-OP_TYPE = "MatMulQ4Min"
+OP_TYPE = "MatMulQ4Min"       # 4-bit codes, a float scale and minimum per block of 32 (Q4_1)
+OP_TYPE_Q8 = "MatMulQ8"       # 8-bit codes, a float scale per block of 32 (Q8_0): the LM head
 LIBRARY = Path(__file__).resolve().parent / "_build" / "libkiln_ort_ops.so"
 BUILD_COMMAND = "python -m kiln.engines.ort.native.build"
 
@@ -65,3 +67,8 @@ def isa() -> str:
 def uses_native_ops(graph) -> bool:
     """Whether an onnx GraphProto has a node of kiln's op domain."""
     return any(n.domain == OP_DOMAIN for n in graph.node)
+
+
+def native_op_names(graph) -> list[str]:
+    """The kiln-domain ops an onnx GraphProto uses, as "kiln.MatMulQ4Min"."""
+    return sorted({f"{n.domain}.{n.op_type}" for n in graph.node if n.domain == OP_DOMAIN})

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("q4min_kernel.cc", "q4min_op.cc")
+SOURCES = ("q4min_kernel.cc", "q8_kernel.cc", "q4min_op.cc")
 HEADERS = ("q4min_kernel.h",)
 ORT_INCLUDE = HERE.parents[3] / "third_party" / "onnxruntime" / "include"
 OUT_DIR = HERE / "_build"

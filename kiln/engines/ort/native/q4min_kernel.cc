@@ -21,6 +21,8 @@ inline int32_t Word(const int8_t* p) {      // 4 activation bytes as one int32 (
   return v;
 }
 
+}  // namespace
+
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
   uint32_t bits;
@@ -40,6 +42,8 @@ float HalfToFloat(uint16_t h) {
   std::memcpy(&f, &bits, 4);
   return f;
 }
+
+namespace {
 
 // ---- scalar -------------------------------------------------------------------------------------
 void TileScalar(const int8_t* xq, const float* dx, const float* xs, int rows, int k, const uint8_t* tile,

@@ -35,6 +35,15 @@ void QuantizeRow(Isa isa, const float* x, int k, int8_t* xq, float* dx, float* x
 void MatMulTiles(Isa isa, const int8_t* xq, const float* dx, const float* xs, int rows, int k,
                  const uint8_t* w, int n, int t0, int t1, float* y);
 
+// The 8-bit form (llama.cpp's Q8_0; kiln.MatMulQ8): W[k, n] = d[n, b] * q[k, n], q in -127..127.
+// Tile-block of 544 bytes: byte g*64 + j*4 + r = q[4g + r, j] as int8 (g < 8), then d[j] as 16 half
+// floats. xqsum [rows, K/32]: each activation block's int8 sum (the AVX-512 path offsets codes by 128).
+constexpr int kTileBlockBytesQ8 = 544;
+void MatMulTilesQ8(Isa isa, const int8_t* xq, const float* dx, const int32_t* xqsum, int rows, int k,
+                   const uint8_t* w, int n, int t0, int t1, float* y);
+void MatMulTilesQ8Float(const float* x, int rows, int k, const uint8_t* w, int n, int t0, int t1, float* y);
+float HalfToFloat(uint16_t h);
+
 // The same product with float activations (accuracy_level 0: the build's layout checks, as MatMulNBits'
 // level 0): y[m, n] = sum_k x[m, k] * (d * q + mn), one row at a time, plain C++.
 void MatMulTilesFloat(const float* x, int rows, int k, const uint8_t* w, int n, int t0, int t1, float* y);

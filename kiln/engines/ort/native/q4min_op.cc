@@ -1,10 +1,12 @@
-// kiln's ONNX Runtime custom-op library: the `kiln.MatMulQ4Min` operator over the C API only.
+// kiln's ONNX Runtime custom-op library, over the C API only: two operators of the `kiln` domain.
 //
 //     Y[..., N] = MatMulQ4Min(X[..., K] float, B [ceil(N/16), K/32, 320] uint8)      attributes K, N
+//     Y[..., N] = MatMulQ8   (X[..., K] float, B [ceil(N/16), K/32, 544] uint8)      (accuracy_level)
 //
-// B is the tile layout of q4min_kernel.h (4-bit codes, a half-float scale and minimum per block of
-// 32). The rows of X are quantized once per call; ONNX Runtime's intra-op pool then shares out the
-// tiles (KernelContext_ParallelFor). Loaded with SessionOptions.register_custom_ops_library.
+// B is a tile layout of q4min_kernel.h: 4-bit codes with a half-float scale and minimum per block of
+// 32 (Q4_1), or 8-bit codes with a half-float scale (Q8_0). The rows of X are quantized once per call;
+// ONNX Runtime's intra-op pool then shares out the tiles (KernelContext_ParallelFor). Loaded with
+// SessionOptions.register_custom_ops_library.
 #include <climits>
 #include <cstring>
 #include <string>
@@ -19,6 +21,7 @@ constexpr uint32_t kApiVersion = 29;         // KernelContext_ParallelFor needs 
 const OrtApi* g_api = nullptr;
 
 struct Kernel {
+  int bits = 4;                  // 4: MatMulQ4Min, 8: MatMulQ8
   int64_t k = 0, n = 0;
   int64_t accuracy_level = 4;    // 4: int8 activations (the fast path); 0: float activations
   kiln_q4::Isa isa = kiln_q4::Isa::kScalar;
@@ -26,9 +29,11 @@ struct Kernel {
 
 struct Job {
   const kiln_q4::Isa isa;
+  int bits;
   const float* x;                 // set: float activations (accuracy_level 0)
   const int8_t* xq;
   const float *dx, *xs;
+  const int32_t* xqsum;
   int rows, k, n, tiles, tiles_per_task;
   const uint8_t* w;
   float* y;
@@ -38,12 +43,18 @@ void RunTask(void* data, size_t index) {
   const Job& j = *static_cast<const Job*>(data);
   const int t0 = static_cast<int>(index) * j.tiles_per_task;
   const int t1 = t0 + j.tiles_per_task < j.tiles ? t0 + j.tiles_per_task : j.tiles;
-  if (j.x != nullptr) kiln_q4::MatMulTilesFloat(j.x, j.rows, j.k, j.w, j.n, t0, t1, j.y);
-  else kiln_q4::MatMulTiles(j.isa, j.xq, j.dx, j.xs, j.rows, j.k, j.w, j.n, t0, t1, j.y);
+  if (j.bits == 8) {
+    if (j.x != nullptr) kiln_q4::MatMulTilesQ8Float(j.x, j.rows, j.k, j.w, j.n, t0, t1, j.y);
+    else kiln_q4::MatMulTilesQ8(j.isa, j.xq, j.dx, j.xqsum, j.rows, j.k, j.w, j.n, t0, t1, j.y);
+  } else if (j.x != nullptr) {
+    kiln_q4::MatMulTilesFloat(j.x, j.rows, j.k, j.w, j.n, t0, t1, j.y);
+  } else {
+    kiln_q4::MatMulTiles(j.isa, j.xq, j.dx, j.xs, j.rows, j.k, j.w, j.n, t0, t1, j.y);
+  }
 }
 
 OrtStatus* Fail(const std::string& message) {
-  return g_api->CreateStatus(ORT_INVALID_ARGUMENT, ("MatMulQ4Min: " + message).c_str());
+  return g_api->CreateStatus(ORT_INVALID_ARGUMENT, ("kiln op library: " + message).c_str());
 }
 
 #define RETURN_IF_ERROR(expr)            \
@@ -69,6 +80,7 @@ OrtStatus* Compute(void* op_kernel, OrtKernelContext* context) {
   const Kernel& kernel = *static_cast<const Kernel*>(op_kernel);
   const int k = static_cast<int>(kernel.k), n = static_cast<int>(kernel.n), nb = k / kiln_q4::kBlock;
   const int tiles = (n + kiln_q4::kTile - 1) / kiln_q4::kTile;
+  const int block_bytes = kernel.bits == 8 ? kiln_q4::kTileBlockBytesQ8 : kiln_q4::kTileBlockBytes;
   const OrtValue *x_value = nullptr, *w_value = nullptr;
   RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, 0, &x_value));
   RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, 1, &w_value));
@@ -77,8 +89,9 @@ OrtStatus* Compute(void* op_kernel, OrtKernelContext* context) {
   RETURN_IF_ERROR(Shape(w_value, &w_dims));
   if (x_dims.empty() || x_dims.back() != k)
     return Fail("X's last dimension must be K=" + std::to_string(k));
-  if (w_dims.size() != 3 || w_dims[0] != tiles || w_dims[1] != nb || w_dims[2] != kiln_q4::kTileBlockBytes)
-    return Fail("B must be [" + std::to_string(tiles) + ", " + std::to_string(nb) + ", 320] for K, N");
+  if (w_dims.size() != 3 || w_dims[0] != tiles || w_dims[1] != nb || w_dims[2] != block_bytes)
+    return Fail("B must be [" + std::to_string(tiles) + ", " + std::to_string(nb) + ", " +
+                std::to_string(block_bytes) + "] for K, N");
   int64_t rows64 = 1;
   for (size_t i = 0; i + 1 < x_dims.size(); ++i) rows64 *= x_dims[i];
   if (rows64 > INT_MAX) return Fail("too many rows");
@@ -97,24 +110,36 @@ OrtStatus* Compute(void* op_kernel, OrtKernelContext* context) {
   const int per_task = rows >= 8 ? 1 : 4;
   const size_t tasks = static_cast<size_t>((tiles + per_task - 1) / per_task);
   if (kernel.accuracy_level == 0) {
-    Job job{kernel.isa, x, nullptr, nullptr, nullptr, rows, k, n, tiles, per_task, w, y};
+    Job job{kernel.isa, kernel.bits, x, nullptr, nullptr, nullptr, nullptr, rows, k, n, tiles, per_task, w, y};
     return g_api->KernelContext_ParallelFor(context, RunTask, tasks, 0, &job);
   }
   // NOTE: per-thread scratch, reused across calls: no allocation on the decode path
   thread_local std::vector<int8_t> xq;
   thread_local std::vector<float> scales;
+  thread_local std::vector<int32_t> xqsum;
   xq.resize(static_cast<size_t>(rows) * k);
   scales.resize(static_cast<size_t>(rows) * nb * 2);
   float *dx = scales.data(), *xs = scales.data() + static_cast<size_t>(rows) * nb;
   for (int m = 0; m < rows; ++m)
     kiln_q4::QuantizeRow(kernel.isa, x + static_cast<size_t>(m) * k, k, xq.data() + static_cast<size_t>(m) * k, dx + m * nb, xs + m * nb);
+  if (kernel.bits == 8) {       // int8 sums of each activation block (the AVX-512 path's code offset)
+    xqsum.resize(static_cast<size_t>(rows) * nb);
+    for (size_t i = 0; i < xqsum.size(); ++i) {
+      int32_t sum = 0;
+      for (int e = 0; e < kiln_q4::kBlock; ++e) sum += xq[i * kiln_q4::kBlock + e];
+      xqsum[i] = sum;
+    }
+  }
   // a task is a few tiles (decode: enough tasks to share out, few enough to be cheap)
-  Job job{kernel.isa, nullptr, xq.data(), dx, xs, rows, k, n, tiles, per_task, w, y};
+  Job job{kernel.isa, kernel.bits, nullptr, xq.data(), dx, xs, xqsum.data(), rows, k, n, tiles, per_task, w, y};
   return g_api->KernelContext_ParallelFor(context, RunTask, tasks, 0, &job);
 }
 
-OrtStatus* CreateKernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info, void** out) {
+const char* Name(const OrtCustomOp* op);
+
+OrtStatus* CreateKernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
   auto* kernel = new Kernel;
+  kernel->bits = std::strcmp(Name(op), "MatMulQ8") == 0 ? 8 : 4;
   OrtStatus* status = api->KernelInfoGetAttribute_int64(info, "K", &kernel->k);
   if (status == nullptr) status = api->KernelInfoGetAttribute_int64(info, "N", &kernel->n);
   if (status == nullptr) {
@@ -135,7 +160,11 @@ OrtStatus* CreateKernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelIn
 }
 
 void DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
-const char* Name(const OrtCustomOp*) { return "MatMulQ4Min"; }
+struct NamedOp {
+  OrtCustomOp op;                // NOTE: first member, so an OrtCustomOp* is a NamedOp*
+  const char* name;
+};
+const char* Name(const OrtCustomOp* op) { return reinterpret_cast<const NamedOp*>(op)->name; }
 const char* Provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
 ONNXTensorElementDataType InputType(const OrtCustomOp*, size_t index) {
   return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
@@ -154,9 +183,11 @@ size_t NoPairs(int** in, int** out) {
 }
 void ReleasePairs(int*, int*) {}
 
-OrtCustomOp MakeOp() {
-  OrtCustomOp op;
-  std::memset(&op, 0, sizeof op);
+NamedOp MakeOp(const char* name) {
+  NamedOp named;
+  std::memset(&named, 0, sizeof named);
+  named.name = name;
+  OrtCustomOp& op = named.op;
   op.version = kApiVersion;
   op.GetName = Name;
   op.GetExecutionProviderType = Provider;
@@ -180,7 +211,7 @@ OrtCustomOp MakeOp() {
   op.ReleaseMayInplace = ReleasePairs;
   op.GetAliasMap = NoPairs;
   op.ReleaseAliasMap = ReleasePairs;
-  return op;
+  return named;
 }
 
 }  // namespace
@@ -193,13 +224,14 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   const OrtApi* api = base->GetApi(kApiVersion);
   if (api == nullptr) {
     // an onnxruntime older than the headers: report it through the oldest API there is
-    return base->GetApi(1)->CreateStatus(ORT_FAIL, "kiln's MatMulQ4Min library needs onnxruntime >= 1.29");
+    return base->GetApi(1)->CreateStatus(ORT_FAIL, "kiln's op library needs onnxruntime >= 1.29");
   }
   g_api = api;
-  static OrtCustomOp op = MakeOp();
+  static NamedOp q4 = MakeOp("MatMulQ4Min"), q8 = MakeOp("MatMulQ8");
   OrtCustomOpDomain* domain = nullptr;        // NOTE: owned by the sessions for their lifetime; never released
   RETURN_IF_ERROR(api->CreateCustomOpDomain("kiln", &domain));
-  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &op));
+  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &q4.op));
+  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &q8.op));
   return api->AddCustomOpDomain(options, domain);
 }
 
