@@ -153,6 +153,34 @@ def test_hedged_requests_clip_a_slow_replica(hedged):
     assert states[slow]["flights"] == 0 and states[slow]["kv_blocks_used"] == 0
 
 
+def _running(app: str) -> int:
+    return serve.status().applications[app].deployments["kiln-replica"].replica_states.get("RUNNING", 0)
+
+
+def test_autoscaling_on_kilns_signals_adds_a_replica_while_refusing_and_removes_it_when_idle(
+        cluster, tiny_llama_artifact):
+    url, _ = cluster
+    # an objective no request can meet: every request is refused (429), so the policy asks for one more
+    config = ServeConfig(ttft_slo=1e-4, response_cache=False, served_model_name="tiny-llama")
+    options = ScaleOptions(replicas=1, max_replicas=2, replica_cpus=0.5, upscale_delay=1, downscale_delay=2)
+    serve.run(application(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=32 << 20, threads=1), config,
+                          options), name="auto", route_prefix="/auto")
+    try:
+        assert _running("auto") == 1
+        deadline, statuses = time.monotonic() + 60, set()
+        while time.monotonic() < deadline and _running("auto") < 2:
+            r = httpx.post(f"{url}/auto/v1/completions", json={"prompt": "x " * 50, "max_tokens": 2}, timeout=30)
+            statuses.add(r.status_code)
+            time.sleep(0.2)
+        assert statuses == {429} and _running("auto") == 2
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _running("auto") > 1:     # idle now: pressure 0
+            time.sleep(0.5)
+        assert _running("auto") == 1
+    finally:
+        serve.delete("auto")
+
+
 def test_a_killed_replica_ends_its_streams_with_an_error_and_the_cluster_recovers(cluster):
     """Last in the module: it kills a replica's process (SIGKILL) mid-stream."""
     url, handle = cluster
