@@ -29,30 +29,38 @@ def quant_check(ids, mode: QuantMode) -> QuantCheck:
     return QuantCheck("quantize", ids, MIN_TOP1[mode])
 
 
-def scrambled_scales(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Every MatMulNBits' scale table shuffled: the tables a mis-laid-out quantizer would write."""
+# where kiln's ops keep their float16 scales inside a tile-block (kiln/compiler/passes/q4min_linear.py)
+KILN_SCALE_BYTES = {"MatMulQ4Min": slice(256, 288), "MatMulQ8": slice(512, 544)}
+
+
+def _edit_scales(model: onnx.ModelProto, edit) -> onnx.ModelProto:
+    """`edit(scales)` applied to every MatMulNBits' scale table ([N, K/bs]) and to the scales inside
+    every kiln op's tiles (as [tiles, K/32, 16] float16: blocks along axis 1)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inits = {t.name: t for t in out.graph.initializer}
-    rng = np.random.default_rng(0)
     for n in out.graph.node:
         if n.op_type == "MatMulNBits":
             scales = numpy_helper.to_array(inits[n.input[2]])
-            inits[n.input[2]].CopyFrom(numpy_helper.from_array(rng.permutation(scales.ravel()).reshape(scales.shape),
-                                                               n.input[2]))
+            inits[n.input[2]].CopyFrom(numpy_helper.from_array(edit(scales, -1), n.input[2]))
+        elif n.op_type in KILN_SCALE_BYTES:
+            tiles = numpy_helper.to_array(inits[n.input[1]]).copy()
+            part = KILN_SCALE_BYTES[n.op_type]
+            scales = np.ascontiguousarray(tiles[..., part]).view(np.float16)
+            tiles[..., part] = np.ascontiguousarray(edit(scales, 1)).view(np.uint8)
+            inits[n.input[1]].CopyFrom(numpy_helper.from_array(tiles, n.input[1]))
     return out
+
+
+def scrambled_scales(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every 4/8-bit linear's scale table shuffled: the tables a mis-laid-out quantizer would write."""
+    rng = np.random.default_rng(0)
+    return _edit_scales(model, lambda s, axis: rng.permutation(s.ravel()).reshape(s.shape))
 
 
 def shifted_groups(model: onnx.ModelProto) -> onnx.ModelProto:
     """Every block reads its neighbour's scale (a wrong group: an off-by-one along K)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    inits = {t.name: t for t in out.graph.initializer}
-    for n in out.graph.node:
-        if n.op_type == "MatMulNBits":
-            scales = numpy_helper.to_array(inits[n.input[2]])
-            inits[n.input[2]].CopyFrom(numpy_helper.from_array(np.roll(scales, 1, axis=-1), n.input[2]))
-    return out
+    return _edit_scales(model, lambda s, axis: np.roll(s, 1, axis=axis))
 
 
 class BrokenQuantize(QuantizePass):
