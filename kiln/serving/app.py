@@ -192,7 +192,7 @@ async def _generate(server: Server, request: HttpRequest, kind: str) -> Response
     except ApiError as e:
         return server.rejected(e)
     renderer = Renderer(kind, server.model_name, server.llm.tokenizer, prepared.parse_tool_calls,
-                        tool_format=prepared.tool_format)
+                        tool_format=prepared.tool_format, reasoning=prepared.reasoning)
     headers = ignored_fields_header(prepared.ignored_fields)
     if getattr(sub, "cache_kind", None):
         headers = {**headers, "X-Cache": sub.cache_kind}

@@ -66,7 +66,7 @@ async def generate_choices(server, request, kind: str, prepared: PreparedRequest
     except ApiError as e:
         return server.rejected(e)
     renderer = Renderer(kind, server.model_name, server.llm.tokenizer, prepared.parse_tool_calls, prepared.echo_only,
-                        prepared.tool_format)
+                        prepared.tool_format, prepared.reasoning)
     headers = ignored_fields_header(prepared.ignored_fields)
 
     def close() -> None:

@@ -12,6 +12,7 @@ from kiln.runtime.request import longest_fitting
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.errors import ApiError, bad_request
 from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest
+from kiln.serving.reasoning import prompt_opens_block, template_reasons
 from kiln.serving.structured_requests import ToolPlan, bind, plan_tools, structured_output
 from kiln.tokenizer import ChatTemplateError, Tokenizer
 
@@ -70,6 +71,9 @@ class PreparedRequest:
     parse_tool_calls: int = 0
     ignored_fields: tuple[str, ...] = ()   # unknown body fields dropped (X-Kiln-Ignored-Fields)
     tool_format: str = "hermes"            # the tool-call syntax parsed (tool_formats.py)
+    # A chat template with <think> blocks: "reply" (the reply may open one) or "opened" (the
+    # prompt left one open); "": no reasoning parsed (reasoning.py).
+    reasoning: str = ""
     n: int = 1                             # choices per prompt
     more_prompts: tuple[tuple[int, ...], ...] = ()   # completions' list prompts after the first
     # Completions' echo: each prompt's text (None: decode its ids) comes back before its output;
@@ -135,7 +139,11 @@ def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimi
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return _prepare("chat", body, ids, max_tokens, logprobs, limits, "messages", tok, tools, options)
+    prepared = _prepare("chat", body, ids, max_tokens, logprobs, limits, "messages", tok, tools, options)
+    if not template_reasons(tok.chat_template):
+        return prepared
+    opened = prompt_opens_block(tok.decode(ids[-8:], skip_special_tokens=False))
+    return replace(prepared, reasoning="opened" if opened else "reply")
 
 
 def message_dicts(messages) -> list[dict]:

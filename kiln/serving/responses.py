@@ -7,11 +7,12 @@ import itertools
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
 from kiln.runtime.outputs import StreamDelta
 from kiln.serving.flights import Subscription, Usage
+from kiln.serving.reasoning import ReasoningStream, split_reasoning
 from kiln.serving.tool_formats import call_stream, split_calls
 from kiln.serving.tools import ToolCallStream, tool_call
 from kiln.tokenizer import Tokenizer
@@ -58,12 +59,15 @@ class Renderer:
     """Renders one response: a completion or a chat completion, whole or as a stream."""
 
     def __init__(self, kind: str, model: str, tokenizer: Tokenizer, parse_tool_calls: int = 0,
-                 echo_only: bool = False, tool_format: str = "hermes"):
+                 echo_only: bool = False, tool_format: str = "hermes", reasoning: str = ""):
         """parse_tool_calls: at most this many tool calls are parsed out of a chat reply (0: none),
         in tool_format's syntax (tool_formats.py). echo_only: `echo` with max_tokens 0: the prompt
-        comes back, the sampled token does not."""
+        comes back, the sampled token does not. reasoning: "reply" or "opened" splits a <think>
+        block into reasoning_content (reasoning.py); "": none."""
         self.kind, self.model, self.tokenizer = kind, model, tokenizer
         self.max_calls, self.echo_only, self.tool_format = parse_tool_calls, echo_only, tool_format
+        self.reasoning = reasoning if kind == "chat" else ""
+        self._reasoning_streams: dict[int, ReasoningStream] = {}
         self._tool_streams: dict[int, ToolCallStream] = {}
         self.tools = self._tools(0)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
@@ -105,6 +109,7 @@ class Renderer:
         choice = {"index": index, "finish_reason": "length" if self.echo_only else finish,
                   "logprobs": self._logprobs(pairs)}
         if self.kind == "chat":
+            reasoning, text = split_reasoning(text, self.reasoning == "opened") if self.reasoning else (None, text)
             choice["message"] = {"role": "assistant", "content": text}
             if self.max_calls:
                 parsed = memo.get(self.max_calls) if memo is not None else None
@@ -116,6 +121,8 @@ class Renderer:
                 if calls:
                     choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
                     choice["finish_reason"] = _tool_finish(finish)
+            if reasoning is not None:
+                choice["message"]["reasoning_content"] = reasoning
         else:
             choice["text"] = (echo.text if echo is not None else "") + text
         return choice
@@ -161,6 +168,22 @@ class Renderer:
         if self.echo_only:
             return [self._chunk({"index": index, "text": "", "finish_reason": "length", "logprobs": None})] \
                 if delta.finished else []
+        if self.reasoning:
+            thought, delta = self._reasoning_split(index, delta)
+            return thought + self._content_chunks(index, delta)
+        return self._content_chunks(index, delta)
+
+    def _reasoning_split(self, index: int, delta: StreamDelta) -> tuple[list[dict], StreamDelta]:
+        """The delta's reasoning as reasoning_content chunks, and the delta with its content only."""
+        if index not in self._reasoning_streams:
+            self._reasoning_streams[index] = ReasoningStream(self.reasoning == "opened")
+        stream = self._reasoning_streams[index]
+        events = stream.feed(delta.text) + (stream.finish() if delta.finished else [])
+        chunks = [self._chunk({"index": index, "delta": {"reasoning_content": text}, "finish_reason": None})
+                  for kind, text in events if kind == "reasoning"]
+        return chunks, replace(delta, text="".join(text for kind, text in events if kind == "content"))
+
+    def _content_chunks(self, index: int, delta: StreamDelta) -> list[dict]:
         if self.max_calls:
             return self._tool_chunks(delta, index)
         if delta.text or delta.finished:

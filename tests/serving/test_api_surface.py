@@ -332,3 +332,34 @@ def test_a_llama3_template_gets_its_calls_parsed_whole_and_streamed(llama3_serve
     deltas = [c["delta"] for e in events for c in e["choices"]]
     streamed = [d["tool_calls"][0]["function"] for d in deltas if "tool_calls" in d]
     assert streamed == [call] and events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+# ---- <think> blocks into reasoning_content ----
+
+THINK_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                  "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+                  "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def think_server(start_module_server, tiny_llama_artifact, tmp_path_factory):
+    template = tmp_path_factory.mktemp("think") / "chat.jinja"
+    template.write_text(THINK_TEMPLATE)
+    return start_module_server(tiny_llama_artifact, *TINY_FLAGS, "--chat-template", str(template))
+
+
+def test_a_think_block_becomes_reasoning_content(think_server):
+    """Thinking on, the prompt opens the block and the tiny model never closes it: all of the reply
+    is reasoning. Thinking off (chat_template_kwargs), the prompt closes it: all is content."""
+    body = {**OK_CHAT, "max_tokens": 8, "ignore_eos": True}
+    thinking = _post(think_server, "/v1/chat/completions", body).json()["choices"][0]["message"]
+    plain = _post(think_server, "/v1/chat/completions",
+                  {**body, "chat_template_kwargs": {"enable_thinking": False}}).json()["choices"][0]["message"]
+    assert thinking["content"] == "" and thinking["reasoning_content"]
+    assert "reasoning_content" not in plain and plain["content"]
+    with httpx.stream("POST", f"{think_server.url}/v1/chat/completions", json={**body, "stream": True},
+                      timeout=60) as r:
+        deltas = [c["delta"] for line in r.iter_lines() if line.startswith("data: {")
+                  for c in json.loads(line[6:])["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == thinking["reasoning_content"]
+    assert "".join(d.get("content", "") for d in deltas) == ""
