@@ -40,6 +40,7 @@ class ScaleOptions:
     prefix_routing: bool = True        # False: Serve's default router (the benchmark's baseline)
     slow_replica_delay: float = 0.0    # test/benchmark knob: the rank-0 replica's streams start this late
     slow_replica_every: int = 1        # ... every n-th of them
+    slow_replica_rank: int | None = 0  # ... on the replica of this rank (None: on every replica)
 
     def __post_init__(self):
         if self.replicas < 1:
@@ -91,7 +92,7 @@ def application(artifact: str | Path, runtime: RuntimeConfig, config: ServeConfi
     if runtime.threads is None:              # replicas share the machine: one thread per CPU share
         runtime = _with(runtime, threads=max(1, int(options.replica_cpus)))
     replicas = replica_deployment(options).bind(artifact, runtime, config, name, options.slow_replica_delay,
-                                                options.slow_replica_every)
+                                                options.slow_replica_every, options.slow_replica_rank)
     hedge = HedgeOptions(options.hedge_fraction, options.hedge_floor) if options.hedge else None
     return KilnIngress.bind(replicas, artifact, config, name, hedge)
 

@@ -30,16 +30,17 @@ WARM_UP_TOKENS = 64
 
 class KilnReplica:
     def __init__(self, artifact: str, runtime: RuntimeConfig, config: ServeConfig, model_name: str,
-                 slow_replica_delay: float = 0.0, slow_replica_every: int = 1):
+                 slow_replica_delay: float = 0.0, slow_replica_every: int = 1, slow_replica_rank: int | None = 0):
         from ray import serve
 
         from kiln.runtime.llm import LLM
 
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
-        # A test and benchmark knob (hedging): the rank-0 replica holds every n-th stream this
-        # long after admitting it, before its first delta.
-        self.slow = slow_replica_delay if context.rank is not None and context.rank.rank == 0 else 0.0
+        # A test and benchmark knob (hedging, draining): the replica of that rank (None: every
+        # replica) holds every n-th stream this long after admitting it, before its first delta.
+        rank = context.rank.rank if context.rank is not None else None
+        self.slow = slow_replica_delay if slow_replica_rank is None or rank == slow_replica_rank else 0.0
         self.slow_every, self._streams = max(slow_replica_every, 1), 0
         self.llm = LLM(Path(artifact), runtime)
         self.server = Server(self.llm, config, model_name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 
 import httpx
@@ -179,6 +180,44 @@ def test_autoscaling_on_kilns_signals_adds_a_replica_while_refusing_and_removes_
         assert _running("auto") == 1
     finally:
         serve.delete("auto")
+
+
+def test_scale_down_drains_the_streams_of_the_replica_it_removes(cluster, tiny_llama_artifact):
+    url, _ = cluster
+    config = ServeConfig(ttft_slo=0, response_cache=False, served_model_name="tiny-llama")
+    runtime = RuntimeConfig(kv_cache_memory=32 << 20, threads=1)
+
+    def deploy(replicas: int) -> None:       # every stream is held HOLD s before its first token
+        options = ScaleOptions(replicas=replicas, replica_cpus=0.5, drain_timeout=30, slow_replica_delay=HOLD,
+                               slow_replica_rank=None)
+        serve.run(application(tiny_llama_artifact, runtime, config, options), name="drain", route_prefix="/drain")
+
+    deploy(2)
+    results, started = {}, threading.Barrier(3)
+
+    def read(i: int) -> None:
+        body = {"prompt": f"Drain {i} " * 10, "max_tokens": 8, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/drain/v1/completions", json=body, timeout=120) as r:
+            started.wait()
+            results[i] = (r.headers.get(REPLICA_HEADER), [line for line in r.iter_lines() if line])
+
+    try:
+        readers = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+        for t in readers:
+            t.start()
+        started.wait(timeout=60)                              # both streams are open on a replica
+        deploy(1)                                             # one replica goes while its stream is held
+        for t in readers:
+            t.join(timeout=120)
+        assert _running("drain") == 1
+        assert len({replica for replica, _ in results.values()}) == 2        # one stream was on each
+        for replica, lines in results.values():
+            assert lines[-1] == "data: [DONE]" and not any('"error"' in line for line in lines), lines[-2:]
+    finally:
+        serve.delete("drain")
+
+
+HOLD = 6.0
 
 
 def test_a_killed_replica_ends_its_streams_with_an_error_and_the_cluster_recovers(cluster):
