@@ -93,6 +93,10 @@ def test_the_openai_client_streams_through_the_ingress(cluster):
                                       extra_body={"ignore_eos": True})
     assert reply.usage.completion_tokens == 3 and reply.choices[0].finish_reason == "length"
     assert [m.id for m in client.models.list().data] == ["tiny-llama"]
+    # a grammar does not pickle: the request crosses without it and the replica compiles it again
+    constrained = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=4, extra_body={"guided_choice": ["yes", "no"]})
+    assert constrained.choices[0].message.content in ("yes", "no")
     # kiln serve's own validation and error bodies
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="tiny-llama", prompt="x", max_tokens=0)
