@@ -316,7 +316,8 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
                           max_waiting_tokens=max_waiting_tokens, response_cache=not no_response_cache,
                           console=not no_console, log_level=log_level, strict_api=api["strict_api"],
                           chat_template=api["chat_template"], **semantic)
-        run = partial(run_on_ray, scale=scale) if wants_ray(scale) else run_server
+        run = partial(run_on_ray, scale=scale) if wants_ray(scale) else \
+            partial(run_server, drain_timeout=scale["drain_timeout"])
         cfg = _with_refuse_factor(cfg, api["ttft_refuse_factor"], api["tool_call_parser"])
         run(artifact, _with_policy(runtime_config(**runtime), api["scheduling_policy"]), cfg,
             announce=lambda m: console.print(f"[dim]{m}[/]"))

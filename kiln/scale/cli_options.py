@@ -19,7 +19,8 @@ def scale_options(fn):
         click.option("--max-replicas", type=int, default=None,
                      help="Autoscale between --replicas and N on kiln's admission signals."),
         click.option("--drain-timeout", type=float, default=None,
-                     help="Seconds a replica being removed waits for its streams to finish (default 30)."),
+                     help="Seconds the streams in flight get to finish on shutdown (default 5), or on a Ray "
+                          "replica's removal (default 30)."),
         click.option("--hedge", is_flag=True, default=False,
                      help="Hedge requests: a duplicate to another replica after the recent p95 TTFT without "
                           "a first token (at most 5% of requests)."),

@@ -104,7 +104,8 @@ class KilnReplica:
     async def state(self, route: tuple[int, ...] = (), avoid: str | None = None) -> dict:
         """This replica's books now (the router's `avoid` picks a replica: tests ask each one)."""
         s = self.server.client.snapshot
-        return {"replica": self.replica_id, "pid": os.getpid(), "kv_blocks_used": s.kv_blocks_used, "running": s.num_running,
+        return {"replica": self.replica_id, "pid": os.getpid(), "kv_blocks_used": s.kv_blocks_used,
+                "running": s.num_running,
                 "flights": self.server.generations.num_flights, "finished": dict(s.finished)}
 
     async def check_health(self) -> None:

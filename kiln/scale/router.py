@@ -2,10 +2,10 @@
 sent where.
 
 Each replica's routing stats (record_routing_stats, polled by Serve every
-ROUTING_STATS_PERIOD_S) carry its load (a tie-break; see _candidate) and a bounded summary of the block hashes its prefix
-cache holds. Between two polls the router also remembers the block hashes of the requests it
-routed to each replica, so a conversation's second turn finds its first turn's replica at once
-(session affinity comes out of the prefix match).
+ROUTING_STATS_PERIOD_S) carry its load (a tie-break; see _candidate) and a bounded summary of
+the block hashes its prefix cache holds. Between two polls the router also remembers the block
+hashes of the requests it routed to each replica, so a conversation's second turn finds its first
+turn's replica at once (session affinity comes out of the prefix match).
 """
 
 from __future__ import annotations

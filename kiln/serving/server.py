@@ -17,7 +17,11 @@ def configure_logging(config: ServeConfig) -> None:
     logging.getLogger("kiln").setLevel(config.log_level.upper())
 
 
-def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, announce=print) -> None:
+DRAIN_TIMEOUT = 5.0      # seconds the streams in flight get to finish after SIGTERM (--drain-timeout)
+
+
+def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, announce=print,
+               drain_timeout: float | None = None) -> None:
     configure_logging(config)
     loading = _start_loading(artifact, runtime)
     import uvicorn
@@ -35,7 +39,7 @@ def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, anno
     # requests in flight; past it every new request gets 503. It has no body-read timeout of its
     # own: BodyDeadline is that.
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=5, limit_concurrency=config.limit_concurrency,
+                timeout_graceful_shutdown=drain_timeout or DRAIN_TIMEOUT, limit_concurrency=config.limit_concurrency,
                 timeout_keep_alive=config.keep_alive_timeout)
 
 

@@ -40,3 +40,13 @@ def test_ray_address_alone_joins_with_one_replica(started, tmp_path):
 def test_bad_scale_options_are_refused_before_ray_starts(started, tmp_path):
     result = CliRunner().invoke(main, ["serve", str(tmp_path), "--replicas", "3", "--max-replicas", "2"])
     assert result.exit_code != 0 and "max_replicas" in result.output and not started
+
+
+def test_drain_timeout_reaches_plain_kiln_serve(monkeypatch, tmp_path):
+    import kiln.serving.server
+
+    calls = []
+    monkeypatch.setattr(kiln.serving.server, "run_server", lambda *args, **kwargs: calls.append(kwargs))
+    result = CliRunner().invoke(main, ["serve", str(tmp_path), "--drain-timeout", "20"])
+    assert result.exit_code == 0, result.output
+    assert calls[0]["drain_timeout"] == 20.0
