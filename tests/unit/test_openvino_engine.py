@@ -151,7 +151,7 @@ def test_kv_cache_is_recorded_and_allocated(setup):
 @pytest.fixture(scope="module")
 def int8_setup(tmp_path_factory):
     """tiny-llama with NNCF int8 weights, bf16 compute and the plugin's u8 KV cache (the int4 build's
-    compute and cache; int8 builds take f32 compute and an f16 cache: test_openvino_runtime.py)."""
+    compute and cache, and the int8 build's on a CPU that computes bf16 natively)."""
     from kiln.engines.openvino.options import OpenVinoOptions
 
     spec, model = standard_graph("tiny-llama")

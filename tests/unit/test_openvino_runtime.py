@@ -136,6 +136,8 @@ def ov_tiny_llama_int8(tmp_path_factory):
 def test_int8_build_checks_the_compiled_engine(ov_tiny_llama_int8):
     """The weights are NNCF's, so kiln's ONNX quantize pass does not run; its check runs on the
     compiled engine and its figures reach the manifest's quant record."""
+    from kiln.engines.openvino.options import cpu_computes_bf16
+
     manifest = json.loads((ov_tiny_llama_int8 / "manifest.json").read_text())
     names = [p["name"] for p in manifest["passes"]]
     assert "quantize" not in names and "quantize (openvino int8_sym)" in names
@@ -144,11 +146,15 @@ def test_int8_build_checks_the_compiled_engine(ov_tiny_llama_int8):
     assert quant["top1_agreement"] >= quant["min_top1_agreement"] == 0.9
     assert quant["perplexity"] > 0 and quant["perplexity_fp32"] > 0
     engine = manifest["engines"][0]
-    assert engine["options"]["kv_cache_precision"] == "f16" and engine["kv_cache"]["element_type"] == "f16"
+    # the compute and cache follow the build CPU: bf16 with a u8 cache where it computes bf16 natively
+    bf16 = cpu_computes_bf16()
+    assert engine["options"]["inference_precision"] == ("bf16" if bf16 else "f32")
+    cache = "u8" if bf16 else "f16"
+    assert engine["options"]["kv_cache_precision"] == cache and engine["kv_cache"]["element_type"] == cache
 
 
 def test_int8_engine_serves_close_to_fp32(ov_tiny_llama_int8, ov_tiny_llama):
-    """f16 cache, f32 compute: greedy tokens of the int8 engine mostly follow the fp32 engine's."""
+    """The int8 engine's compute and cache (bf16 and u8, or f32 and f16): greedy tokens of the int8 engine mostly follow the fp32 engine's."""
     got = [o.token_ids for o in _llm(ov_tiny_llama_int8).generate(_prompts(), GREEDY)]
     want = [o.token_ids for o in _llm(ov_tiny_llama).generate(_prompts(), GREEDY)]
     first = [g[0] == w[0] for g, w in zip(got, want)]       # a quality bound (int8 vs fp32), not an identity

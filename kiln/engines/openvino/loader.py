@@ -34,7 +34,7 @@ def open_openvino(root: Path, record: dict, spec: ModelSpec, buckets: BucketGrid
                   threads: int | None = None, use_blob: bool = True) -> OpenVinoEngine:
     """use_blob=False: always rewrite and compile the IR (what a load falls back to)."""
     _check_record(root, record, kv_layout)
-    options = OpenVinoOptions.from_dict(record["options"])
+    options = OpenVinoOptions.from_dict(record["options"]).on_this_cpu()
     threads = threads or default_threads()
     imported = _import(root, record, spec, options, threads) if use_blob else None
     compiled, blob = imported or (None, None)

@@ -7,11 +7,18 @@ with exactly these properties and refuses when the plugin allocates a different 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 # OpenVINO element type name -> numpy dtype of the cache tensors the plugin allocates.
 KV_DTYPES = {"f32": np.float32, "f16": np.float16, "u8": np.uint8}
+
+
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX-512 BF16 or AMX), as the CPU plugin reports it."""
+    import openvino as ov
+
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,13 @@ class OpenVinoOptions:
             "KV_CACHE_PRECISION": self.kv_cache_precision,
             "DYNAMIC_QUANTIZATION_GROUP_SIZE": str(self.dynamic_quantization_group_size),
         }
+
+    def on_this_cpu(self) -> "OpenVinoOptions":
+        """These options, with f32 compute where the record asks bf16 of a CPU that has no native
+        bf16 (an artifact built on another machine): emulated bf16 would be slower than f32."""
+        if self.inference_precision == "bf16" and not cpu_computes_bf16():
+            return replace(self, inference_precision="f32")
+        return self
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,37 @@
+"""The openvino build's options per quant mode follow the build CPU; a load on another CPU adapts."""
+
+from dataclasses import replace
+
+import pytest
+
+from kiln.compiler.backends.openvino.recipe import options_for_quant
+from kiln.contract.quant import QuantMode
+from kiln.engines.openvino import options as ov_options
+
+
+@pytest.mark.parametrize("native_bf16, compute, cache", [(True, "bf16", "u8"), (False, "f32", "f16")])
+def test_int8_compute_and_cache_follow_native_bf16(native_bf16, compute, cache):
+    options = options_for_quant(QuantMode.INT8, native_bf16=native_bf16)
+    assert (options.inference_precision, options.kv_cache_precision) == (compute, cache)
+    assert options.weights == "int8_sym" and options.dynamic_quantization_group_size == 128
+
+
+def test_fp32_keeps_f32_whatever_the_cpu():
+    for native_bf16 in (True, False):
+        options = options_for_quant(QuantMode.NONE, native_bf16=native_bf16)
+        assert (options.inference_precision, options.kv_cache_precision) == ("f32", "f32")
+
+
+def test_the_build_asks_the_plugin_when_not_told():
+    options = options_for_quant(QuantMode.INT8)
+    assert options == options_for_quant(QuantMode.INT8, native_bf16=ov_options.cpu_computes_bf16())
+
+
+def test_bf16_record_loads_as_f32_on_a_cpu_without_native_bf16(monkeypatch):
+    bf16 = options_for_quant(QuantMode.INT8, native_bf16=True)
+    monkeypatch.setattr(ov_options, "cpu_computes_bf16", lambda: False)
+    assert bf16.on_this_cpu() == replace(bf16, inference_precision="f32")
+    monkeypatch.setattr(ov_options, "cpu_computes_bf16", lambda: True)
+    assert bf16.on_this_cpu() == bf16
+    f32 = options_for_quant(QuantMode.INT8, native_bf16=False)
+    assert f32.on_this_cpu() == f32
