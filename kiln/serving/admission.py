@@ -93,7 +93,7 @@ class Ticket:
 class Admission:
     def __init__(self, config: ServeConfig, client, cached_prefix: Callable[[Sequence[int]], int] | None = None):
         """`client` is the engine client; its snapshot is read (never written) on each request.
-        `cached_prefix(token_ids)`: a prompt's leading tokens the prefix cache holds (by default
+        `cached_prefix(token_ids, salt)`: a prompt's leading tokens the prefix cache holds (by default
         what the snapshot's prefix-cache view says)."""
         self.config, self.client = config, client
         self.cached_prefix = cached_prefix or self._snapshot_prefix
@@ -101,8 +101,8 @@ class Admission:
         self.waiting: dict[Ticket, None] = {}
         self.calibration = Calibration()
 
-    def _snapshot_prefix(self, token_ids: Sequence[int]) -> int:
-        return self.client.snapshot.prefix_cache.cached_prefix_tokens(token_ids)
+    def _snapshot_prefix(self, token_ids: Sequence[int], salt: str | None = None) -> int:
+        return self.client.snapshot.prefix_cache.cached_prefix_tokens(token_ids, salt)
 
     @property
     def pending(self) -> int:
@@ -132,8 +132,11 @@ class Admission:
         return seats + s.step_costs.queue_prefill_seconds(prompts, decoding, max(s.max_num_seqs, 1),
                                                           horizon - seats)
 
-    def admit_prompt(self, token_ids: Sequence[int]) -> Ticket:
-        return self.admit(len(token_ids), self.cached_prefix(token_ids))
+    def admit_prompt(self, token_ids: Sequence[int], cache_salt: str | None = None) -> Ticket:
+        """cache_salt: the request's prefix-cache salt. NOTE: the prediction must count only the
+        blocks the request will really hit: blocks cached under another salt would make admission
+        (a 429 or not) answer what the prefix cache refuses to tell."""
+        return self.admit(len(token_ids), self.cached_prefix(token_ids, cache_salt))
 
     def admit(self, num_prompt_tokens: int, num_cached: int = 0) -> Ticket:
         """A ticket, or ApiError(429) naming the bound that refused the request."""

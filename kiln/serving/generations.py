@@ -30,7 +30,7 @@ class Generations:
         shared = self._shared(key) if key is not None else None
         if shared is not None:
             return shared
-        ticket = self.admission.admit_prompt(prepared.prompt_ids)
+        ticket = self.admission.admit_prompt(prepared.prompt_ids, prepared.params.cache_salt)
         request = self.client.make_request(prepared.prompt_ids, prepared.params, f"kiln-{uuid.uuid4().hex}")
         flight = Flight(self.client, request, self.timeout, on_first_token=ticket.first_token,
                         on_done=lambda f: self._landed(f, ticket, key), after=after)

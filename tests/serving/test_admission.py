@@ -122,7 +122,7 @@ def test_prompt_tokens_in_the_prefix_cache_are_not_prefilled_again():
     requests) prefill only their uncached tail."""
     seen = list(range(512))
     adm = Admission(strict(ttft_slo=0.5), engine(),
-                    cached_prefix=lambda ids: 496 if list(ids) == seen else 0)
+                    cached_prefix=lambda ids, salt=None: 496 if list(ids) == seen else 0)
     for _ in range(3):
         adm.admit_prompt(seen)                       # 16 tokens each left to compute
     # Counted whole, the 4th would take 4 x 512 tokens: 0.512 s alone, then 1.5 s more beside
@@ -231,3 +231,20 @@ def test_a_ticket_learns_at_its_first_token_not_when_it_ends_without_one():
     adm.admit(600).release()                         # aborted before its first token
     ticket.first_token()                             # a second call changes nothing
     assert adm.calibration.factor == factor and (adm.pending, adm.pending_tokens) == (0, 0)
+
+
+def test_admission_counts_only_the_blocks_the_request_s_salt_can_hit():
+    """Blocks cached under salt A do not shorten a prediction for salt B (or none): otherwise the
+    429 boundary would tell B what the prefix cache refuses to."""
+    from kiln.runtime.kv_manager import PrefixCacheView, _chain_hashes
+
+    prompt = list(range(512))
+    client = engine()
+    client.snapshot = EngineSnapshot(max_num_seqs=32, step_costs=COSTS,
+                                     prefix_cache=PrefixCacheView(16, frozenset(_chain_hashes(prompt, 16, "A"))))
+    adm = Admission(strict(ttft_slo=0.3), client)
+    assert adm.admit_prompt(prompt, "A").num_cached == 496      # the last block is always computed
+    for other in ("B", None):
+        with pytest.raises(ApiError) as refused:                # 512 tokens: 0.512 s > 0.3 s
+            adm.admit_prompt(prompt, other)
+        assert refused.value.code == "ttft_slo"
