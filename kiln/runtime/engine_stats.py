@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kiln.config import SchedulingPolicy
 from kiln.runtime.kv_manager import PrefixCacheView
 from kiln.runtime.memory import KvPlan
 from kiln.runtime.step_costs import StepCosts
@@ -58,6 +59,7 @@ class EngineSnapshot:
     last_batch_size: int = 0            # sequences the last step scheduled
     # What the prefix cache holds (what a prompt would hit); NO_PREFIX_CACHE unless asked for
     prefix_cache: PrefixCacheView = NO_PREFIX_CACHE
+    priority_scheduling: bool = False   # the waiting queue is ordered by SamplingParams.priority
     # Limits, fixed when the engine was loaded:
     max_model_len: int = 0
     kv_block_size: int = 0
@@ -128,4 +130,5 @@ def take_snapshot(core, counters: LoopCounters, prefix_cache: bool = False) -> E
         last_batch_size=sched.last_step_stats.batch_size,
         prefix_cache=kv.prefix_view() if prefix_cache else NO_PREFIX_CACHE,
         max_model_len=sched.config.max_model_len, kv_block_size=kv.block_size, kv_plan=core.plan,
+        priority_scheduling=sched.config.policy is SchedulingPolicy.PRIORITY,
         speculative=core.speculator is not None)

@@ -18,7 +18,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kiln.config import SchedulingPolicy, ServeConfig
+from kiln.config import ServeConfig
 from kiln.runtime.engine_client import EngineClient, EngineError
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.serving.admission import Admission
@@ -56,8 +56,7 @@ class Server:
         self.client: EngineClient = llm.client
         if config.chat_template is not None:
             llm.tokenizer.set_chat_template(config.chat_template.read_text())
-        self.limits = EngineLimits.of(self.client.snapshot, llm.artifact.manifest,
-                                      llm.core.scheduler.config.policy is SchedulingPolicy.PRIORITY)
+        self.limits = EngineLimits.of(self.client.snapshot, llm.artifact.manifest)
         self.generations: Generations | None = None
         # --semantic-cache: loaded before serving, so a missing embedding model stops kiln serve
         self.semantic = load_semantic_responses(config) if config.semantic_cache else None

@@ -32,10 +32,10 @@ class EngineLimits:
     priority_scheduling: bool = False      # the engine orders its waiting queue by `priority`
 
     @classmethod
-    def of(cls, snapshot, manifest, priority_scheduling: bool = False) -> EngineLimits:
+    def of(cls, snapshot, manifest) -> EngineLimits:
         eos = tuple(manifest.generation.get("eos_token_ids") or ())
         return cls(snapshot.max_model_len, snapshot.kv_blocks_total, snapshot.kv_block_size,
-                   manifest.spec.vocab_size, eos, priority_scheduling)
+                   manifest.spec.vocab_size, eos, snapshot.priority_scheduling)
 
     @property
     def kv_tokens(self) -> int:
