@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
@@ -70,6 +70,7 @@ class Ingress:
         self.refused = Counter("kiln_ingress_refused", "Requests answered 429 after the retry.",
                                registry=self.registry)
         self.registry.register(_HedgeCollector(self))
+        self.registry.register(_ReplicaCollector())
 
     async def limits(self):
         if self._limits is None:                # every replica serves the same artifact
@@ -129,6 +130,29 @@ class _HedgeCollector:
             family = CounterMetricFamily(f"kiln_hedges_{name}", doc)
             family.add_metric([], getattr(counts, name) if counts else 0)
             yield family
+
+
+class _ReplicaCollector:
+    """Each replica's engine books, as it last reported them to the router, with a replica label."""
+
+    GAUGES = {"num_running": ("kiln_replica_requests_running", "Requests in the replica's running batch."),
+              "num_waiting": ("kiln_replica_requests_waiting", "Requests in the replica's waiting queue."),
+              "kv_blocks_used": ("kiln_replica_kv_blocks_used", "KV blocks held by the replica's requests."),
+              "kv_blocks_total": ("kiln_replica_kv_blocks_total", "KV blocks in the replica's pool.")}
+    COUNTERS = {"prefix_cache_queries": ("kiln_replica_prefix_cache_queries", "Prompt tokens the replica looked up."),
+                "prefix_cache_hits": ("kiln_replica_prefix_cache_hits", "Of those, found in its prefix cache.")}
+
+    def collect(self):
+        from kiln.scale.router import replica_books
+
+        books = replica_books()
+        for kinds, family_of in ((self.GAUGES, GaugeMetricFamily), (self.COUNTERS, CounterMetricFamily)):
+            for field, (name, doc) in kinds.items():
+                family = family_of(name, doc + " Reported every second.", labels=["replica"])
+                for replica, values in sorted(books.items()):
+                    if field in values:
+                        family.add_metric([replica], values[field])
+                yield family
 
 
 def _busy(reason: str) -> ApiError:

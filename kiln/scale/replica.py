@@ -26,6 +26,10 @@ from kiln.serving.requests import EngineLimits, PreparedRequest
 log = logging.getLogger("kiln.scale")
 
 WARM_UP_TOKENS = 64
+# Engine snapshot fields each replica reports with its routing stats; the ingress's /metrics
+# shows them per replica (kiln_replica_*{replica}).
+REPLICA_BOOKS = ("num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total", "prefix_cache_queries",
+                 "prefix_cache_hits")
 
 
 class KilnReplica:
@@ -90,7 +94,8 @@ class KilnReplica:
     async def record_routing_stats(self) -> dict:
         s = self.server.client.snapshot
         return {"load": self.server.generations.num_flights,
-                "hashes": self.recent.summary(s.prefix_cache.hashes)}
+                "hashes": self.recent.summary(s.prefix_cache.hashes),
+                "books": {name: getattr(s, name) for name in REPLICA_BOOKS}}
 
     async def record_autoscaling_stats(self) -> dict:
         admission, now = self.server.generations.admission, time.monotonic()

@@ -11,6 +11,7 @@ turn's replica at once (session affinity comes out of the prefix match).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import defaultdict
 from typing import Container
 
@@ -22,6 +23,16 @@ from kiln.scale.routing import Candidate, Imbalance, choose
 ROUTING_STATS_PERIOD_S = 1.0
 
 log = logging.getLogger("kiln.scale.router")
+
+# The routers of this process (the ingress's handle makes one): the ingress's /metrics reads the
+# replicas' reported books through them.
+ROUTERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def replica_books() -> dict[str, dict]:
+    """replica id -> the books it last reported (up to ROUTING_STATS_PERIOD_S old)."""
+    return {rid.unique_id: dict((replica.routing_stats or {}).get("books") or {})
+            for router in list(ROUTERS) for rid, replica in router.curr_replicas.items()}
 
 
 class _Held:
@@ -38,6 +49,11 @@ class KilnPrefixRouter(RequestRouter):
     def initialize_state(self, abs_threshold: float = 4.0, rel_threshold: float = 1.5,
                          memory_blocks: int = SUMMARY_BLOCKS, **_):
         self.imbalance = Imbalance(abs_threshold, rel_threshold)
+        # NOTE: through the imported module: Serve may unpickle this class by value, with a copy of
+        # this module's globals, and the ingress reads the module's own set.
+        import kiln.scale.router
+
+        kiln.scale.router.ROUTERS.add(self)
         self._memory_blocks = memory_blocks
         self._routed: dict[str, RecentPrefixes] = {}
         self._in_flight: dict[str, int] = defaultdict(int)

@@ -116,6 +116,14 @@ def test_a_shared_prefix_lands_on_one_replica_and_distinct_ones_spread(cluster):
     metrics = httpx.get(f"{url}/metrics").text
     routed = [line for line in metrics.splitlines() if line.startswith("kiln_ingress_requests_total{")]
     assert len(routed) == 2 and all(f'replica="{r}"' in metrics for r in spread)
+    # the cluster view: each replica's engine books with a replica label, as it last reported them
+    (holder,) = same
+    deadline, hits = time.monotonic() + DEADLINE, {}
+    while time.monotonic() < deadline and not hits.get(holder):
+        hits = {line.split('"')[1]: float(line.split()[-1]) for line in httpx.get(f"{url}/metrics").text.splitlines()
+                if line.startswith("kiln_replica_prefix_cache_hits_total{")}
+        time.sleep(0.2)
+    assert set(hits) == spread and hits[holder] > 0       # the shared prefix's replica reports its hits
 
 
 def test_a_client_hang_up_cancels_the_replica_request_and_frees_its_kv(cluster):
