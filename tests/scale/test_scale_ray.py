@@ -3,11 +3,13 @@ the ingress. One module-scoped cluster: starting Ray on two cores takes most of 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -124,6 +126,37 @@ def test_a_shared_prefix_lands_on_one_replica_and_distinct_ones_spread(cluster):
                 if line.startswith("kiln_replica_prefix_cache_hits_total{")}
         time.sleep(0.2)
     assert set(hits) == spread and hits[holder] > 0       # the shared prefix's replica reports its hits
+    # deploy/grafana/kiln-ray.json's replica view queries only what the ingress exports
+    exported = {line.split("{")[0].split()[0] for line in httpx.get(f"{url}/metrics").text.splitlines()
+                if line and not line.startswith("#")}
+    assert _dashboard_metrics(DASHBOARD) <= exported, _dashboard_metrics(DASHBOARD) - exported
+
+
+DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "kiln-ray.json"
+
+
+def _dashboard_metrics(path: Path) -> set[str]:
+    """The metric names the dashboard's PromQL selects (each query parsed; Grafana's variables set)."""
+    import promql_parser
+
+    def names(node) -> set[str]:
+        if isinstance(node, promql_parser.VectorSelector):
+            return {node.name}
+        found = set()
+        for attr in ("expr", "lhs", "rhs", "args", "vector_selector", "param"):
+            child = getattr(node, attr, None)
+            for c in child if isinstance(child, list) else [child]:
+                if c is not None and not isinstance(c, (str, int, float)):
+                    found |= names(c)
+        return found
+
+    dashboard, found = json.loads(path.read_text()), set()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$__rate_interval", "1m").replace("$instance", ".*")
+            found |= names(promql_parser.parse(expr))
+    assert len(found) >= 8
+    return found
 
 
 def test_a_client_hang_up_cancels_the_replica_request_and_frees_its_kv(cluster):
