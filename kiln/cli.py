@@ -236,6 +236,7 @@ def _limit_options(fn):
 
 LIMIT_OPTIONS = ("limit_concurrency", "keep_alive_timeout", "body_timeout", "max_body_size", "step_timeout")
 
+
 def _semantic_options(fn):
     """The semantic response cache, opt-in (docs/serving.md, The semantic cache)."""
     options = [
@@ -254,7 +255,6 @@ def _semantic_options(fn):
 
 
 SEMANTIC_OPTIONS = ("semantic_cache", "semantic_cache_model", "semantic_cache_threshold")
-
 
 
 def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_timeout, body_timeout,

@@ -201,12 +201,6 @@ class ServeConfig:
     cache_max_entries: int = 1024
     cache_max_bytes: int = 64 << 20
     cache_ttl: float = 600.0
-    max_body_bytes: int = 4 << 20            # larger bodies get 413 before they are parsed
-    # Limits and faults (docs/serving.md, Limits and faults); None: off.
-    limit_concurrency: int | None = 512      # open connections (or requests) past which uvicorn answers 503
-    keep_alive_timeout: float = 5.0          # seconds an idle keep-alive connection stays open
-    body_timeout: float | None = 30.0        # seconds a request's whole body may take to arrive; 408 past it
-    step_timeout: float | None = 60.0        # seconds one engine step may run before the server faults
     # The semantic response cache (opt-in, docs/serving.md): a stored answer for a paraphrase of a
     # deterministic chat question; semantic_cache_model None = the exported all-MiniLM-L6-v2.
     semantic_cache: bool = False
@@ -215,6 +209,12 @@ class ServeConfig:
     semantic_cache_max_entries: int = 1024
     semantic_cache_max_bytes: int = 32 << 20
     semantic_cache_ttl: float = 600.0
+    max_body_bytes: int = 4 << 20            # larger bodies get 413 before they are parsed
+    # Limits and faults (docs/serving.md, Limits and faults); None: off.
+    limit_concurrency: int | None = 512      # open connections (or requests) past which uvicorn answers 503
+    keep_alive_timeout: float = 5.0          # seconds an idle keep-alive connection stays open
+    body_timeout: float | None = 30.0        # seconds a request's whole body may take to arrive; 408 past it
+    step_timeout: float | None = 60.0        # seconds one engine step may run before the server faults
     # kiln's own loggers: "debug" adds admission's predicted-vs-realised TTFT and a line per engine
     # step (decodes, prefill tokens, budget, engine / own / cycle ms); libraries stay at info.
     log_level: str = "info"
@@ -236,6 +236,8 @@ class ServeConfig:
             raise ValueError("the API key is empty: give a key, or none to serve without one")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        if not -1 <= self.semantic_cache_threshold <= 1:
+            raise ValueError(f"semantic_cache_threshold is a cosine in [-1, 1], got {self.semantic_cache_threshold}")
         if not 0 <= self.ttft_slo < float("inf"):
             raise ValueError(f"ttft_slo must be a finite number of seconds >= 0 (0 = off), got {self.ttft_slo}")
         if not 1 <= self.ttft_refuse_factor < float("inf"):
@@ -244,8 +246,6 @@ class ServeConfig:
             raise ValueError(f"request_timeout must be positive, got {self.request_timeout}")
         for name in ("max_waiting", "max_waiting_tokens", "limit_concurrency", "max_body_bytes"):
             value = getattr(self, name)
-        if not -1 <= self.semantic_cache_threshold <= 1:
-            raise ValueError(f"semantic_cache_threshold is a cosine in [-1, 1], got {self.semantic_cache_threshold}")
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         for name in ("body_timeout", "step_timeout", "keep_alive_timeout"):
