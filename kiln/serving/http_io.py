@@ -199,6 +199,7 @@ class RequestGuard:
 
 IGNORED_FIELDS_HEADER = "X-Kiln-Ignored-Fields"
 _warned_fields: set[str] = set()
+MAX_WARNED_FIELDS = 1024
 
 
 def ignored_fields_header(fields: tuple[str, ...]) -> dict[str, str]:
@@ -207,11 +208,18 @@ def ignored_fields_header(fields: tuple[str, ...]) -> dict[str, str]:
     if not fields:
         return {}
     new = [f for f in fields if f not in _warned_fields]
-    _warned_fields.update(new)
+    if len(_warned_fields) < MAX_WARNED_FIELDS:          # a client inventing names cannot grow it
+        _warned_fields.update(new)
     level = logging.WARNING if new else logging.DEBUG
-    log.log(level, "ignored unknown request fields: %s (--strict-api refuses them)", ", ".join(fields))
-    # NOTE: a header value is latin-1; a field name is any JSON string, so it is escaped.
-    return {IGNORED_FIELDS_HEADER: ",".join(fields).encode("ascii", "backslashreplace").decode()[:1024]}
+    safe = [_header_safe(f) for f in fields]              # no newline reaches the log either
+    log.log(level, "ignored unknown request fields: %s (--strict-api refuses them)", ", ".join(safe))
+    # NOTE: a field name is any JSON string; a header value may hold only visible ASCII and
+    # spaces (h11 drops the connection otherwise), so everything else is escaped.
+    return {IGNORED_FIELDS_HEADER: ",".join(safe)[:1024]}
+
+
+def _header_safe(name: str) -> str:
+    return "".join(c if " " <= c <= "~" and c != "," else f"\\u{ord(c):04x}" for c in name)
 
 
 async def until_disconnected(receive, work: Awaitable[T]) -> tuple[bool, T | None]:

@@ -68,6 +68,14 @@ def test_unknown_fields_are_ignored_and_named_in_a_header(tiny_server):
     assert "WARNING kiln.serving: ignored unknown request fields: mystery" in tiny_server.log()
 
 
+def test_an_unknown_field_of_any_name_is_named_safely(tiny_server):
+    """A name is any JSON string: control characters and commas are escaped in the header (a raw
+    one made h11 drop the connection: the fuzz test found it)."""
+    r = _post(tiny_server, "/v1/completions", {**OK_PROMPT, "stream_options": {"\x1f": None, "a\nb,c": 1}})
+    assert r.status_code == 200, r.text
+    assert sorted(r.headers[HEADER].split(",")) == ["stream_options.\\u001f", "stream_options.a\\u000ab\\u002cc"]
+
+
 def test_a_bad_known_field_is_still_400_beside_an_unknown_one(tiny_server):
     r = _post(tiny_server, "/v1/completions", {**OK_PROMPT, "mystery": 1, "top_p": 7})
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_p"
