@@ -197,3 +197,17 @@ def test_empty_batch(library):
     q = q4min_blocks(np.ones((32, 16), np.float32))
     y = session(32, 16, pack_tiles(q)).run(None, {"x": np.zeros((0, 3, 32), np.float32)})[0]
     assert y.shape == (0, 3, 16)
+
+
+def test_without_the_headers_the_build_says_what_to_point_at(tmp_path, monkeypatch):
+    """No onnxruntime_c_api.h where the build looks: no library (int4 keeps MatMulNBits), and the
+    message names the variable that points the build at a release archive's include/ folder."""
+    from kiln.engines.ort.native import build as native_build
+
+    monkeypatch.setenv(native_build.INCLUDE_ENV, str(tmp_path))
+    monkeypatch.setattr(native_build, "SYSTEM_INCLUDES", ())
+    monkeypatch.setattr(native_build, "up_to_date", lambda: False)
+    library, message = native_build.build()
+    assert library is None and native_build.INCLUDE_ENV in message and "MatMulNBits" in message
+    (tmp_path / "onnxruntime_c_api.h").write_text("")
+    assert native_build.ort_include_dir() == tmp_path
