@@ -19,6 +19,7 @@ MAX_SEED = (1 << 63) - 1           # OpenAI's seed is a signed 64-bit integer; n
 MAX_LOGIT_BIAS_ENTRIES = 1024
 LOGIT_BIAS_RANGE = 100.0           # OpenAI: each bias in [-100, 100]
 
+GREEDY_BELOW = 1e-5                   # temperatures below this sample greedily
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
@@ -64,7 +65,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # NOTE: a positive temperature below GREEDY_BELOW is greedy too (as vLLM does): divided
+        # in float32, 1e-50 is 0 and the logits would turn to inf/NaN.
+        return self.temperature < GREEDY_BELOW
 
 
 def _bias_pairs(bias: Mapping[int, float] | tuple) -> tuple[tuple[int, float], ...]:

@@ -88,7 +88,7 @@ class PreparedRequest:
 
     @property
     def deterministic(self) -> bool:
-        return self.params.temperature == 0 or self.params.seed is not None
+        return self.params.greedy or self.params.seed is not None
 
     @property
     def cache_key(self) -> tuple:

@@ -250,3 +250,14 @@ def test_logprobs_top_n_is_capped_by_the_vocabulary():
 def test_batch_shape_must_match_requests():
     with pytest.raises(ValueError, match="logits must be"):
         SAMPLER.sample(np.zeros((2, 5)), states(SamplingParams()))
+
+
+@pytest.mark.parametrize("temperature", [1e-50, 1e-30, 1e-8, 5e-6])
+def test_a_temperature_that_vanishes_in_float32_samples_greedily(temperature):
+    """1e-50 is a valid positive float but 0 in float32: dividing the logits by it gave inf and NaN
+    probabilities. Below GREEDY_BELOW a temperature is greedy (argmax), with no NaN anywhere."""
+    logits = random_logits(8, 500, seed=3)
+    params = SamplingParams(temperature=temperature, seed=1)
+    assert params.greedy
+    out = SAMPLER.sample(logits, states(*[params] * 8))
+    assert (out.token_ids == logits.argmax(axis=1)).all()
