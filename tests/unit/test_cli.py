@@ -57,3 +57,31 @@ def test_build_with_no_flags_says_what_it_chose_and_records_it(tmp_path):
     assert choices["quant"] == {"value": "none", "chosen_by": "auto", "reason": choices["quant"]["reason"]}
     res = CliRunner().invoke(main, ["inspect", str(out)])
     assert "chosen backend" in res.output and "chosen quant" in res.output
+
+
+def test_a_build_that_runs_out_of_space_publishes_nothing_and_says_so(tmp_path):
+    """A disk that fills mid-build, simulated with a file-size limit (RLIMIT_FSIZE: a write past it
+    fails with EFBIG, as a full disk fails with ENOSPC): exit 1 with one line that says what
+    happened, and neither the artifact nor a half-written folder beside it."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from kiln.compiler.export.presets import write_tiny_checkpoint
+
+    source = write_tiny_checkpoint("tiny-llama", tmp_path / "source")     # written before the limit
+    out_parent = tmp_path / "out"
+    out_parent.mkdir()
+
+    def file_size_limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)          # the write fails instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    done = subprocess.run([sys.executable, "-c", "from kiln.cli import main; main()", "build", str(source),
+                           "--out", str(out_parent / "art"), "--backend", "ort", "--quant", "none"],
+                          preexec_fn=file_size_limit, capture_output=True, text=True, timeout=300)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said
+    assert "out of disk space" in said and "Nothing was published" in said and "Traceback" not in said
+    assert list(out_parent.iterdir()) == []
