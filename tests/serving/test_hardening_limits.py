@@ -29,7 +29,7 @@ def test_the_limits_are_on_by_default():
 def _serve_config(monkeypatch, *flags: str) -> ServeConfig:
     """The ServeConfig `kiln serve ARTIFACT *flags` would run with (the server is not started)."""
     seen = {}
-    monkeypatch.setattr("kiln.serving.server.run_server", lambda artifact, runtime, cfg, announce: seen.update(cfg=cfg))
+    monkeypatch.setattr("kiln.serving.server.run_server", lambda artifact, runtime, cfg, announce, **_: seen.update(cfg=cfg))
     result = CliRunner(env={"KILN_API_KEY": None}).invoke(cli.main, ["serve", "artifact", *flags])
     assert result.exit_code == 0, result.output
     return seen["cfg"]
