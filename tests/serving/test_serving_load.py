@@ -1,13 +1,19 @@
 """A bounded load test on loopback: the real `kiln serve` (tiny model), the official `openai` client,
 a mixed workload (streamed and whole replies, short and long prompts, clients that hang up) with
-more demand than a tight TTFT objective admits. Afterwards: no 5xx, every refusal a 429 with
+more demand than a tight TTFT objective admits, and beside it a client cycling through hostile
+requests (bad JSON, 5,000-deep nesting, a wrong content type or Host, out-of-range numbers, a huge
+prompt), each answered with a 4xx. Afterwards: no 5xx, every refusal a 429 with
 Retry-After, every KV block free, the server's books empty, RSS back near its baseline. How many
 admitted first tokens came later than the objective is printed, not asserted (a timing figure)."""
 
 from __future__ import annotations
 
+import json
 import random
+import threading
 import time
+
+import httpx
 
 import pytest
 from serving_flags import TINY_FLAGS
@@ -66,6 +72,40 @@ def _load(server, seconds: float, seed: int) -> LevelRun:
                     Limits(duration=seconds, timeout=60.0), BACK_OFF)
 
 
+def _hostile_requests(model: str) -> list[dict]:
+    """Well-formed HTTP that a hostile client sends: each must get a 4xx and harm nobody else."""
+    chat = "/v1/chat/completions"
+    user = {"role": "user", "content": "hi"}
+    deep = "[" * 5000 + "]" * 5000
+    return [
+        dict(path=chat, content=b"{not json", headers={"Content-Type": "application/json"}),
+        dict(path=chat, content=json.dumps({"model": model, "messages": deep}).encode(),
+             headers={"Content-Type": "application/json"}),
+        dict(path=chat, json={"model": model, "messages": [user], "guided_json": deep}),
+        dict(path=chat, content=json.dumps({"model": model, "messages": [user]}).encode(),
+             headers={"Content-Type": "text/plain"}),
+        dict(path=chat, json={"model": model, "messages": [user]}, headers={"Host": "evil.example"}),
+        dict(path=chat, json={"model": model, "messages": [user], "max_tokens": -5}),
+        dict(path=chat, json={"model": model, "messages": [user], "temperature": 1e300}),
+        dict(path="/v1/completions", json={"model": model, "prompt": "x " * 200_000}),
+        dict(path="/v1/completions", json={"model": model, "prompt": [[-1, 10**12]]}),
+    ]
+
+
+def _send_hostile(url: str, model: str, stop: threading.Event, statuses: list[int]) -> None:
+    """Cycle through the hostile requests until `stop`; record every status (0: no answer)."""
+    with httpx.Client(base_url=url, timeout=30.0) as client:
+        while not stop.is_set():
+            for request in _hostile_requests(model):
+                path = request.pop("path")
+                try:
+                    statuses.append(client.post(path, **request).status_code)
+                except httpx.HTTPError:
+                    statuses.append(0)
+                if stop.is_set():
+                    return
+
+
 def _admitted(run: LevelRun) -> list[RequestRecord]:
     return [r for r in run.records if r.status == 200]
 
@@ -95,8 +135,15 @@ def test_mixed_load_with_hang_ups_refuses_cleanly_and_leaves_nothing_behind(load
     print(f"\nwarm-up: {warm.summary()}")
     rss_before = server.rss_bytes()
     before = _quiet(server)
+    stop, hostile = threading.Event(), []
+    attacker = threading.Thread(target=_send_hostile, args=(server.url, MODEL, stop, hostile))
+    attacker.start()            # hostile requests beside the good traffic, the whole time
     load = _load(server, SECONDS, seed=2)
-    print(f"load: {load.summary()}")
+    stop.set()
+    attacker.join(60)
+    print(f"load: {load.summary()}; hostile statuses {sorted(set(hostile))} over {len(hostile)}")
+    assert len(hostile) >= len(_hostile_requests(MODEL)), "every hostile request went out at least once"
+    assert all(400 <= s < 500 for s in hostile), sorted(set(hostile))
 
     assert not [s for s in load.statuses if s >= 500], load.statuses
     assert set(load.statuses) <= {0, 200, 429}, [o for o in load.records if o.status not in (0, 200, 429)][:3]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from dataclasses import MISSING, fields
 
 import numpy as np
@@ -206,3 +207,26 @@ def test_index_shard_outside_the_folder_refused(tiny_folder, shard):
     index.write_text(json.dumps({"weight_map": weight_map | {"model.norm.weight": shard}}))
     with pytest.raises(CheckpointError, match="tensor model.norm.weight: .* a shard must be a file name"):
         load_source(str(tiny_folder))
+
+
+def test_a_link_out_of_the_source_folder_is_refused(tiny_folder, tmp_path):
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text((tiny_folder / "tokenizer.json").read_text())
+    (tiny_folder / "tokenizer.json").unlink()
+    (tiny_folder / "tokenizer.json").symlink_to(outside)
+    with pytest.raises(CheckpointError, match="tokenizer.json in .* is a link to .*outside the checkpoint folder"):
+        load_source(str(tiny_folder))
+
+
+def test_a_hugging_face_cache_snapshot_s_links_into_its_blobs_are_followed(tiny_folder, tmp_path):
+    """models--org--name/snapshots/REV/FILE -> ../../blobs/HASH, as huggingface_hub lays a cache out."""
+    repo = tmp_path / "models--org--tiny"
+    blobs, snapshot = repo / "blobs", repo / "snapshots" / "0123abc"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, f in enumerate(sorted(tiny_folder.iterdir())):
+        blob = blobs / f"blob{i}"
+        blob.write_bytes(f.read_bytes())
+        (snapshot / f.name).symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    src = load_source(str(snapshot))
+    assert src.spec.num_layers > 0 and len(src.weights) > 0

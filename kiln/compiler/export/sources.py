@@ -58,6 +58,7 @@ def load_hf_folder(path: Path) -> ModelSource:
     from kiln.compiler.export.checkpoint import load_tensors
     from kiln.compiler.export.families import expected_shapes, family_for, split_fused
 
+    check_links_stay_inside(path)
     cfg = json.loads((path / "config.json").read_text())
     spec = spec_from_hf_config(cfg)
     if not (path / "tokenizer.json").is_file():
@@ -67,6 +68,24 @@ def load_hf_folder(path: Path) -> ModelSource:
     if fused:
         split_fused(weights, spec)
     return ModelSource(f"HF folder {path}", spec, weights, path, hf_dir=path, end_token_ids=_generation_eos(path))
+
+
+def check_links_stay_inside(path: Path) -> None:
+    """Refuse a symlink in the folder that resolves outside it: a build reads and copies what the
+    folder names, so a link must not bring in (or publish into an artifact) a file from elsewhere.
+    NOTE: a Hugging Face cache snapshot (.../models--org--name/snapshots/REV/) links every file to
+    ../../blobs/; links may resolve anywhere inside that model's cache folder."""
+    from kiln.compiler.export.checkpoint import CheckpointError
+
+    root = path.resolve()
+    allowed = root.parent.parent if root.parent.name == "snapshots" else root
+    for entry in sorted(path.iterdir()):
+        if not entry.is_symlink():
+            continue
+        target = entry.resolve()
+        if not target.is_relative_to(allowed):
+            raise CheckpointError(f"{entry.name} in {path} is a link to {target}, outside the checkpoint "
+                                  "folder; kiln does not follow links out of a source folder (copy the file in)")
 
 
 # --- GGUF -----------------------------------------------------------------------------------
