@@ -13,7 +13,7 @@ import click
 def read_prompt_file(path: Path) -> list[dict]:
     """Each line: a JSON string (a prompt), or an object with "prompt" or "messages"."""
     items = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         item = json.loads(line)

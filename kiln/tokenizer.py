@@ -216,7 +216,7 @@ def _map_message_texts(value, fn, key: str | None = None):
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def _token_text(tok) -> str | None:
@@ -225,5 +225,5 @@ def _token_text(tok) -> str | None:
 
 def _chat_template(folder: Path, config: dict) -> str | None:
     if (folder / TEMPLATE_FILE).is_file():
-        return (folder / TEMPLATE_FILE).read_text()
+        return (folder / TEMPLATE_FILE).read_text(encoding="utf-8")
     return config.get("chat_template")

@@ -90,7 +90,7 @@ class RatioCounter:
 def corpus_words() -> tuple[str, ...]:
     """The words of tests/data/perplexity.txt, or seeded made-up words where it is not shipped."""
     if CORPUS.is_file():
-        return tuple(CORPUS.read_text().split())
+        return tuple(CORPUS.read_text(encoding="utf-8").split())
     rng = random.Random(0)
     letters = "etaoinshrdlucmfwypvbgkqjxz"
     return tuple("".join(rng.choices(letters, k=rng.randint(2, 9))) for _ in range(FALLBACK_WORDS))

@@ -49,7 +49,7 @@ def _read_manifest(path: Path) -> dict:
     if not f.is_file():
         raise ArtifactError(f"{path} has no {MANIFEST}: not a kiln artifact, or the build did not finish; {REBUILD}")
     try:
-        return json.loads(f.read_text())
+        return json.loads(f.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ArtifactError(f"{f} is corrupt ({e}); {REBUILD}") from None
 

@@ -55,7 +55,7 @@ class Server:
         self.ready = False
         self.client: EngineClient = llm.client
         if config.chat_template is not None:
-            llm.tokenizer.set_chat_template(config.chat_template.read_text())
+            llm.tokenizer.set_chat_template(config.chat_template.read_text(encoding="utf-8"))
         self.limits = EngineLimits.of(self.client.snapshot, llm.artifact.manifest)
         self.generations: Generations | None = None
         # --semantic-cache: loaded before serving, so a missing embedding model stops kiln serve

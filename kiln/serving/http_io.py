@@ -133,7 +133,7 @@ def read_api_key_file(path) -> tuple[tuple[str, str], ...]:
     from pathlib import Path
 
     pairs, names, seen = [], set(), set()
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue

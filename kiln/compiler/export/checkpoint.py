@@ -70,7 +70,7 @@ def _shards(folder: Path) -> dict[Path, list[str] | None]:
 
 def _weight_map(index: Path) -> dict:
     try:
-        weight_map = json.loads(index.read_text()).get("weight_map") or {}
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {}
     except (ValueError, AttributeError):
         raise CheckpointError(f"{INDEX} is not a JSON object with a weight_map") from None
     if not isinstance(weight_map, dict):

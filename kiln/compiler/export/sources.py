@@ -59,7 +59,7 @@ def load_hf_folder(path: Path) -> ModelSource:
     from kiln.compiler.export.families import expected_shapes, family_for, split_fused
 
     check_links_stay_inside(path)
-    cfg = json.loads((path / "config.json").read_text())
+    cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
     spec = spec_from_hf_config(cfg)
     if not (path / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no tokenizer.json in {path}: kiln needs a fast tokenizer")
@@ -115,7 +115,7 @@ def _generation_eos(path: Path) -> tuple[int, ...]:
     if not f.is_file():
         return ()
     try:
-        eos = json.loads(f.read_text()).get("eos_token_id")
+        eos = json.loads(f.read_text(encoding="utf-8")).get("eos_token_id")
     except (json.JSONDecodeError, AttributeError):
         return ()
     ids = eos if isinstance(eos, list) else [eos]

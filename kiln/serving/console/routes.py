@@ -44,7 +44,7 @@ def console_routes(server) -> list:
 
 async def _index(request: HttpRequest) -> Response:
     # NOTE: no-store, so a browser never shows a page older than the server's static files.
-    return HTMLResponse((STATIC / "index.html").read_text(), headers={"Cache-Control": "no-store"})
+    return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"), headers={"Cache-Control": "no-store"})
 
 
 def _refused(server, request: HttpRequest) -> Response | None:

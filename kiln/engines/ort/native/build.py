@@ -41,7 +41,7 @@ def sources_hash() -> str:
 
 
 def up_to_date() -> bool:
-    return LIBRARY.is_file() and STAMP.is_file() and STAMP.read_text().strip() == sources_hash()
+    return LIBRARY.is_file() and STAMP.is_file() and STAMP.read_text(encoding="utf-8").strip() == sources_hash()
 
 
 def ort_include_dir() -> Path | None:
