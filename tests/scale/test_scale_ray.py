@@ -238,19 +238,23 @@ def test_scale_down_drains_the_streams_of_the_replica_it_removes(cluster, tiny_l
         serve.run(application(tiny_llama_artifact, runtime, config, options), name="drain", route_prefix="/drain")
 
     deploy(2)
-    results, started = {}, threading.Barrier(3)
+    results, opened, go = {}, [threading.Event(), threading.Event()], threading.Event()
 
     def read(i: int) -> None:
         body = {"prompt": f"Drain {i} " * 10, "max_tokens": 8, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{url}/drain/v1/completions", json=body, timeout=120) as r:
-            started.wait()
+            opened[i].set()
+            go.wait(60)
             results[i] = (r.headers.get(REPLICA_HEADER), [line for line in r.iter_lines() if line])
 
     try:
         readers = [threading.Thread(target=read, args=(i,)) for i in range(2)]
-        for t in readers:
+        # NOTE: one after the other: the second is routed once the router counts the first in
+        # flight, so the least-loaded rule puts it on the other replica (two at once could race)
+        for t, was_opened in zip(readers, opened):
             t.start()
-        started.wait(timeout=60)                              # both streams are open on a replica
+            assert was_opened.wait(60)
+        go.set()                                              # both streams are open on a replica
         deploy(1)                                             # one replica goes while its stream is held
         for t in readers:
             t.join(timeout=120)
