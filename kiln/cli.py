@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from functools import partial
 from pathlib import Path
@@ -369,25 +368,10 @@ def _guarded(fn):
         console.print(f"[bold red]error:[/] {e}")
         raise SystemExit(1) from None
     except Exception as e:
-        if not _out_of_space(e):
+        from kiln.compiler.disk_space import out_of_space
+
+        if not out_of_space(e):
             raise
         console.print(f"[bold red]error:[/] out of disk space (or over a file-size limit) while writing: {e}. "
                       "Nothing was published; free space or write elsewhere and run it again.")
         raise SystemExit(1) from None
-
-
-def _short_write(e: OSError) -> bool:
-    """numpy's tofile reports a write the disk cut short without an errno: "N requested and M written"."""
-    return e.errno is None and re.search(r"\d+ requested and \d+ written", str(e)) is not None
-
-
-# ENOSPC, EFBIG, EDQUOT: as OSErrors, or inside a library's own error (safetensors, ONNX, OpenVINO
-# write through native code and say "(os error 28)").
-_SPACE_ERRNOS = (28, 27, 122)
-
-
-def _out_of_space(e: BaseException) -> bool:
-    if isinstance(e, OSError) and (e.errno in _SPACE_ERRNOS or _short_write(e)):
-        return True
-    text = str(e)
-    return any(f"os error {n})" in text for n in _SPACE_ERRNOS) or "No space left on device" in text
