@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import secrets
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 
 from jinja2.ext import loopcontrols
@@ -35,16 +36,30 @@ class Tokenizer:
         self.bos_token = _token_text(self.config.get("bos_token"))
         self.eos_token_id = self.fast.token_to_id(self.eos_token) if self.eos_token else None
         self._template = _compile(self.chat_template) if self.chat_template else None
-        # Message text is tokenized with special-token matching off (a second instance: the flag
-        # is the tokenizer's own state, and requests are tokenized on several threads).
-        self._text_only = FastTokenizer.from_file(str(folder / "tokenizer.json"))
-        self._text_only.encode_special_tokens = True
+        self._folder = folder
         self.special_tokens = tuple(t.content for t in self.fast.get_added_tokens_decoder().values()
                                     if t.special)
-        # The most characters one token stands for: a prompt of n characters is at least
-        # n / max_token_chars tokens, a bound the server checks before it tokenizes anything.
-        self.max_token_chars = max((len(t) for t in self.fast.get_vocab()), default=1) or 1
-        self._byte_level = _decodes_byte_level(folder / "tokenizer.json")
+
+    # NOTE: what only some requests need is made on first use, not at load: each costs a pass over
+    # tokenizer.json (a tenth of a second or more), and a server start waits for all of them.
+    # Made twice by two threads at once, the results are equal: no lock.
+    @cached_property
+    def _text_only(self) -> FastTokenizer:
+        """Message text is tokenized with special-token matching off (a second instance: the flag
+        is the tokenizer's own state, and requests are tokenized on several threads)."""
+        text_only = FastTokenizer.from_file(str(self._folder / "tokenizer.json"))
+        text_only.encode_special_tokens = True
+        return text_only
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for: a prompt of n characters is at least
+        n / max_token_chars tokens, a bound the server checks before it tokenizes anything."""
+        return max((len(t) for t in self.fast.get_vocab()), default=1) or 1
+
+    @cached_property
+    def _byte_level(self) -> bool:
+        return _decodes_byte_level(self._folder / "tokenizer.json")
 
     def set_chat_template(self, template: str) -> None:
         """Use `template` (Jinja text) instead of the artifact's (kiln serve --chat-template)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import AsyncIterator, Sequence
 
@@ -34,10 +35,14 @@ class LLM:
             # NOTE: the files hash while the engine loads (both mostly outside the GIL); a mismatch
             # raises here, before anything can be served.
             self.artifact, verifying = EngineArtifact.load_verifying(artifact)
-        self.core = EngineCore(self.artifact, config or RuntimeConfig())
-        if verifying is not None:
-            verifying.result()
-        self.tokenizer = Tokenizer(self.artifact.tokenizer_dir)
+        # NOTE: the tokenizer loads on a thread while the engine loads (the engine's import holds
+        # no GIL): both are on a server start's path.
+        with ThreadPoolExecutor(1, thread_name_prefix="kiln-tokenizer") as pool:
+            tokenizer = pool.submit(Tokenizer, self.artifact.tokenizer_dir)
+            self.core = EngineCore(self.artifact, config or RuntimeConfig())
+            if verifying is not None:
+                verifying.result()
+            self.tokenizer = tokenizer.result()
         self.outputs = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         self._client: EngineClient | None = None
