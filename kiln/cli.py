@@ -61,10 +61,12 @@ def main():
 @click.option("--prefill-engine", type=click.Choice(["w8a8", "int8", "int4"]), default=None,
               help="ort backend: a second engine, quantized this way, for calls of 4+ tokens (prefill "
                    "chunks, decode batches); the --quant engine keeps single decodes.")
-@click.option("--attention", type=click.Choice(["standard", "gqa"]), default="standard", show_default=True,
-              help="ort backend: the paged graph's attention core; gqa: ONNX Runtime's GroupQueryAttention "
+@click.option("--attention", type=click.Choice(["auto", "standard", "gqa", "native"]), default="auto", show_default=True,
+              help="ort backend: the paged graph's attention core; auto: native where kiln's op library is "
+                   "built and the KV cache is fp32, else standard; gqa: ONNX Runtime's GroupQueryAttention "
                    "(faster prefill and single decodes, slower large decode batches: passes/attention_gqa.py); "
-                   "with --prefill-engine only the decode engine takes it.")
+                   "native: kiln's PagedAttention op, which reads the KV pool in place (needs kiln's op "
+                   "library and an fp32 KV cache); with --prefill-engine only the decode engine takes it.")
 @click.option("--kv-dtype", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
               help="ort backend: the KV cache's element type; fp16 halves its memory, int8 (one scale per "
                    "token and head) takes ~0.27x; attention still computes in fp32.")

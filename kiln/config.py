@@ -38,7 +38,7 @@ class BuildConfig:
     backend: str = "auto"         # a key of kiln.contract.backends.BACKENDS, or "auto" (kiln.compiler.defaults)
     precision: str = ""           # GPU backends: fp32 | fp16 | bf16 ("": the backend's default)
     prefill_engine: str = ""      # ORT: a second engine (a QuantMode value, e.g. "w8a8") for calls of many tokens
-    attention: str = "standard"   # ORT: the paged graph's attention core, a key of passes.kv_io.ATTENTION_CORES
+    attention: str = "auto"       # ORT: the paged graph's attention core, a key of passes.kv_io.ATTENTION_CORES (auto: compiler/defaults.py)
     kv_dtype: str = "float32"     # ORT: the KV pool's element type, a key of passes.kv_io.KV_DTYPES
 
 

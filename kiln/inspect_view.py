@@ -25,7 +25,7 @@ def _summary(art: EngineArtifact, context_len: int, memory_bytes: int) -> Table:
         ("config hash", m.spec.config_hash()),
         ("source", m.source),
         ("quantization", _quant_line(m.quant)),
-        *(("chosen " + what, _choice_line(m.choices[what])) for what in ("backend", "quant") if what in m.choices),
+        *(("chosen " + what, _choice_line(m.choices[what])) for what in ("backend", "quant", "attention") if what in m.choices),
         ("perplexity", _perplexity_line(m.quant)),
         ("buckets", f"batch {list(m.buckets.batch_sizes)} × seq {list(m.buckets.seq_lens)}"),
         ("KV layout", f"[layers {kv.num_layers}, k/v, kv_heads {kv.num_kv_heads}, blocks, "

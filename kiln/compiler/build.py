@@ -13,7 +13,7 @@ import onnx
 
 from kiln.compiler.backends import ort
 from kiln.compiler.backends.built import BuiltEngines, StageFn
-from kiln.compiler.defaults import AUTO, choose_backend, choose_quant
+from kiln.compiler.defaults import AUTO, choose_attention, choose_backend, choose_quant
 from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.export.sources import ModelSource, load_source
 from kiln.compiler.passes.base import run_pass
@@ -38,8 +38,9 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> P
         config, choices = resolve_defaults(config, src.spec)
         backend = get_backend(config.backend)
         _refuse_unbuildable(config, backend)
+        attention = f"; attention: {choices['attention']['reason']}" if config.backend == "ort" else ""
         with stage(f"chose {config.backend} {config.quant.value} ({choices['backend']['reason']}; "
-                   f"{choices['quant']['reason']})"):
+                   f"{choices['quant']['reason']}{attention})"):
             pass
         if config.quant is QuantMode.INT4 and not _engine_quantizes(config):
             from kiln.compiler.passes.quantize import int4_kernel_note
@@ -82,8 +83,9 @@ def resolve_defaults(config: BuildConfig, spec) -> tuple[BuildConfig, dict]:
     quant = choose_quant(config.quant, spec, modes)
     ort_options = tuple(o for o, neutral in BACKEND_OPTIONS.items() if getattr(config, o) != neutral)
     backend = choose_backend(config.backend, QuantMode(quant.value), spec, ort_options)
-    resolved = replace(config, quant=QuantMode(quant.value), backend=backend.value)
-    return resolved, {"backend": backend.to_dict(), "quant": quant.to_dict()}
+    attention = choose_attention(config.attention, backend.value, config.kv_dtype)
+    resolved = replace(config, quant=QuantMode(quant.value), backend=backend.value, attention=attention.value)
+    return resolved, {"backend": backend.to_dict(), "quant": quant.to_dict(), "attention": attention.to_dict()}
 
 
 def _refuse_unbuildable(config: BuildConfig, backend: Backend) -> None:
@@ -116,14 +118,16 @@ def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelS
     """Engines per bucket range: a second ORT engine, quantized `config.prefill_engine` from the same
     fused graph, for calls of PREFILL_MIN_TOKENS tokens or more (prefill chunks, decode batches).
     Both read and write the one KV pool; the manifest says which serves what. The prefill engine
-    keeps the standard attention core whatever --attention says: GroupQueryAttention is faster for
-    the decode engine's single decodes but slower for decode batches and continuing chunks
-    (passes/attention_gqa.py), which are this engine's calls."""
+    keeps a core that takes any batch: GroupQueryAttention is faster for the decode engine's single
+    decodes but slower for decode batches and continuing chunks (passes/attention_gqa.py), which are
+    this engine's calls, so with --attention gqa it gets the standard core; kiln's PagedAttention
+    takes any batch and is kept."""
     mode = QuantMode(config.prefill_engine)        # the ort backend: _refuse_unbuildable checked
     quantize, check = _checked_quantize(src, mode, config.backend)
     with stage(f"pass {quantize.name} ({mode.value}, prefill engine)"):
         model, report = run_pass(quantize, model, check if config.verify else None)
-    prefill = ort.build_engines(model, src.spec, replace(config, attention="standard"), root, stage, folder="ort-prefill")
+    core = "native" if config.attention == "native" else "standard"
+    prefill = ort.build_engines(model, src.spec, replace(config, attention=core), root, stage, folder="ort-prefill")
     reports = [{**report.to_dict(), "name": f"{quantize.name} (prefill engine, {mode.value})"},
                *({**r, "name": f"{r['name']} (prefill engine)"} for r in prefill.pass_reports)]
     main = {**built.engines[0], "serves": {"max_tokens": PREFILL_MIN_TOKENS - 1}}

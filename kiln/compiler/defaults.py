@@ -7,6 +7,8 @@ The rules follow the side-by-side measurements (docs/benchmarks.md, `python benc
   is covered, for the modes where it measured fastest (int8: TTFT and batched decodes, ~2-3x the ort
   backend at 32 streams); ONNX Runtime otherwise (int4 one stream: ort's MatMulNBits beat OpenVINO
   reading the same 4-bit blocks; fp32 and w8a8: ort's graph).
+- on ort, the attention core: kiln's PagedAttention op (reads the KV pool in place) where kiln's op
+  library is built and the KV cache is fp32; the standard core (a paged gather in the graph) otherwise.
 Each choice carries its reason; the build prints it and the manifest records it.
 """
 
@@ -85,3 +87,19 @@ def parameter_count(spec: ModelSpec) -> int:
     mlp = 3 * spec.hidden_size * spec.intermediate_size
     head = spec.vocab_size * spec.hidden_size * (1 if spec.tie_word_embeddings else 2)
     return head + spec.num_layers * (attn + mlp)
+
+
+def choose_attention(requested: str, backend: str, kv_dtype: str) -> Choice:
+    """The ort backend's attention core; other backends have their own (the choice says so)."""
+    if requested != AUTO:
+        return Choice(requested, "user", "--attention " + requested)
+    if backend != "ort":
+        return Choice(AUTO, AUTO, f"the {backend} backend has its own paged attention")
+    from kiln.engines.ort import native
+
+    if not native.available():
+        return Choice("standard", AUTO, "the standard core (paged gather in the graph): kiln's op library is "
+                      f"not built here (`{native.BUILD_COMMAND}`)")
+    if kv_dtype != "float32":
+        return Choice("standard", AUTO, f"the standard core: kiln's PagedAttention reads an fp32 KV cache, not {kv_dtype}")
+    return Choice("native", AUTO, "kiln's PagedAttention: reads the KV cache in place (no gather), any batch")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # The build options only some backends take (BuildConfig field -> its neutral value).
-BACKEND_OPTIONS = {"prefill_engine": "", "attention": "standard", "kv_dtype": "float32"}
+BACKEND_OPTIONS = {"prefill_engine": "", "attention": "auto", "kv_dtype": "float32"}
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,16 @@ read. A native paged-attention kernel can replace the gather without changing th
 logits_index picks the positions whose logits are computed (the last token of each sequence when
 decoding; every position for perplexity), so prefill does not pay the LM head for every token.
 
-Two attention cores, one interface (the `attention` argument; recorded as details()["layout"]):
+Three attention cores, one interface (the `attention` argument; recorded as details()["layout"]):
 - "standard" (layout "paged-gather"): the standard graph's own ops over the gathered past + new K/V,
   standard ONNX only, so TensorRT and the OpenVINO/CUDA rewrites take it;
 - "gqa" (layout "paged-gqa", passes/attention_gqa.py; `kiln build --attention gqa`): ONNX Runtime's
   fused GroupQueryAttention, which runs a chunk with a past only at batch 1 (the ORT planner keeps
   to that); fewer nodes, faster prefill and single decodes, slower large decode batches. The graph's
   metadata names the core, so an engine plans its calls by the graph it loads; graphs built
-  before it existed carry no name and are the standard core, which still loads and runs.
+  before it existed carry no name and are the standard core, which still loads and runs;
+- "native" (layout "paged-native", passes/attention_native.py): kiln's own PagedAttention op (its
+  ONNX Runtime op library), which reads the pool in place: no gather, any batch, one node per layer.
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ from kiln.compiler.export.decoder_graph import (FAR, FINAL_HIDDEN, KEY_POSITIONS
                                        past_transpose_name)
 from kiln.compiler.export.graph_builder import FLOAT, INT64, GraphBuilder
 from kiln.contract.model_spec import ModelSpec
-from kiln.compiler.passes import attention_gqa
+from kiln.compiler.passes import attention_gqa, attention_native
 from kiln.compiler.graph_utils import prune, toposort
+from kiln.compiler.passes.q4min_linear import ensure_kiln_opset
 
 KV_KINDS = ("key", "value")
-ATTENTION_CORES = {"standard": "paged-gather", "gqa": attention_gqa.LAYOUT}     # core -> layout name
+ATTENTION_CORES = {"standard": "paged-gather", "gqa": attention_gqa.LAYOUT,       # core -> layout name
+                   "native": attention_native.LAYOUT}
 # pool dtype -> (ONNX element type, the paged graph's tolerance against the dense one). fp16: past
 # K/V rounded to 11 significant bits (relative 2^-11 each) before attention reads them; measured on
 # tiny-llama and SmolLM2 the logits move by ~1e-3 of their range, so 1e-2 bounds it with room.
@@ -81,15 +85,19 @@ class KvIoPass:
         self._add_inputs(b)
         renames = {self._output_of(g, FINAL_HIDDEN): self._gather_logit_rows(b, g)}
         replaced = {FINAL_HIDDEN}
-        if self.attention == "gqa":
+        if self.attention in ("gqa", "native"):
             # NOTE: the old core, the mask and the dense past become unreachable and are pruned.
-            core, new_kv_parts = attention_gqa.rewire_layers(g, b, self.spec, self.block_size,
-                                                             pool_dtype=self.kv_dtype)
+            if self.attention == "gqa":
+                core, new_kv_parts = attention_gqa.rewire_layers(g, b, self.spec, self.block_size,
+                                                                 pool_dtype=self.kv_dtype)
+                attention_gqa.mark(out)
+            else:
+                core, new_kv_parts = attention_native.rewire_layers(g, b, self.spec, pool_dtype=self.kv_dtype)
+                ensure_kiln_opset(out)
             renames |= core
             with b.scope("model"), b.scope("new_kv"):
                 new_kv = b.op("Concat", new_kv_parts, "Concat", axis=-1)
             new_kv_shape = ["batch", "seq", 2 * self.spec.num_layers * self.spec.num_kv_heads * self.spec.head_dim]
-            attention_gqa.mark(out)
         else:
             renames |= self._rewire_standard(b, g, replaced)
             new_kv = self._concat_new_kv(b, g)

@@ -28,7 +28,7 @@ struct OpDomain;
 struct SessionOptions;
 
 enum ErrorCode : int { kFail = 1, kInvalidArgument = 2 };
-enum ElementType : int { kFloat = 1, kUint8 = 2 };
+enum ElementType : int { kFloat = 1, kUint8 = 2, kInt64 = 7 };
 enum MemType : int { kMemTypeDefault = 0 };
 enum Characteristic : int { kRequired = 0 };
 
@@ -42,6 +42,7 @@ enum Slot : int {
   kGetDimensionsCount = 61,
   kGetDimensions = 62,
   kGetTensorTypeAndShape = 65,
+  kKernelInfoGetAttributeFloat = 85,
   kKernelInfoGetAttributeInt64 = 86,
   kKernelContextGetInput = 90,
   kKernelContextGetOutput = 91,
@@ -108,6 +109,9 @@ class Api {
   }
   Status* KernelInfoGetAttributeInt64(const KernelInfo* info, const char* name, int64_t* out) const {
     return Fn<Status* (*)(const KernelInfo*, const char*, int64_t*)>(kKernelInfoGetAttributeInt64)(info, name, out);
+  }
+  Status* KernelInfoGetAttributeFloat(const KernelInfo* info, const char* name, float* out) const {
+    return Fn<Status* (*)(const KernelInfo*, const char*, float*)>(kKernelInfoGetAttributeFloat)(info, name, out);
   }
   Status* GetInput(const KernelContext* context, size_t index, const Value** out) const {
     return Fn<Status* (*)(const KernelContext*, size_t, const Value**)>(kKernelContextGetInput)(context, index, out);

@@ -1,4 +1,5 @@
-// kiln's ONNX Runtime custom-op library, over the C ABI only (ort_abi.h): two operators of the `kiln` domain.
+// kiln's ONNX Runtime custom-op library, over the C ABI only (ort_abi.h): the operators of the `kiln`
+// domain. The two linears are here; PagedAttention is in paged_attention_op.cc.
 //
 //     Y[..., N] = MatMulQ4Min(X[..., K] float, B [ceil(N/16), K/32, 320] uint8)      attributes K, N
 //     Y[..., N] = MatMulQ8   (X[..., K] float, B [ceil(N/16), K/32, 544] uint8)      (accuracy_level)
@@ -7,18 +8,15 @@
 // 32 (Q4_1), or 8-bit codes with a half-float scale (Q8_0). The rows of X are quantized once per call;
 // ONNX Runtime's intra-op pool then shares out the tiles (KernelContext_ParallelFor). Loaded with
 // SessionOptions.register_custom_ops_library.
-#include <climits>
-#include <cstring>
-#include <string>
-#include <vector>
-
-#include "ort_abi.h"
+#include "op_library.h"
 #include "q4min_kernel.h"
 
 namespace {
 
-using ort_abi::Status;
-const ort_abi::Api* g_api = nullptr;      // set once, when a session registers the library
+using kiln_ops::Fail;
+using kiln_ops::g_api;
+using kiln_ops::Shape;
+using kiln_ops::Status;
 
 struct Kernel {
   int bits = 4;                  // 4: MatMulQ4Min, 8: MatMulQ8
@@ -51,29 +49,6 @@ void RunTask(void* data, size_t index) {
   } else {
     kiln_q4::MatMulTiles(j.isa, j.xq, j.dx, j.xs, j.rows, j.k, j.w, j.n, t0, t1, j.y);
   }
-}
-
-Status* Fail(const std::string& message) {
-  return g_api->CreateStatus(ort_abi::kInvalidArgument, ("kiln op library: " + message).c_str());
-}
-
-#define RETURN_IF_ERROR(expr)            \
-  do {                                   \
-    Status* status_ = (expr);         \
-    if (status_ != nullptr) return status_; \
-  } while (0)
-
-Status* Shape(const ort_abi::Value* value, std::vector<int64_t>* dims) {
-  ort_abi::TensorInfo* info = nullptr;
-  RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
-  size_t count = 0;
-  Status* status = g_api->GetDimensionsCount(info, &count);
-  if (status == nullptr) {
-    dims->resize(count);
-    status = g_api->GetDimensions(info, dims->data(), count);
-  }
-  g_api->ReleaseTensorInfo(info);
-  return status;
 }
 
 Status* Compute(void* op_kernel, ort_abi::KernelContext* context) {
@@ -135,17 +110,14 @@ Status* Compute(void* op_kernel, ort_abi::KernelContext* context) {
   return g_api->ParallelFor(context, RunTask, tasks, 0, &job);
 }
 
-const char* Name(const ort_abi::CustomOp* op);
-
 Status* CreateKernel(const ort_abi::CustomOp* op, const void*, const ort_abi::KernelInfo* info, void** out) {
   auto* kernel = new Kernel;
-  kernel->bits = std::strcmp(Name(op), "MatMulQ8") == 0 ? 8 : 4;
+  kernel->bits = std::strcmp(kiln_ops::Name(op), "MatMulQ8") == 0 ? 8 : 4;
   Status* status = g_api->KernelInfoGetAttributeInt64(info, "K", &kernel->k);
   if (status == nullptr) status = g_api->KernelInfoGetAttributeInt64(info, "N", &kernel->n);
-  if (status == nullptr) {
-    Status* missing = g_api->KernelInfoGetAttributeInt64(info, "accuracy_level", &kernel->accuracy_level);
-    if (missing != nullptr) g_api->ReleaseStatus(missing);        // optional: 4 by default
-  }
+  if (status == nullptr)         // optional: 4 by default
+    kernel->accuracy_level = kiln_ops::Optional<int64_t>(&ort_abi::Api::KernelInfoGetAttributeInt64, info,
+                                                         "accuracy_level", 4);
   if (status == nullptr && kernel->accuracy_level != 0 && kernel->accuracy_level != 4)
     status = Fail("accuracy_level must be 0 (float activations) or 4 (int8 activations)");
   if (status == nullptr && (kernel->k <= 0 || kernel->k % kiln_q4::kBlock || kernel->n <= 0 || kernel->k > INT_MAX || kernel->n > INT_MAX))
@@ -160,47 +132,18 @@ Status* CreateKernel(const ort_abi::CustomOp* op, const void*, const ort_abi::Ke
 }
 
 void DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
-struct NamedOp {
-  ort_abi::CustomOp op;          // NOTE: first member, so a CustomOp* is a NamedOp*
-  const char* name;
-};
-const char* Name(const ort_abi::CustomOp* op) { return reinterpret_cast<const NamedOp*>(op)->name; }
-const char* Provider(const ort_abi::CustomOp*) { return "CPUExecutionProvider"; }
 ort_abi::ElementType InputType(const ort_abi::CustomOp*, size_t index) {
   return index == 0 ? ort_abi::kFloat : ort_abi::kUint8;
 }
 size_t InputCount(const ort_abi::CustomOp*) { return 2; }
-ort_abi::ElementType OutputType(const ort_abi::CustomOp*, size_t) { return ort_abi::kFloat; }
-size_t OutputCount(const ort_abi::CustomOp*) { return 1; }
-ort_abi::Characteristic Required(const ort_abi::CustomOp*, size_t) { return ort_abi::kRequired; }
-ort_abi::MemType MemoryType(const ort_abi::CustomOp*, size_t) { return ort_abi::kMemTypeDefault; }
-int One(const ort_abi::CustomOp*) { return 1; }
-int StartVersion(const ort_abi::CustomOp*) { return 1; }
-int EndVersion(const ort_abi::CustomOp*) { return INT_MAX; }
-NamedOp MakeOp(const char* name) {
-  NamedOp named;
-  std::memset(&named, 0, sizeof named);
-  named.name = name;
-  ort_abi::CustomOp& op = named.op;
-  op.version = ort_abi::kCustomOpVersion;
-  op.GetName = Name;
-  op.GetExecutionProviderType = Provider;
-  op.GetInputType = InputType;
-  op.GetInputTypeCount = InputCount;
-  op.GetOutputType = OutputType;
-  op.GetOutputTypeCount = OutputCount;
-  op.KernelDestroy = DestroyKernel;
-  op.GetInputCharacteristic = Required;
-  op.GetOutputCharacteristic = Required;
-  op.GetInputMemoryType = MemoryType;
-  op.GetVariadicInputMinArity = One;
-  op.GetVariadicInputHomogeneity = One;
-  op.GetVariadicOutputMinArity = One;
-  op.GetVariadicOutputHomogeneity = One;
-  op.CreateKernelV2 = CreateKernel;
-  op.KernelComputeV2 = Compute;
-  op.GetStartVersion = StartVersion;
-  op.GetEndVersion = EndVersion;
+
+kiln_ops::NamedOp MatMulOp(const char* name) {
+  kiln_ops::NamedOp named = kiln_ops::BaseOp(name);
+  named.op.GetInputType = InputType;
+  named.op.GetInputTypeCount = InputCount;
+  named.op.KernelDestroy = DestroyKernel;
+  named.op.CreateKernelV2 = CreateKernel;
+  named.op.KernelComputeV2 = Compute;
   return named;
 }
 
@@ -217,12 +160,14 @@ __attribute__((visibility("default"))) Status* RegisterCustomOps(ort_abi::Sessio
     return ort_abi::Api(base->GetApi(1)).CreateStatus(ort_abi::kFail, "kiln's op library needs onnxruntime >= 1.17");
   }
   static const ort_abi::Api api(table);
-  g_api = &api;
-  static NamedOp q4 = MakeOp("MatMulQ4Min"), q8 = MakeOp("MatMulQ8");
+  kiln_ops::g_api = &api;
+  static kiln_ops::NamedOp q4 = MatMulOp("MatMulQ4Min"), q8 = MatMulOp("MatMulQ8"),
+                           attention = kiln_ops::PagedAttentionOp();
   ort_abi::OpDomain* domain = nullptr;        // NOTE: owned by the sessions for their lifetime; never released
   RETURN_IF_ERROR(api.CreateCustomOpDomain("kiln", &domain));
   RETURN_IF_ERROR(api.CustomOpDomainAdd(domain, &q4.op));
   RETURN_IF_ERROR(api.CustomOpDomainAdd(domain, &q8.op));
+  RETURN_IF_ERROR(api.CustomOpDomainAdd(domain, &attention.op));
   return api.AddCustomOpDomain(options, domain);
 }
 

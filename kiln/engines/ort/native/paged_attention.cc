@@ -1,0 +1,254 @@
+// kiln.PagedAttention's arithmetic (paged_attention.h). A task is compiled for AVX-512, AVX2 and
+// plain x86-64 and picked at load time (GCC's target_clones), like the q4 kernel's run-time
+// dispatch; its inner loops (dot products, the softmax's exponentials, the weighted sum of values)
+// are inlined into each copy, so they vectorize for that copy's instructions with no call between.
+#include "paged_attention.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace kiln_attn {
+namespace {
+
+#define KILN_CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
+#define KILN_INLINE inline __attribute__((always_inline))
+
+// 16 floats as one value: one AVX-512 register in that copy, two AVX2 or four SSE ones in the others.
+typedef float Lanes __attribute__((vector_size(64)));
+typedef int32_t LaneIndex __attribute__((vector_size(64)));
+
+KILN_INLINE Lanes Load(const float* x) {
+  Lanes v;
+  std::memcpy(&v, x, sizeof v);
+  return v;
+}
+
+// The lanes' sum, by halving: 8 + 8, 4 + 4, 2 + 2, 1 + 1 (4 shuffles, not 15 scalar adds).
+KILN_INLINE float Total(Lanes v) {
+  v += __builtin_shuffle(v, LaneIndex{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+  v += __builtin_shuffle(v, LaneIndex{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+  v += __builtin_shuffle(v, LaneIndex{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+  v += __builtin_shuffle(v, LaneIndex{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  return v[0];
+}
+
+KILN_INLINE float Dot(const float* a, const float* b, int n) {
+  Lanes acc = {};
+  int i = 0;
+  for (; i + 16 <= n; i += 16) acc += Load(a + i) * Load(b + i);
+  float sum = Total(acc);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+KILN_INLINE void AddScaled(float* out, float p, const float* v, int n) {
+  for (int i = 0; i < n; ++i) out[i] += p * v[i];
+}
+
+// e^x for x <= 0 (scores less their maximum), branch-free so the loop vectorizes: x = (n + f) ln 2
+// with n an integer and 0 <= f < 1; 2^f by its Taylor series in f ln 2 to the 7th power (relative
+// error < 2e-6 on [0, 1)), 2^n written into the exponent bits. Below -87 the result underflows to ~0.
+KILN_INLINE float ExpAndSum(float* x, int n, float shift) {
+  for (int i = 0; i < n; ++i) {
+    float t = (x[i] - shift) * 1.4426950409f;
+    t = t < -126.f ? -126.f : t;
+    const float whole = std::floor(t);
+    const float r = (t - whole) * 0.6931471806f;
+    float poly = 1.f / 5040.f;
+    poly = poly * r + 1.f / 720.f;
+    poly = poly * r + 1.f / 120.f;
+    poly = poly * r + 1.f / 24.f;
+    poly = poly * r + 1.f / 6.f;
+    poly = poly * r + 0.5f;
+    poly = poly * r + 1.f;
+    poly = poly * r + 1.f;
+    const int32_t bits = (static_cast<int32_t>(whole) + 127) << 23;
+    float two_n;
+    std::memcpy(&two_n, &bits, sizeof two_n);
+    x[i] = poly * two_n;
+  }
+  Lanes lanes = {};
+  int i = 0;
+  for (; i + 16 <= n; i += 16) lanes += Load(x + i);
+  float sum = Total(lanes);
+  for (; i < n; ++i) sum += x[i];
+  return sum;
+}
+
+// ExpAndSum's e^x for 16 values at once (x <= 0), the same series: lanes where x is -inf give 0 only
+// through the mask the caller applies.
+KILN_INLINE Lanes ExpLanes(Lanes x) {
+  Lanes t = x * 1.4426950409f;
+  t = t < -126.f ? Lanes{} - 126.f : t;
+  LaneIndex whole = __builtin_convertvector(t, LaneIndex);          // rounds toward zero ...
+  Lanes whole_f = __builtin_convertvector(whole, Lanes);
+  whole -= whole_f > t ? 1 : 0;                                       // ... so step down below zero
+  whole_f = __builtin_convertvector(whole, Lanes);
+  const Lanes r = (t - whole_f) * 0.6931471806f;
+  Lanes poly = Lanes{} + 1.f / 5040.f;
+  poly = poly * r + 1.f / 720.f;
+  poly = poly * r + 1.f / 120.f;
+  poly = poly * r + 1.f / 24.f;
+  poly = poly * r + 1.f / 6.f;
+  poly = poly * r + 0.5f;
+  poly = poly * r + 1.f;
+  poly = poly * r + 1.f;
+  return poly * (Lanes)((whole + 127) << 23);       // NOTE: a vector cast keeps the bits
+}
+
+KILN_INLINE float Cap(float score, const Params& p) { return p.softcap > 0.f ? p.softcap * std::tanh(score / p.softcap) : score; }
+
+}  // namespace
+
+const char* CheckTables(const Shape& s, const int64_t* tables, const int64_t* past_lens) {
+  for (int b = 0; b < s.batch; ++b) {
+    const int64_t past = past_lens[b];
+    if (past < 0 || (past + s.block_size - 1) / s.block_size > s.max_blocks)
+      return "a past length is negative or longer than its row of block_tables holds";
+    const int64_t used = (past + s.block_size - 1) / s.block_size;
+    for (int64_t i = 0; i < used; ++i) {
+      const int64_t block = tables[static_cast<int64_t>(b) * s.max_blocks + i];
+      if (block < 0 || block >= s.num_blocks) return "a block id in block_tables is outside the KV pool";
+    }
+  }
+  return nullptr;
+}
+
+namespace {
+
+// Where a task reads: key index t of its row is a past token (t < past, in the pool through the
+// row's block table) or the call's new token t - past.
+struct RowView {
+  const Shape& s;
+  int64_t past;
+  const int64_t* table;
+  const float *pool_keys, *pool_values, *new_keys, *new_values;
+  size_t new_stride, new_base;
+
+  KILN_INLINE const float* Row(const float* pool, const float* fresh, int64_t t) const {
+    if (t < past) {
+      const int64_t block = table[t / s.block_size];
+      return pool + (static_cast<size_t>(block) * s.block_size + t % s.block_size) * s.head_dim;
+    }
+    return fresh + new_base + static_cast<size_t>(t - past) * new_stride;
+  }
+  KILN_INLINE const float* Key(int64_t t) const { return Row(pool_keys, new_keys, t); }
+  KILN_INLINE const float* Value(int64_t t) const { return Row(pool_values, new_values, t); }
+};
+
+constexpr int kLanes = 16;
+constexpr int kMinChunk = 4;
+constexpr int kKeys = 4;           // keys a chunk's loops take per pass (the value loop spells out 4)       // queries from which a task computes across them (prefill)
+
+// The keys query position `position` sees: [first, position].
+KILN_INLINE int64_t FirstKey(const Params& p, int64_t position) {
+  return p.window > 0 && position - p.window + 1 > 0 ? position - p.window + 1 : 0;
+}
+
+// Softmax over scores[0, n) and the weighted sum of the values of keys first.. into result.
+KILN_INLINE void Finish(const RowView& row, float* scores, int n, int64_t first, int hd, float* result) {
+  float top = -INFINITY;
+  for (int t = 0; t < n; ++t) top = scores[t] > top ? scores[t] : top;
+  const float inv = 1.f / ExpAndSum(scores, n, top);
+  std::memset(result, 0, sizeof(float) * hd);
+  for (int t = 0; t < n; ++t) AddScaled(result, scores[t] * inv, row.Value(first + t), hd);
+}
+
+// A chunk of up to 16 queries (prefill), computed across the queries: lane i of every vector is query
+// s0 + i. Per key, its 16 scores are one multiply-add per head dimension (the key's element times the
+// queries' transposed elements), with no horizontal sums; the softmax and the weighted sum of values
+// run on the same lanes. Lanes past the chunk or keys a query cannot see are masked out.
+template <typename Query, typename Result>
+KILN_INLINE void AttendChunk(const Shape& s, const Params& p, const RowView& row, Query query, Result result,
+                             int s0, int s1) {
+  const int hd = s.head_dim, nq = s1 - s0;
+  Lanes transposed[kMaxHeadDim];                      // transposed[d][i] = query s0 + i, element d
+  for (int d = 0; d < hd; ++d) transposed[d] = Lanes{};
+  for (int i = 0; i < nq; ++i)
+    for (int d = 0; d < hd; ++d) transposed[d][i] = query(s0 + i)[d];
+  Lanes position{}, first{};                          // per lane: the query's position, its first key
+  for (int i = 0; i < kLanes; ++i) {
+    const int64_t at = row.past + s0 + (i < nq ? i : nq - 1);
+    position[i] = static_cast<float>(at);
+    first[i] = static_cast<float>(FirstKey(p, at));
+  }
+  const int64_t lo = FirstKey(p, row.past + s0), hi = row.past + s1 - 1;
+  const int width = static_cast<int>(hi - lo + 1);
+  // scores[t - lo]: key t against every query. NOTE: floats, aligned by hand: a std::vector of
+  // 64-byte vectors was not allocated 64-byte aligned, and the stores into it are aligned ones.
+  thread_local std::vector<float> storage;
+  storage.resize(static_cast<size_t>(width + 1) * kLanes);
+  Lanes* scores = reinterpret_cast<Lanes*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+  Lanes top = Lanes{} - INFINITY;
+  // NOTE: kKeys keys per pass: their sums are independent chains (one chain waits out each
+  // multiply-add's latency) and share each load of the transposed queries.
+  for (int64_t t0 = lo; t0 <= hi; t0 += kKeys) {
+    const int n = static_cast<int>(hi - t0 + 1 < kKeys ? hi - t0 + 1 : kKeys);
+    const float* key[kKeys];
+    for (int j = 0; j < kKeys; ++j) key[j] = row.Key(t0 + (j < n ? j : 0));
+    Lanes acc[kKeys] = {};
+    for (int d = 0; d < hd; ++d)
+      for (int j = 0; j < kKeys; ++j) acc[j] += transposed[d] * key[j][d];
+    for (int j = 0; j < n; ++j) {
+      Lanes x = acc[j] * p.scale;
+      if (p.softcap > 0.f)
+        for (int i = 0; i < kLanes; ++i) x[i] = Cap(x[i], p);
+      const float tf = static_cast<float>(t0 + j);
+      x = (tf <= position) & (tf >= first) ? x : Lanes{} - INFINITY;     // positions are exact in float below 2^24
+      scores[t0 + j - lo] = x;
+      top = x > top ? x : top;
+    }
+  }
+  Lanes total{};
+  for (int t = 0; t < width; ++t) {
+    const Lanes seen = scores[t] > Lanes{} - INFINITY ? Lanes{} + 1.f : Lanes{};
+    scores[t] = ExpLanes(scores[t] - top) * seen;
+    total += scores[t];
+  }
+  Lanes out[kMaxHeadDim];                             // out[d][i]: query s0 + i, element d
+  for (int d = 0; d < hd; ++d) out[d] = Lanes{};
+  int t = 0;
+  for (; t + kKeys <= width; t += kKeys) {
+    const float* value[kKeys];
+    for (int j = 0; j < kKeys; ++j) value[j] = row.Value(lo + t + j);
+    for (int d = 0; d < hd; ++d)
+      out[d] += scores[t] * value[0][d] + scores[t + 1] * value[1][d] + scores[t + 2] * value[2][d] +
+                scores[t + 3] * value[3][d];
+  }
+  for (; t < width; ++t) {
+    const float* value = row.Value(lo + t);
+    for (int d = 0; d < hd; ++d) out[d] += scores[t] * value[d];
+  }
+  for (int i = 0; i < nq; ++i) {
+    float* dst = result(s0 + i);
+    const float inv = 1.f / total[i];
+    for (int d = 0; d < hd; ++d) dst[d] = out[d][i] * inv;
+  }
+}
+
+}  // namespace
+
+KILN_CLONES void AttendTask(const Shape& s, const Params& p, const float* q, const float* k, const float* v,
+                            const float* key_pool, const float* value_pool, const int64_t* tables,
+                            const int64_t* past_lens, int b, int h, int s0, int s1, float* out) {
+  const int hd = s.head_dim, g = h / (s.heads / s.kv_heads);
+  const size_t head_rows = static_cast<size_t>(s.num_blocks) * s.block_size;      // one kv head's rows in the pool
+  const size_t kv_stride = static_cast<size_t>(s.kv_heads) * hd;
+  const RowView row{s, past_lens[b], tables + static_cast<int64_t>(b) * s.max_blocks,
+                    key_pool + g * head_rows * hd, value_pool + g * head_rows * hd, k, v, kv_stride,
+                    static_cast<size_t>(b) * s.seq * kv_stride + static_cast<size_t>(g) * hd};
+  const auto query = [&](int qs) { return q + ((static_cast<size_t>(b) * s.seq + qs) * s.heads + h) * hd; };
+  const auto result = [&](int qs) { return out + ((static_cast<size_t>(b) * s.seq + qs) * s.heads + h) * hd; };
+  if (s1 - s0 >= kMinChunk) return AttendChunk(s, p, row, query, result, s0, s1);
+  thread_local std::vector<float> scores;
+  for (int qs = s0; qs < s1; ++qs) {
+    const int64_t position = row.past + qs, first = FirstKey(p, position);
+    const int n = static_cast<int>(position - first + 1);
+    scores.resize(static_cast<size_t>(n));
+    for (int t = 0; t < n; ++t) scores[t] = Cap(p.scale * Dot(query(qs), row.Key(first + t), hd), p);
+    Finish(row, scores.data(), n, first, hd, result(qs));
+  }
+}
+
+}  // namespace kiln_attn
