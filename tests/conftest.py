@@ -22,6 +22,13 @@ def tiny_llama_artifact(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_standard_artifact(tmp_path_factory):
+    """tiny-llama on ort with the standard attention core (standard ONNX only): the paged graph the
+    GPU backends take and rewrite, where the default build's core is kiln's own op."""
+    return _build(tmp_path_factory, "tiny-llama", attention="standard")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_artifact(tmp_path_factory):
     return _build(tmp_path_factory, "tiny-qwen2")
 

@@ -35,15 +35,17 @@ def test_int4_within_three_percent(smollm2_int4_artifact, fp32_perplexity):
 
 def test_int4_runs_on_kilns_kernel_and_answers_paris(smollm2_int4_artifact):
     """Where kiln's op library is built (scripts/setup.sh), the ort int4 build puts its 4-bit linears
-    on kiln.MatMulQ4Min and its LM head on kiln.MatMulQ8 (the manifest says so), and the answer stays
-    intact."""
+    on kiln.MatMulQ4Min, its LM head on kiln.MatMulQ8 and its attention on kiln.PagedAttention (the
+    manifest says so), and the answer stays intact."""
     from kiln import LLM, RuntimeConfig, SamplingParams
     from kiln.engines.ort import native
 
     llm = LLM(smollm2_int4_artifact, RuntimeConfig(kv_cache_memory=256 << 20, threads=2))
     record = llm.artifact.manifest.engines[0]
     assert record["backend"] == "ort"
-    assert record.get("native_ops", []) == (["kiln.MatMulQ4Min", "kiln.MatMulQ8"] if native.available() else [])
+    assert record.get("native_ops", []) == (["kiln.MatMulQ4Min", "kiln.MatMulQ8", "kiln.PagedAttention"]
+                                            if native.available() else [])
+    assert llm.artifact.manifest.choices["attention"]["value"] == ("native" if native.available() else "standard")
     out = llm.chat([[{"role": "user", "content": "What is the capital of France?"}]],
                    SamplingParams(max_tokens=24, temperature=0))[0]
     assert "Paris" in out.text, out.text

@@ -50,13 +50,13 @@ def test_paged_batches_survive_the_feed_dict_form():
         assert back.slot_mapping.tolist() == step.slot_mapping.tolist()
 
 
-def test_polygraphy_compares_engines_per_output(tiny_llama_artifact, tmp_path):
+def test_polygraphy_compares_engines_per_output(tiny_llama_standard_artifact, tmp_path):
     from kiln.engines.load import load_engine
     from kiln.compiler.backends.gpu.onnx_files import save_onnx, with_weights_inline
     from kiln.engines.ort.engine import OrtEngine
     from kiln.compiler.backends.tensorrt.graph import in_precision
 
-    artifact = EngineArtifact.load(tiny_llama_artifact)
+    artifact = EngineArtifact.load(tiny_llama_standard_artifact)
     m = artifact.manifest
     steps = probe_steps(m.spec.vocab_size, m.kv_layout.block_size)
     same = compare_engines(engine_runner("a", lambda: load_engine(artifact)),

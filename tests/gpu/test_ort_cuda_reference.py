@@ -49,8 +49,8 @@ class ReferenceEngine:
         return EngineResult(logits)
 
 
-def test_ort_cuda_graph_with_a_reference_op_matches_the_ort_engine(tiny_llama_artifact):
-    artifact = EngineArtifact.load(tiny_llama_artifact)
+def test_ort_cuda_graph_with_a_reference_op_matches_the_ort_engine(tiny_llama_standard_artifact):
+    artifact = EngineArtifact.load(tiny_llama_standard_artifact)
     src = load_source("tiny-llama")
     model = build_decoder(src.spec, src.weights)
     for p in fusion_passes(src.spec):

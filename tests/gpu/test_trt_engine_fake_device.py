@@ -68,10 +68,10 @@ def _long_prefill(vocab: int, block_size: int) -> list:
 
 
 @pytest.fixture(params=["fp32", "fp16"])
-def engines(request, tiny_llama_artifact, tmp_path):
+def engines(request, tiny_llama_standard_artifact, tmp_path):
     """A TrtEngine and an OrtEngine over the same graph file: the artifact's, or its fp16 version
     (the graph a --precision fp16 build gives TensorRT, with an fp16 pool)."""
-    artifact = EngineArtifact.load(tiny_llama_artifact)
+    artifact = EngineArtifact.load(tiny_llama_standard_artifact)
     m = artifact.manifest
     record = m.engines[0]
     graph, layout = artifact.path / record["file"], m.kv_layout
@@ -114,8 +114,8 @@ def test_profile_switches_only_when_the_call_needs_another(engines):
 
 
 @pytest.mark.parametrize("max_tokens, calls, rows", [(64, 8, 1), (256, 4, 2), (8192, 1, 8)])
-def test_row_split_calls_cover_every_token_and_logit_once(tiny_llama_artifact, max_tokens, calls, rows):
-    m = EngineArtifact.load(tiny_llama_artifact).manifest
+def test_row_split_calls_cover_every_token_and_logit_once(tiny_llama_standard_artifact, max_tokens, calls, rows):
+    m = EngineArtifact.load(tiny_llama_standard_artifact).manifest
     profiles = plan_profiles(m.buckets, 16, m.generation["max_model_len"], max_tokens=max_tokens)
     [step] = _long_prefill(m.spec.vocab_size, 16)
     planned = plan_trt_calls(step, m.buckets, 16, profiles)

@@ -58,11 +58,11 @@ def test_an_artifact_records_the_op_and_refuses_to_load_without_the_library(tmp_
 
     art = build(BuildConfig(source="tiny-llama", out=tmp_path / "a", quant=QuantMode.INT4, backend="ort"))
     record = EngineArtifact.load(art).manifest.engines[0]
-    assert record["native_ops"] == ["kiln.MatMulQ4Min", "kiln.MatMulQ8"]
+    assert record["native_ops"] == ["kiln.MatMulQ4Min", "kiln.MatMulQ8", "kiln.PagedAttention"]
     out = LLM(art, RuntimeConfig(kv_cache_memory=16 << 20)).generate([[1, 2, 3]], SamplingParams(max_tokens=4))
     assert len(out[0].token_ids) == 4
     monkeypatch.setattr(native, "LIBRARY", tmp_path / "absent.so")
-    with pytest.raises(ArtifactError, match=r"kiln\.MatMulQ4Min, kiln\.MatMulQ8.*python -m kiln\.engines\.ort\.native\.build"):
+    with pytest.raises(ArtifactError, match=r"kiln\.MatMulQ4Min, kiln\.MatMulQ8, kiln\.PagedAttention.*python -m kiln\.engines\.ort\.native\.build"):
         LLM(art, RuntimeConfig(kv_cache_memory=16 << 20))
 
 
@@ -80,3 +80,4 @@ def test_without_the_library_the_build_keeps_matmul_nbits_and_says_so(no_library
     assert any("MatMulNBits" in s and native.BUILD_COMMAND in s for s in stages)
     manifest = EngineArtifact.load(art).manifest
     assert "native_ops" not in manifest.engines[0] and manifest.quant["int4_rounding"] == "search"
+    assert manifest.choices["attention"]["value"] == "standard"       # kiln's PagedAttention needs the library too

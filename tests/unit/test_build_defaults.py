@@ -70,3 +70,19 @@ def test_quant_auto_respects_a_named_backends_modes(smollm2):
     """tensorrt has no int8 weight-only path: auto gives it unquantized weights, not a refusal."""
     choice = choose_quant(None, smollm2, backend_modes=("none", "int4"))
     assert choice.value == "none" and "no int8" in choice.reason
+
+
+def test_auto_attention_is_kilns_op_on_ort_where_the_library_is_built(monkeypatch):
+    from kiln.compiler.defaults import choose_attention
+    from kiln.engines.ort import native
+
+    monkeypatch.setattr(native, "available", lambda: True)
+    assert choose_attention("auto", "ort", "float32").value == "native"
+    narrow = choose_attention("auto", "ort", "float16")
+    assert narrow.value == "standard" and "fp32" in narrow.reason
+    assert choose_attention("gqa", "ort", "float32").to_dict() == {"value": "gqa", "chosen_by": "user",
+                                                                   "reason": "--attention gqa"}
+    assert choose_attention("auto", "openvino", "float32").value == "auto"      # not an ort engine
+    monkeypatch.setattr(native, "available", lambda: False)
+    missing = choose_attention("auto", "ort", "float32")
+    assert missing.value == "standard" and native.BUILD_COMMAND in missing.reason
