@@ -85,7 +85,10 @@ def resolve_defaults(config: BuildConfig, spec) -> tuple[BuildConfig, dict]:
     backend = choose_backend(config.backend, QuantMode(quant.value), spec, ort_options)
     attention = choose_attention(config.attention, backend.value, config.kv_dtype)
     resolved = replace(config, quant=QuantMode(quant.value), backend=backend.value, attention=attention.value)
-    return resolved, {"backend": backend.to_dict(), "quant": quant.to_dict(), "attention": attention.to_dict()}
+    choices = {"backend": backend.to_dict(), "quant": quant.to_dict()}
+    if backend.value == "ort":          # the one backend with a choice of attention core
+        choices["attention"] = attention.to_dict()
+    return resolved, choices
 
 
 def _refuse_unbuildable(config: BuildConfig, backend: Backend) -> None:
