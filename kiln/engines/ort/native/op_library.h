@@ -65,8 +65,16 @@ inline int One(const ort_abi::CustomOp*) { return 1; }
 inline int StartVersion(const ort_abi::CustomOp*) { return 1; }
 inline int EndVersion(const ort_abi::CustomOp*) { return INT_MAX; }
 
-// An op of one float output on the CPU; the caller sets its inputs, kernel and compute.
-inline NamedOp BaseOp(const char* name) {
+// An op of one float output on the CPU, with its inputs, kernel and compute.
+struct OpParts {
+  ort_abi::ElementType (*input_type)(const ort_abi::CustomOp*, size_t index);
+  size_t (*input_count)(const ort_abi::CustomOp*);
+  Status* (*create)(const ort_abi::CustomOp*, const void* api, const ort_abi::KernelInfo*, void** kernel);
+  Status* (*compute)(void* kernel, ort_abi::KernelContext*);
+  void (*destroy)(void* kernel);
+};
+
+inline NamedOp MakeOp(const char* name, const OpParts& parts) {
   NamedOp named;
   std::memset(&named, 0, sizeof named);
   named.name = name;
@@ -85,6 +93,11 @@ inline NamedOp BaseOp(const char* name) {
   op.GetVariadicOutputHomogeneity = One;
   op.GetStartVersion = StartVersion;
   op.GetEndVersion = EndVersion;
+  op.GetInputType = parts.input_type;
+  op.GetInputTypeCount = parts.input_count;
+  op.CreateKernelV2 = parts.create;
+  op.KernelComputeV2 = parts.compute;
+  op.KernelDestroy = parts.destroy;
   return named;
 }
 

@@ -45,7 +45,7 @@ Status* Data(const ort_abi::Value* value, const T** out) {
 Status* Compute(void* op_kernel, ort_abi::KernelContext* context) {
   const AttentionKernel& kernel = *static_cast<const AttentionKernel*>(op_kernel);
   const ort_abi::Value* in[7] = {};
-  std::vector<int64_t> dims[7];
+  thread_local std::vector<int64_t> dims[7];      // NOTE: reused: no allocation per layer and step
   for (size_t i = 0; i < 7; ++i) {
     RETURN_IF_ERROR(g_api->GetInput(context, i, &in[i]));
     RETURN_IF_ERROR(Shape(in[i], &dims[i]));
@@ -116,14 +116,6 @@ size_t InputCount(const ort_abi::CustomOp*) { return 7; }
 
 }  // namespace
 
-NamedOp PagedAttentionOp() {
-  NamedOp named = BaseOp("PagedAttention");
-  named.op.GetInputType = InputType;
-  named.op.GetInputTypeCount = InputCount;
-  named.op.KernelDestroy = DestroyKernel;
-  named.op.CreateKernelV2 = CreateKernel;
-  named.op.KernelComputeV2 = Compute;
-  return named;
-}
+NamedOp PagedAttentionOp() { return MakeOp("PagedAttention", {InputType, InputCount, CreateKernel, Compute, DestroyKernel}); }
 
 }  // namespace kiln_ops

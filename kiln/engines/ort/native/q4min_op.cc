@@ -59,7 +59,7 @@ Status* Compute(void* op_kernel, ort_abi::KernelContext* context) {
   const ort_abi::Value *x_value = nullptr, *w_value = nullptr;
   RETURN_IF_ERROR(g_api->GetInput(context, 0, &x_value));
   RETURN_IF_ERROR(g_api->GetInput(context, 1, &w_value));
-  std::vector<int64_t> x_dims, w_dims;
+  thread_local std::vector<int64_t> x_dims, w_dims, y_dims;     // NOTE: reused: no allocation per call
   RETURN_IF_ERROR(Shape(x_value, &x_dims));
   RETURN_IF_ERROR(Shape(w_value, &w_dims));
   if (x_dims.empty() || x_dims.back() != k)
@@ -71,7 +71,7 @@ Status* Compute(void* op_kernel, ort_abi::KernelContext* context) {
   for (size_t i = 0; i + 1 < x_dims.size(); ++i) rows64 *= x_dims[i];
   if (rows64 > INT_MAX) return Fail("too many rows");
   const int rows = static_cast<int>(rows64);
-  std::vector<int64_t> y_dims = x_dims;
+  y_dims = x_dims;
   y_dims.back() = n;
   ort_abi::Value* y_value = nullptr;
   RETURN_IF_ERROR(g_api->GetOutput(context, 0, y_dims.data(), y_dims.size(), &y_value));
@@ -138,13 +138,7 @@ ort_abi::ElementType InputType(const ort_abi::CustomOp*, size_t index) {
 size_t InputCount(const ort_abi::CustomOp*) { return 2; }
 
 kiln_ops::NamedOp MatMulOp(const char* name) {
-  kiln_ops::NamedOp named = kiln_ops::BaseOp(name);
-  named.op.GetInputType = InputType;
-  named.op.GetInputTypeCount = InputCount;
-  named.op.KernelDestroy = DestroyKernel;
-  named.op.CreateKernelV2 = CreateKernel;
-  named.op.KernelComputeV2 = Compute;
-  return named;
+  return kiln_ops::MakeOp(name, {InputType, InputCount, CreateKernel, Compute, DestroyKernel});
 }
 
 }  // namespace
