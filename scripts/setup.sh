@@ -19,6 +19,10 @@ PY=${PYTHON:-python3}
 # alone (it needs no ONNX Runtime headers); without a compiler it says so, and int4 builds keep
 # MatMulNBits.
 .venv/bin/python -m kiln.engines.ort.native.build
+# The third-party clients the tests point at kiln serve (AIPerf, lm-eval), in a venv of their own.
+[ -x .venv-clients/bin/python ] || "$PY" -m venv .venv-clients
+.venv-clients/bin/python -m pip install -q --upgrade pip
+.venv-clients/bin/python -m pip install -q -r scripts/clients-requirements.txt
 # Headless Chromium and its driver for the console's browser tests (tests/console); Debian packages.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     SUDO=$([ "$(id -u)" -eq 0 ] || echo sudo)

@@ -40,6 +40,10 @@ OPTIONS = [
     click.option("--metrics-interval", default=0.5, show_default=True, help="Seconds between /metrics scrapes."),
     click.option("--ttft-warn", default=0.25, show_default=True,
                  help="Warn when client and server mean TTFT differ by more than this fraction."),
+    click.option("--export-requests", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                 help="Write the workload's first --max-requests requests (prompt text, reply length) as JSONL "
+                      "for another load generator (AIPerf: --input-file FILE --custom-dataset-type single_turn) "
+                      "and exit; needs --tokenizer."),
     click.option("--compare", is_flag=True, help="With --engine: also run HF transformers on the same weights."),
     click.option("--hf-model", default="smollm2-135m", show_default=True,
                  help="With --compare: the model source for transformers (preset, .gguf or HF folder; 'none' skips it)."),
@@ -57,10 +61,13 @@ def bench_options(fn):
 def run_bench_command(console, out, runtime_config, *, url, engine, workload, concurrency, rate, duration,
                       max_requests, timeout, seed, max_tokens, endpoint, temperature, slo_ttft, slo_itl,
                       slo_e2e, json_path, plot, cdf_plot, tokenizer, model, api_key, allow_remote,
-                      metrics_interval, ttft_warn, compare, hf_model, genai_model) -> None:
+                      metrics_interval, ttft_warn, export_requests, compare, hf_model, genai_model) -> None:
     """console: progress and notes (stderr); out: the tables (stdout); runtime_config: a thunk."""
     from kiln.bench import main
 
+    if export_requests:
+        _export(console, export_requests, workload, seed, max_requests, tokenizer, max_tokens)
+        return
     if (url is None) == (engine is None):
         raise ValueError("give exactly one target: --url or --engine")
     if compare and engine is None:
@@ -79,3 +86,12 @@ def run_bench_command(console, out, runtime_config, *, url, engine, workload, co
     else:
         results = [main.bench_engine(engine, runtime_config(), config, console, **sampling)]
     main.publish(results, out, json_path, plot, cdf_plot, log=lambda m: console.print(f"[dim]{m}[/]"))
+
+
+def _export(console, path: Path, workload, seed, max_requests, tokenizer, max_tokens) -> None:
+    from kiln.bench.export import export_requests
+
+    if tokenizer is None:
+        raise ValueError("--export-requests cuts prompts with the model's tokenizer: give --tokenizer ARTIFACT")
+    written = export_requests(path, workload, seed, max_requests or 0, tokenizer, max_tokens)
+    console.print(f"wrote {written} {workload} requests (seed {seed}) to {path}")

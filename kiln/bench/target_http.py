@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from pathlib import Path
 from typing import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -14,7 +13,7 @@ import httpx
 
 from kiln.bench import structured
 from kiln.bench.records import Chunk, TargetError
-from kiln.bench.text import ExactCounter, Prompt, RatioCounter, TokenCounter, corpus_words
+from kiln.bench.text import Prompt, RatioCounter, TokenCounter, corpus_words, exact_counter
 from kiln.bench.workloads import RequestSpec
 
 CALIBRATION_CHARS = 2000
@@ -75,11 +74,7 @@ class HttpTarget:
         counter = await self.calibrate()
         if tokenizer_dir is None:
             return counter
-        from kiln.tokenizer import Tokenizer
-
-        folder = Path(tokenizer_dir)
-        folder = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder    # an artifact, or its tokenizer/
-        return ExactCounter(Tokenizer(folder).fast)
+        return exact_counter(tokenizer_dir)
 
     def observer(self, interval: float):
         from kiln.bench.observe import MetricsObserver

@@ -69,6 +69,17 @@ class ExactCounter:
         return max(k, 1)            # never an empty prompt, even if one word overshoots a tiny budget
 
 
+def exact_counter(tokenizer_dir: str) -> ExactCounter:
+    """An exact counter from an artifact folder or a tokenizer folder (its tokenizer.json)."""
+    from kiln.tokenizer import Tokenizer
+
+    folder = Path(tokenizer_dir)
+    folder = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder    # an artifact, or its tokenizer/
+    if not (folder / "tokenizer.json").is_file():
+        raise ValueError(f"no tokenizer.json under {tokenizer_dir}: give an artifact or a tokenizer folder")
+    return ExactCounter(Tokenizer(folder).fast)
+
+
 class RatioCounter:
     """Estimates from characters per token; `safety` keeps an estimate under the real count."""
 

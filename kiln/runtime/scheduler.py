@@ -34,6 +34,7 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self.step_costs = StepCostModel(config.target_itl, config.min_prefill_chunk,
                                         config.max_num_batched_tokens, config.itl_stretch)
+        self._steps_observed = 0
         self.batch_wait = BatchWaitWindow(config.batch_wait, config.batch_wait_batch or config.max_num_seqs)
 
     # -- admission ----------------------------------------------------------------------------
@@ -78,7 +79,13 @@ class Scheduler:
         return out
 
     def observe_step(self, seconds: float) -> None:
-        """The last scheduled step took `seconds`: refine the step-cost model."""
+        """The last scheduled step took `seconds`: refine the step-cost model. NOTE: not the
+        engine's first step: it pays one-off costs (kernels prepared, first allocations: 4x a
+        warm step's cost per token on OpenVINO), and learnt as the prefill rate it made admission
+        refuse the first burst of requests (predicted 10 s for first tokens that came in 0.7 s)."""
+        self._steps_observed += 1
+        if self._steps_observed == 1:
+            return
         s = self.last_step_stats
         self.step_costs.observe(s.num_decodes, s.num_prefill_tokens, seconds)
 

@@ -194,15 +194,16 @@ def _left_to_prefill(prompts: list[tuple[int, int]], prefilled: int) -> list[int
 def _seat_wait(s: EngineSnapshot, occupied: int) -> float:
     """Until a seat frees for a newcomer behind `occupied` others (decoding or waiting): the k-th
     shortest remaining reply among the running requests, k being how many seats are missing, at
-    a loaded step's pace (a full batch's decode step, stretched to the target ITL by prefill
-    chunks)."""
+    a full batch's decode pace. NOTE: not at the target ITL: the prefill chunks that stretch a
+    step are the waiting prompts', which queue_prefill_seconds counts already; counting them
+    here too predicted 2.6 s for first tokens that came in 0.2 s (a small model at 2 ms a step),
+    and with the calibration above 1 that refused them."""
     missing = occupied + 1 - max(s.max_num_seqs, 1)
     if missing <= 0 or not s.remaining_tokens:
         return 0.0
     rounds, k = divmod(missing - 1, len(s.remaining_tokens))
     steps = (rounds * s.remaining_tokens[-1]) + s.remaining_tokens[k]
-    costs, seats = s.step_costs, s.max_num_seqs
-    return steps * max(costs.decode_seconds(seats), costs.target_itl)
+    return steps * s.step_costs.decode_seconds(s.max_num_seqs)
 
 
 def _too_many(message: str, code: str, retry_after: float) -> ApiError:

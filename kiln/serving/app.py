@@ -79,13 +79,16 @@ class Server:
         self.metrics.watch(self.client, admission, self.generations)
 
     async def warm_up(self) -> None:
-        """One small request through the whole path, so the first user does not pay for it and
-        admission control predicts TTFT from a measured prefill rate, not only its prior."""
-        ids = (self.llm.tokenizer.encode("Hello world. ") or [0]) * WARM_UP_PROMPT_TOKENS
-        ids = ids[:min(WARM_UP_PROMPT_TOKENS, self.limits.max_model_len - 2)]
-        request = self.client.make_request(ids, SamplingParams(max_tokens=1, temperature=0), "kiln-warmup")
-        async for _ in self.client.stream(request):
-            pass
+        """Two small requests through the whole path, so the first user does not pay for it and
+        admission control predicts TTFT from a measured prefill rate, not only its prior: the
+        engine's first step pays one-off costs and teaches nothing (Scheduler.observe_step), the
+        second is measured. Different texts, so the second is not a prefix-cache hit."""
+        for i, text in enumerate(("Hello world. ", "Good morning. ")):
+            ids = (self.llm.tokenizer.encode(text) or [i]) * WARM_UP_PROMPT_TOKENS
+            ids = ids[:min(WARM_UP_PROMPT_TOKENS, self.limits.max_model_len - 2)]
+            request = self.client.make_request(ids, SamplingParams(max_tokens=1, temperature=0), f"kiln-warmup-{i}")
+            async for _ in self.client.stream(request):
+                pass
         self.ready = True
         log.info("ready: serving %s", self.model_name)
 

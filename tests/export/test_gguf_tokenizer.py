@@ -80,3 +80,17 @@ def test_the_gguf_end_of_turn_token_ends_generation_too(tmp_path):
     out = build(BuildConfig(source=str(written.path), out=tmp_path / "art", backend="ort"))
     eos = json.loads((out / "manifest.json").read_text())["generation"]["eos_token_ids"]
     assert eos == [written.tokenizer["eos"], 3]
+
+
+def test_the_tokenizer_class_is_one_transformers_4_loads_too(tmp_path):
+    """transformers 5's generic class (TokenizersBackend) is unknown to transformers 4, which
+    clients such as AIPerf run: the artifact names it PreTrainedTokenizerFast, as both load."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    src = load_source(str(write_gguf("llama", tmp_path).path))
+    config = json.loads((src.tokenizer_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    reloaded = AutoTokenizer.from_pretrained(str(src.tokenizer_dir))
+    assert reloaded("the cat <|im_end|>")["input_ids"] == Tokenizer(src.tokenizer_dir).encode("the cat <|im_end|>")

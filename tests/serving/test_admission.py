@@ -142,11 +142,12 @@ def test_prompt_tokens_in_the_prefix_cache_are_not_prefilled_again():
 def test_full_seats_add_the_wait_for_the_shortest_replies():
     full = engine(num_running=4, max_num_seqs=4, remaining=(3, 10, 50, 50))
     adm = Admission(strict(ttft_slo=5.0), full)
-    # Every seat is taken: wait until the shortest reply ends, 3 steps of max(20 ms, 100 ms).
-    assert adm.predicted_ttft(100) == pytest.approx(3 * 0.1 + COSTS.prefill_seconds(100, 4))
+    # Every seat is taken: wait until the shortest reply ends, 3 decode steps of 20 ms (the
+    # target ITL of 100 ms does not stretch them: no prompt is waiting to be prefilled).
+    assert adm.predicted_ttft(100) == pytest.approx(3 * 0.02 + COSTS.prefill_seconds(100, 4))
     adm.admit(100)
-    # The next one waits for the second shortest (10 steps).
-    assert adm.predicted_ttft(100) > 1.0
+    # The next one waits for the second shortest (10 steps), then for both prompts' prefill.
+    assert adm.predicted_ttft(100) == pytest.approx(10 * 0.02 + COSTS.queue_prefill_seconds([100, 100], 4, 4))
 
 
 def test_a_refusal_stops_predicting_once_past_the_objective():

@@ -13,6 +13,7 @@ AutoTokenizer would pick for it (its registered class, else TokenizersBackend) a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from kiln.compiler.export.gguf_reader import GGUFError, GGUFFile
@@ -26,7 +27,19 @@ def save_tokenizer(f: GGUFFile, model_type: str, out: Path) -> None:
     cls = tokenizer_class_from_name(TOKENIZER_MAPPING_NAMES.get(model_type) or "TokenizersBackend")
     tok = cls.from_pretrained(str(f.path.parent), gguf_file=f.path.name)
     tok.save_pretrained(str(out))
+    _portable_class(out)
     _check_specials(f, out)
+
+
+def _portable_class(out: Path) -> None:
+    """transformers 5 names its generic fast tokenizer TokenizersBackend, a class transformers 4
+    does not have; PreTrainedTokenizerFast is the same tokenizer under a name both versions load
+    (5 maps it to TokenizersBackend), so the artifact's tokenizer opens in clients on either."""
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _check_specials(f: GGUFFile, out: Path) -> None:
