@@ -79,18 +79,21 @@ class Server:
         self.metrics.watch(self.client, admission, self.generations)
 
     async def warm_up(self) -> None:
-        """Two small requests through the whole path, so the first user does not pay for it and
-        admission control predicts TTFT from a measured prefill rate, not only its prior: the
-        engine's first step pays one-off costs and teaches nothing (Scheduler.observe_step), the
-        second is measured. Different texts, so the second is not a prefix-cache hit."""
+        """Small requests through the whole path, so the first user does not pay for it and
+        admission control predicts TTFT from a measured prefill rate, not only its prior. NOTE:
+        two of them, with different texts (no prefix-cache hit): the engine's first step pays
+        one-off costs and teaches the step-cost model nothing (Scheduler.observe_step); the
+        second is measured. Ready after the first, so the second costs no start-up time (until
+        it ends, about a step later, admission predicts from its prior)."""
         for i, text in enumerate(("Hello world. ", "Good morning. ")):
             ids = (self.llm.tokenizer.encode(text) or [i]) * WARM_UP_PROMPT_TOKENS
             ids = ids[:min(WARM_UP_PROMPT_TOKENS, self.limits.max_model_len - 2)]
             request = self.client.make_request(ids, SamplingParams(max_tokens=1, temperature=0), f"kiln-warmup-{i}")
             async for _ in self.client.stream(request):
                 pass
-        self.ready = True
-        log.info("ready: serving %s", self.model_name)
+            if not self.ready:
+                self.ready = True
+                log.info("ready: serving %s", self.model_name)
 
     def stop(self) -> None:
         self.workers.shutdown(wait=False, cancel_futures=True)
