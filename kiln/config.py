@@ -63,9 +63,11 @@ class SchedulerConfig:
     # the measured step costs), never fewer than min_prefill_chunk. target_itl 0 = prefill bounded
     # only by the token budget; itl_stretch 0 = no bound relative to the decode step.
     target_itl: float = 0.1
-    # 1.8 rather than 2: the step-cost model's errors spend the margin (at 2.0 long-short's p99
-    # ITL passed 2x the idle gaps; at 1.5 chat goodput fell: docs/benchmarks.md, serving under load).
-    itl_stretch: float = 1.8
+    # Off by default: the absolute target alone bounds the ITL. NOTE: a 1.8x stretch (the earlier
+    # default) held a prompt arriving beside a few fast decodes (13 ms steps) to 16 tokens a step,
+    # and under 16 chat clients TTFT p50 went 1.1-1.6 s -> 2.2-3.9 s and goodput halved for an ITL
+    # p99 within a few ms of the unstretched one (docs/benchmarks.md, serving under load).
+    itl_stretch: float = 0.0
     min_prefill_chunk: int = 16
     # The batch wait window (runtime/batch_wait.py): while nothing decodes, hold new prompts up to
     # batch_wait seconds after the oldest arrived, until batch_wait_batch of them wait (0: max_num_seqs).
