@@ -65,8 +65,8 @@ class SchedulerConfig:
     target_itl: float = 0.1
     # Off by default: the absolute target alone bounds the ITL. NOTE: a 1.8x stretch (the earlier
     # default) held a prompt arriving beside a few fast decodes (13 ms steps) to 16 tokens a step,
-    # and under 16 chat clients TTFT p50 went 1.1-1.6 s -> 2.2-3.9 s and goodput halved for an ITL
-    # p99 within a few ms of the unstretched one (docs/benchmarks.md, serving under load).
+    # and under 16 chat clients TTFT p50 went 1.1-1.6 s -> 2.2-3.9 s and goodput halved, where ITL
+    # p99 was 119-145 ms against 140-149 ms without it (docs/benchmarks.md, serving under load).
     itl_stretch: float = 0.0
     min_prefill_chunk: int = 16
     # The batch wait window (runtime/batch_wait.py): while nothing decodes, hold new prompts up to
