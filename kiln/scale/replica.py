@@ -16,16 +16,14 @@ import time
 from pathlib import Path
 
 from kiln.config import RuntimeConfig, ServeConfig
-from kiln.runtime.sampling_params import SamplingParams
 from kiln.scale.messages import refusal
 from kiln.scale.prefix import RecentPrefixes
-from kiln.serving.app import Server
+from kiln.serving.app import Server, warm_up_requests
 from kiln.serving.errors import ApiError
 from kiln.serving.requests import EngineLimits, PreparedRequest
 
 log = logging.getLogger("kiln.scale")
 
-WARM_UP_TOKENS = 64
 # Engine snapshot fields each replica reports with its routing stats; the ingress's /metrics
 # shows them per replica (kiln_replica_*{replica}).
 REPLICA_BOOKS = ("num_running", "num_waiting", "kv_blocks_used", "kv_blocks_total", "prefix_cache_queries",
@@ -54,12 +52,10 @@ class KilnReplica:
         self._warm_up()
 
     def _warm_up(self) -> None:
-        """One short request before Serve routes here (the constructor returns only then), so
-        admission predicts from a measured prefill rate."""
-        ids = (self.llm.tokenizer.encode("Hello world. ") or [0]) * WARM_UP_TOKENS
-        ids = ids[:min(WARM_UP_TOKENS, self.server.limits.max_model_len - 2)]
-        request = self.llm.make_request(ids, SamplingParams(max_tokens=1, temperature=0), "kiln-warmup")
-        self.server.client.complete([request])
+        """The server's warm-up requests before Serve routes here (the constructor returns only
+        then), so admission predicts from a measured prefill rate."""
+        for request in warm_up_requests(self.llm, self.server.limits.max_model_len):
+            self.server.client.complete([request])
         self.server.ready = True
         log.info("replica %s ready", self.replica_id)
 

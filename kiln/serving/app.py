@@ -79,16 +79,10 @@ class Server:
         self.metrics.watch(self.client, admission, self.generations)
 
     async def warm_up(self) -> None:
-        """Small requests through the whole path, so the first user does not pay for it and
-        admission control predicts TTFT from a measured prefill rate, not only its prior. NOTE:
-        two of them, with different texts (no prefix-cache hit): the engine's first step pays
-        one-off costs and teaches the step-cost model nothing (Scheduler.observe_step); the
-        second is measured. Ready after the first, so the second costs no start-up time (until
-        it ends, about a step later, admission predicts from its prior)."""
-        for i, text in enumerate(("Hello world. ", "Good morning. ")):
-            ids = (self.llm.tokenizer.encode(text) or [i]) * WARM_UP_PROMPT_TOKENS
-            ids = ids[:min(WARM_UP_PROMPT_TOKENS, self.limits.max_model_len - 2)]
-            request = self.client.make_request(ids, SamplingParams(max_tokens=1, temperature=0), f"kiln-warmup-{i}")
+        """The warm-up requests through the whole path, one after the other (warm_up_requests);
+        ready after the first, so the measured second costs no start-up time (until it ends,
+        about a step later, admission predicts from its prior)."""
+        for request in warm_up_requests(self.llm, self.limits.max_model_len):
             async for _ in self.client.stream(request):
                 pass
             if not self.ready:
@@ -120,6 +114,19 @@ class Server:
 
     async def off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.workers, partial(fn, *args))
+
+
+def warm_up_requests(llm, max_model_len: int) -> list:
+    """Two small requests, so the first user does not pay for the path's first call and admission
+    predicts TTFT from a measured prefill rate, not only its prior. NOTE: two, with different
+    texts (no prefix-cache hit): the engine's first step pays one-off costs and teaches the
+    step-cost model nothing (Scheduler.observe_step); the second is measured."""
+    requests = []
+    for i, text in enumerate(("Hello world. ", "Good morning. ")):
+        ids = (llm.tokenizer.encode(text) or [i]) * WARM_UP_PROMPT_TOKENS
+        ids = ids[:min(WARM_UP_PROMPT_TOKENS, max_model_len - 2)]
+        requests.append(llm.make_request(ids, SamplingParams(max_tokens=1, temperature=0), f"kiln-warmup-{i}"))
+    return requests
 
 
 def create_app(llm, config: ServeConfig, model_name: str) -> Starlette:
