@@ -19,12 +19,16 @@ PY=${PYTHON:-python3}
 # alone (it needs no ONNX Runtime headers); without a compiler it says so, and int4 builds keep
 # MatMulNBits.
 .venv/bin/python -m kiln.engines.ort.native.build
-# The third-party clients the tests point at kiln serve (AIPerf, lm-eval), in a venv of their own.
-[ -x .venv-clients/bin/python ] || "$PY" -m venv .venv-clients
-.venv-clients/bin/python -m pip install -q --upgrade pip
-.venv-clients/bin/python -m pip install -q -r scripts/clients-requirements.txt
 # Headless Chromium and its driver for the console's browser tests (tests/console); Debian packages.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     SUDO=$([ "$(id -u)" -eq 0 ] || echo sudo)
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium chromium-driver
+fi
+# With --clients (scripts/test.sh): the third-party clients the tests point at kiln serve (AIPerf,
+# lm-eval), in a venv of their own (they need numpy 2). The demo does not need them.
+if [ "${1:-}" = "--clients" ]; then
+    [ -x .venv-clients/bin/python ] || "$PY" -m venv .venv-clients
+    # NOTE: pip's notes on this machine's index locations are dropped; its exit status is kept.
+    .venv-clients/bin/python -m pip install -q --upgrade pip 2>&1 | { grep -v "is ignored" || true; }
+    .venv-clients/bin/python -m pip install -q -r scripts/clients-requirements.txt 2>&1 | { grep -v "is ignored" || true; }
 fi

@@ -1,5 +1,6 @@
-"""Where the third-party clients live: .venv-clients, a venv of their own that scripts/setup.sh
-builds (they need numpy >= 2; kiln's environment pins numpy < 2)."""
+"""Where the third-party clients live: .venv-clients, a venv of their own that
+`scripts/setup.sh --clients` builds (scripts/test.sh runs it; they need numpy >= 2, kiln's
+environment pins numpy < 2)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def client_tool(name: str) -> Path:
     """The console script `name` of the clients' venv; the test fails (not skips) without it."""
     path = CLIENTS_VENV / "bin" / name
     if not path.is_file():
-        pytest.fail(f"{name} is not installed in {CLIENTS_VENV}: run bash scripts/setup.sh "
+        pytest.fail(f"{name} is not installed in {CLIENTS_VENV}: run bash scripts/setup.sh --clients "
                     f"(it installs scripts/clients-requirements.txt there)")
     return path
 
