@@ -43,4 +43,3 @@ def _check_exportable(workload: str, spec: RequestSpec) -> None:
         if getattr(spec, field):
             raise ValueError(f"workload {workload!r} has requests with {what}, which a single-turn line "
                              f"cannot carry; export chat, short, long-short or max-context")
-
