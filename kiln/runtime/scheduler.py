@@ -34,7 +34,7 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self.step_costs = StepCostModel(config.target_itl, config.min_prefill_chunk,
                                         config.max_num_batched_tokens, config.itl_stretch)
-        self._steps_observed = 0
+        self._first_step_seen = False
         self.batch_wait = BatchWaitWindow(config.batch_wait, config.batch_wait_batch or config.max_num_seqs)
 
     # -- admission ----------------------------------------------------------------------------
@@ -83,8 +83,8 @@ class Scheduler:
         engine's first step: it pays one-off costs (kernels prepared, first allocations: 4x a
         warm step's cost per token on OpenVINO), and learnt as the prefill rate it made admission
         refuse the first burst of requests (predicted 10 s for first tokens that came in 0.7 s)."""
-        self._steps_observed += 1
-        if self._steps_observed == 1:
+        if not self._first_step_seen:
+            self._first_step_seen = True
             return
         s = self.last_step_stats
         self.step_costs.observe(s.num_decodes, s.num_prefill_tokens, seconds)

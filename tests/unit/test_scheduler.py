@@ -431,3 +431,13 @@ def test_random_workloads_run_to_completion(workload, aborts, num_blocks, budget
         assert r.num_output_tokens <= r.max_tokens
         if r.finish_reason == "stop":
             assert r.output_token_ids[-1] == EOS
+
+
+def test_the_engine_s_first_step_teaches_the_step_cost_model_nothing():
+    """Its one-off costs (kernels prepared per shape) would read as a 4x prefill rate."""
+    sched = make_scheduler(num_blocks=128, block_size=16)
+    for rid, start, seconds in (("cold", 10, 1.0), ("warm", 200, 0.064)):      # no prefix shared
+        sched.add_request(make_request(rid, n_prompt=64, max_tokens=1, start=start))
+        step(sched)
+        sched.observe_step(seconds)
+    assert sched.step_costs.costs().prefill_seconds_per_token == pytest.approx(0.064 / 64)
