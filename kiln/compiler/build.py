@@ -26,6 +26,8 @@ from kiln.contract.quant import QuantMode
 from kiln.tokenizer import TEMPLATE_FILE, Tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", TEMPLATE_FILE)
+# The backends whose attention core depends on the build (ort: --attention; openvino: the model).
+ATTENTION_CHOOSERS = ("ort", "openvino")
 
 
 def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> Path:
@@ -38,7 +40,7 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> P
         config, choices = resolve_defaults(config, src.spec)
         backend = get_backend(config.backend)
         _refuse_unbuildable(config, backend)
-        attention = f"; attention: {choices['attention']['reason']}" if config.backend == "ort" else ""
+        attention = f"; attention: {choices['attention']['reason']}" if "attention" in choices else ""
         with stage(f"chose {config.backend} {config.quant.value} ({choices['backend']['reason']}; "
                    f"{choices['quant']['reason']}{attention})"):
             pass
@@ -83,10 +85,10 @@ def resolve_defaults(config: BuildConfig, spec) -> tuple[BuildConfig, dict]:
     quant = choose_quant(config.quant, spec, modes)
     ort_options = tuple(o for o, neutral in BACKEND_OPTIONS.items() if getattr(config, o) != neutral)
     backend = choose_backend(config.backend, QuantMode(quant.value), spec, ort_options)
-    attention = choose_attention(config.attention, backend.value, config.kv_dtype)
+    attention = choose_attention(config.attention, backend.value, config.kv_dtype, spec)
     resolved = replace(config, quant=QuantMode(quant.value), backend=backend.value, attention=attention.value)
     choices = {"backend": backend.to_dict(), "quant": quant.to_dict()}
-    if backend.value == "ort":          # the one backend with a choice of attention core
+    if backend.value in ATTENTION_CHOOSERS:
         choices["attention"] = attention.to_dict()
     return resolved, choices
 

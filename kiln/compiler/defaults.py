@@ -3,9 +3,10 @@
 The rules follow the side-by-side measurements (docs/benchmarks.md, `python bench/bench_runtime.py`):
 - int8 weights unless the model is too small to gain: below SMALL_MODEL_PARAMS the weights are a few
   MB, a step is dispatch-bound, and quantizing only costs accuracy (and build time);
-- OpenVINO's native paged attention on x86 CPUs where openvino is installed (a kiln dependency) and the model
-  is covered, for the modes where it measured fastest (int8: TTFT and batched decodes, ~2-3x the ort
-  backend at 32 streams); ONNX Runtime otherwise (int4 one stream: ort's MatMulNBits beat OpenVINO
+- OpenVINO on x86 CPUs where openvino is installed (a kiln dependency) and the model is covered (its
+  native paged attention, or kiln's paged gather where that cannot compute the model's attention),
+  for the modes where it measured fastest (int8: TTFT and batched decodes, ~2-3x the ort backend
+  at 32 streams; Gemma 2 through the gather 2.5x TTFT, 1.26x at 32 streams); ONNX Runtime otherwise (int4 one stream: ort's MatMulNBits beat OpenVINO
   reading the same 4-bit blocks; fp32 and w8a8: ort's graph).
 - on ort, the attention core: kiln's PagedAttention op (reads the KV pool in place) where kiln's op
   library is built and the KV cache is fp32; the standard core (a paged gather in the graph) otherwise.
@@ -62,8 +63,7 @@ def choose_backend(requested: str, quant: QuantMode, spec: ModelSpec, ort_option
     blocker = openvino_blocker(quant, spec)
     if blocker:
         return Choice("ort", AUTO, f"ONNX Runtime: {blocker}")
-    return Choice("openvino", AUTO, f"OpenVINO's native paged attention: the fastest {quant.value} engine on "
-                  f"this {platform.machine()} CPU")
+    return Choice("openvino", AUTO, f"OpenVINO: the fastest {quant.value} engine on this {platform.machine()} CPU")
 
 
 def openvino_blocker(quant: QuantMode, spec: ModelSpec) -> str:
@@ -89,10 +89,14 @@ def parameter_count(spec: ModelSpec) -> int:
     return head + spec.num_layers * (attn + mlp)
 
 
-def choose_attention(requested: str, backend: str, kv_dtype: str) -> Choice:
-    """The ort backend's attention core; other backends have their own (the choice says so)."""
+def choose_attention(requested: str, backend: str, kv_dtype: str, spec: ModelSpec | None = None) -> Choice:
+    """The ort backend's attention core; other backends have their own (the choice says which)."""
     if requested != AUTO:
         return Choice(requested, "user", "--attention " + requested)
+    if backend == "openvino" and spec is not None:
+        from kiln.compiler.backends.openvino.coverage import attention_core
+
+        return Choice(AUTO, AUTO, attention_core(spec)[1])
     if backend != "ort":
         return Choice(AUTO, AUTO, f"the {backend} backend has its own paged attention")
     from kiln.engines.ort import native

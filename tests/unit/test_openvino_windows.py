@@ -19,9 +19,10 @@ import pytest
 pytest.importorskip("openvino")
 
 from kiln.compiler.backends.openvino.compile import compile_openvino  # noqa: E402
-from kiln.compiler.backends.openvino.coverage import uncovered  # noqa: E402
+from kiln.compiler.backends.openvino.coverage import attention_core, uncovered  # noqa: E402
 from kiln.contract.engine import BucketGrid, KvLayout  # noqa: E402
 from kiln.engines.openvino import paged_graph  # noqa: E402
+from kiln.engines.openvino.engine import GATHER_LAYOUT  # noqa: E402
 from kiln.engines.openvino.loader import open_openvino  # noqa: E402
 from test_openvino_engine import RTOL, DenseReference, Sequences  # noqa: E402
 
@@ -136,8 +137,39 @@ def test_longrope_switch_is_per_packed_sequence(fixed, monkeypatch, tmp_path):
     assert (err <= RTOL) if fixed else (err > 100 * RTOL), err
 
 
-def test_attention_softcap_is_refused():
-    spec, _ = graph(attn_softcap=50.0)
-    assert "soft-capping" in uncovered(spec)
+def gathered_engine(spec, model, root, block_size=16):
+    """The openvino build of a model the operation cannot compute: kiln's paged gather (kv_io) compiled."""
+    from kiln.compiler.passes.base import run_pass
+    from kiln.compiler.passes.kv_io import KvIoPass
+
+    paged, _ = run_pass(KvIoPass(spec, block_size, attention="standard"), model, None)
+    record = compile_openvino(paged, spec, root / "engines" / "openvino", root=root, gather_block_size=block_size)[0]
+    assert record["layout"] == GATHER_LAYOUT
+    e = open_openvino(root, record, spec, BucketGrid(), KvLayout(**record["kv_layout"]), threads=2)
+    assert e.loaded_from == "blob"
+    e.allocate_kv(64)
+    return e
+
+
+def test_attention_softcap_runs_on_kilns_paged_gather(tmp_path):
+    """Gemma 2's score soft-cap, which OpenVINO's operation cannot compute, on kiln's paged gather
+    (interleaved windows too): the ragged, chunked steps over shuffled blocks match the dense graph;
+    the same engine against the graph without the cap is far off."""
+    capped = dict(WINDOWED["interleaved"], attn_softcap=1.0)
+    spec, model = graph(**capped)
+    assert uncovered(spec) == "" and attention_core(spec)[0] == GATHER_LAYOUT
     with pytest.raises(ValueError, match="soft-capping"):
         paged_graph.paged_model(None, spec)
+    e = gathered_engine(spec, model, tmp_path)
+    assert worst_error(e, spec, DenseReference(spec, model)) <= RTOL
+    plain_spec, plain_model = graph(**WINDOWED["interleaved"])
+    assert worst_error(e, spec, DenseReference(plain_spec, plain_model)) > 100 * RTOL
+
+
+def test_gathered_engine_refuses_a_block_outside_the_pool(tmp_path):
+    spec, model = graph(attn_softcap=1.0)
+    e = gathered_engine(spec, model, tmp_path)
+    seqs = Sequences([[1, 2, 3]], e.block_size, e.num_blocks)
+    seqs.tables[0][0] = e.num_blocks
+    with pytest.raises(ValueError, match="out of range"):
+        e.execute(seqs.batch({0: 2}))

@@ -52,7 +52,7 @@ def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
     attention = choose_attention(config.attention, "ort", config.kv_dtype).value
     kv_io = KvIoPass(spec, config.block_size, attention=attention, kv_dtype=config.kv_dtype)
     with stage(f"pass {kv_io.name}"):
-        check = (lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size, kv_dtype=config.kv_dtype)
+        check = ((lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size, kv_dtype=config.kv_dtype))
                  if config.verify else None)
         model, report = run_pass(kv_io, model, check)
     with stage("compile ONNX Runtime engine"):

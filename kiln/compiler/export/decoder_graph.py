@@ -26,7 +26,9 @@ from kiln.compiler.export.graph_builder import FLOAT, INT64, GraphBuilder, relea
 from kiln.compiler.export.rope import rotary_for
 from kiln.contract.model_spec import ModelSpec
 
-FAR = 1 << 40          # key position of a padded key: never <= any query position
+# key position of a padded key: never <= any query position. Within int32: OpenVINO's CPU plugin
+# computes int64 tensors as int32, where 1 << 40 wraps to 0 (a padded key made visible).
+FAR = 1 << 30
 MASKED = -1e30         # additive bias of a masked score; finite, so an all-masked row gives no NaN
 
 # Deterministic names the passes look for.

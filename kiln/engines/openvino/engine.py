@@ -20,6 +20,10 @@ from kiln.engines.openvino.paged_graph import paged_attention_extension, paged_m
 from kiln.contract.model_spec import ModelSpec
 
 
+PAGED_LAYOUT = "openvino-paged"     # the engine record's "layout": OpenVINO's PagedAttentionExtension
+GATHER_LAYOUT = "paged-gather"      # kiln's paged gather in the graph (gathered.py)
+
+
 def compile_paged(xml: Path, spec: ModelSpec, options: OpenVinoOptions, threads: int) -> ov.CompiledModel:
     """Read the standard IR, rewrite it to the paged model, compile it for this CPU."""
     core = ov.Core()
@@ -38,6 +42,19 @@ def import_paged(blob: Path, spec: ModelSpec, options: OpenVinoOptions,
     # NOTE: a private (copy-on-write) mapping: no copy of the file, its pages shared with the page cache.
     mapped = np.memmap(blob, dtype=np.uint8, mode="c")
     compiled = core.import_model(ov.Tensor(mapped, shared_memory=True), "CPU", options.compile_properties(threads))
+    return compiled, mapped
+
+
+def compile_gathered(xml: Path, options: OpenVinoOptions, threads: int) -> ov.CompiledModel:
+    """The kv_io graph as it is (its attention reads kiln's pool through the block tables)."""
+    core = ov.Core()
+    return core.compile_model(core.read_model(xml), "CPU", options.compile_properties(threads))
+
+
+def import_gathered(blob: Path, options: OpenVinoOptions, threads: int) -> tuple[ov.CompiledModel, np.ndarray]:
+    """As import_paged, for a graph with no OpenVINO extension operation in it."""
+    mapped = np.memmap(blob, dtype=np.uint8, mode="c")
+    compiled = ov.Core().import_model(ov.Tensor(mapped, shared_memory=True), "CPU", options.compile_properties(threads))
     return compiled, mapped
 
 

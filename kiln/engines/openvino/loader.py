@@ -16,7 +16,9 @@ import openvino as ov
 
 from kiln.contract.artifact import ArtifactError, EngineArtifact
 from kiln.contract.engine import BucketGrid, KvLayout, default_threads
-from kiln.engines.openvino.engine import KvCacheMismatch, OpenVinoEngine, compile_paged, import_paged
+from kiln.engines.openvino.engine import (GATHER_LAYOUT, KvCacheMismatch, OpenVinoEngine, compile_gathered,
+                                          compile_paged, import_gathered, import_paged)
+from kiln.engines.openvino.gathered import OpenVinoGatherEngine, PoolMismatch
 from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.contract.model_spec import ModelSpec
 
@@ -25,38 +27,46 @@ log = logging.getLogger("kiln")
 REBUILD = "rebuild it with `kiln build --backend openvino`"
 
 
-def load_openvino_engine(artifact: EngineArtifact, record: dict, threads: int | None) -> OpenVinoEngine:
+def load_openvino_engine(artifact: EngineArtifact, record: dict,
+                         threads: int | None) -> OpenVinoEngine | OpenVinoGatherEngine:
     m = artifact.manifest
     return open_openvino(artifact.path, record, m.spec, m.buckets, m.kv_layout, threads)
 
 
 def open_openvino(root: Path, record: dict, spec: ModelSpec, buckets: BucketGrid, kv_layout: KvLayout,
-                  threads: int | None = None, use_blob: bool = True) -> OpenVinoEngine:
+                  threads: int | None = None, use_blob: bool = True) -> OpenVinoEngine | OpenVinoGatherEngine:
     """use_blob=False: always rewrite and compile the IR (what a load falls back to)."""
     _check_record(root, record, kv_layout)
     options = OpenVinoOptions.from_dict(record["options"]).on_this_cpu()
     threads = threads or default_threads()
-    imported = _import(root, record, spec, options, threads) if use_blob else None
+    gather = record.get("layout") == GATHER_LAYOUT
+    imported = _import(root, record, spec, options, threads, gather) if use_blob else None
     compiled, blob = imported or (None, None)
     if compiled is None:
         try:
-            compiled = compile_paged(root / record["file"], spec, options, threads)
+            compiled = (compile_gathered(root / record["file"], options, threads) if gather
+                        else compile_paged(root / record["file"], spec, options, threads))
         except (RuntimeError, ValueError) as e:
             raise ArtifactError(f"{root}: OpenVINO cannot read or compile {record['file']} ({_first_line(e)}); "
                                 f"{REBUILD}") from None
+    loaded_from = "blob" if blob is not None else "compiled"
     try:
+        if gather:
+            return OpenVinoGatherEngine(compiled, buckets, kv_layout, options, blob=blob, loaded_from=loaded_from)
         return OpenVinoEngine(compiled, buckets, kv_layout, options, expected_kv=record["kv_cache"], blob=blob,
-                              loaded_from="blob" if blob is not None else "compiled")
-    except KvCacheMismatch as e:
+                              loaded_from=loaded_from)
+    except (KvCacheMismatch, PoolMismatch) as e:
         raise ArtifactError(f"{root}: {e}; {REBUILD} on this machine") from None
 
 
-def _import(root: Path, record: dict, spec: ModelSpec, options: OpenVinoOptions, threads: int):
+def _import(root: Path, record: dict, spec: ModelSpec, options: OpenVinoOptions, threads: int, gather: bool):
     """(compiled model, blob mapping) from the build's blob, or None (logged) when the plugin refuses it."""
     blob = record.get("compiled")
     if not blob:
         return None
     try:
+        if gather:
+            return import_gathered(root / blob["file"], options, threads)
         return import_paged(root / blob["file"], spec, options, threads)
     except (RuntimeError, ValueError, OSError) as e:
         log.warning("%s: OpenVINO %s on this CPU does not take the compiled blob built with OpenVINO %s on %s (%s); "

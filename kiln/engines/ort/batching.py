@@ -12,10 +12,11 @@ their dispatch, not their work.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
-from kiln.contract.engine import BucketGrid, PagedBatch
+from kiln.contract.engine import BucketGrid, EngineResult, PagedBatch
 
 MAX_PADDING = 0.25      # a prefill group may waste at most this share of its [B, S] slots
 # The model metadata entry of a graph whose attention core is GroupQueryAttention (written by
@@ -52,6 +53,17 @@ class OrtCall:
         """Whether the call holds several chunks (S > 1) and a past buffer (block tables of width
         > 0, whatever the past lengths): what a GroupQueryAttention core refuses."""
         return len(self.seqs) > 1 and self.feeds["input_ids"].shape[1] > 1 and self.feeds["block_tables"].shape[1] > 0
+
+
+def assemble_logits(batch: PagedBatch, calls: list[OrtCall], run: Callable[[int], np.ndarray]) -> EngineResult:
+    """Run every call (run(i): call i's logits rows) and place the rows in the batch's logits order."""
+    logits = None
+    for i, call in enumerate(calls):
+        rows = run(i)
+        if logits is None:
+            logits = np.empty((len(batch.logits_indices), rows.shape[-1]), np.float32)
+        logits[call.logit_order] = rows
+    return EngineResult(logits, sum(c.padded for c in calls), len(calls))
 
 
 def group_by_length(lens: np.ndarray) -> list[list[int]]:

@@ -18,7 +18,7 @@ import onnxruntime as ort
 
 from kiln.contract.engine import BucketGrid, EngineResult, KvLayout, PagedBatch, default_threads
 from kiln.engines.ort.kv_pool import KvPool
-from kiln.engines.ort.batching import OrtCall, has_gqa_core, new_kv_layer_major, one_call_per_sequence, plan_calls
+from kiln.engines.ort.batching import OrtCall, assemble_logits, has_gqa_core, new_kv_layer_major, one_call_per_sequence, plan_calls
 from kiln.engines.ort.session import cpu_session, session_options
 
 
@@ -54,7 +54,6 @@ class OrtEngine:
             raise RuntimeError("allocate_kv(num_blocks) must be called before execute()")
         calls = plan_calls(batch, self.buckets, self.kv_layout.block_size, self.chunks_with_past_alone)
         proposals = batch.proposal_slots()
-        logits = None
         runs = []
         for call in calls:
             index = self._engine_for(call, proposals)
@@ -63,12 +62,7 @@ class OrtEngine:
                                                                         self.kv_layout.block_size)]
             else:
                 runs.append((call, index))
-        for call, index in runs:
-            rows = self._run(call, index)
-            if logits is None:
-                logits = np.empty((len(batch.logits_indices), rows.shape[-1]), np.float32)
-            logits[call.logit_order] = rows
-        return EngineResult(logits, sum(c.padded for c, _ in runs), len(runs))
+        return assemble_logits(batch, [call for call, _ in runs], lambda i: self._run(*runs[i]))
 
     def _engine_for(self, call: OrtCall, proposals: np.ndarray) -> int:
         """The last engine whose minimum the call's tokens reach. NOTE: proposals (speculative

@@ -7,6 +7,8 @@
       ─ the compiled model exported (compiled.blob) and imported back once ─ the record's "compiled"
     Loading imports the blob (kiln.engines.openvino.loader); where the plugin refuses it (another
     OpenVINO release or CPU instruction set) it repeats the last steps from model.xml (compile_paged).
+A model the paged operation cannot compute (soft-capped scores) takes the kv_io pass's paged gather
+instead of the cuts and the rewrite (layout "paged-gather", kiln.engines.openvino.gathered).
 """
 
 from __future__ import annotations
@@ -22,14 +24,18 @@ import openvino as ov
 
 from kiln.contract.artifact import file_record
 from kiln.contract.engine import KvLayout
-from kiln.engines.openvino.engine import compile_paged, describe_kv_cache, import_paged
+from kiln.engines.openvino.engine import (GATHER_LAYOUT, PAGED_LAYOUT, compile_gathered, compile_paged,
+                                          describe_kv_cache, import_gathered, import_paged)
+from kiln.compiler.backends.openvino.coverage import attention_core
 from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.compiler.backends.built import BuiltEngines, StageFn
-from kiln.compiler.backends.openvino.coverage import uncovered
 from kiln.compiler.backends.openvino.cuts import mark_cuts
 from kiln.compiler.backends.openvino.recipe import options_for_quant
 from kiln.compiler.backends.openvino.weights import WeightCompression
 from kiln.compiler.export.external import weights_dir
+from kiln.compiler.passes.base import run_pass
+from kiln.compiler.passes.kv_io import KvIoPass
+from kiln.compiler.passes.verify_paged import compare_paged
 from kiln.contract.model_spec import ModelSpec
 
 log = logging.getLogger("kiln")
@@ -42,22 +48,35 @@ PROTOBUF_LIMIT = 2**31 - 1
 
 
 def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, stage: StageFn) -> BuiltEngines:
-    """OpenVINO's native paged attention replaces the attention core; its plugin picks the block size."""
-    missing = uncovered(spec)
-    if missing:
-        raise ValueError(f"the openvino backend does not support {missing} yet; build with --backend ort "
-                         "(or --backend auto, which picks it)")
+    """OpenVINO's native paged attention replaces the attention core (its plugin picks the block size);
+    for what that operation cannot compute (paged_graph.unsupported: soft-capped scores), kiln's paged
+    gather stays in the graph (gathered.py), checked against the dense graph like the ort backend's."""
+    reports = []
+    options = options_for_quant(config.quant)
+    layout, why = attention_core(spec)
+    gather = layout == GATHER_LAYOUT
+    if gather:
+        options = gather_options(options)
+        kv_io = KvIoPass(spec, config.block_size, attention="standard")
+        check = ((lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size))
+                 if config.verify else None)
+        with stage(f"pass {kv_io.name} ({why})"):
+            model, report = run_pass(kv_io, model, check)
+            reports.append(report.to_dict())
     with stage("compile OpenVINO engine"):
-        records = compile_openvino(model, spec, root / "engines" / "openvino", options_for_quant(config.quant),
-                                   root=root)
-    return BuiltEngines(records, KvLayout(**records[0]["kv_layout"]))
+        records = compile_openvino(model, spec, root / "engines" / "openvino", options, root=root,
+                                   gather_block_size=config.block_size if gather else 0)
+    return BuiltEngines(records, KvLayout(**records[0]["kv_layout"]), reports)
 
 
 def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
-                     options: OpenVinoOptions | None = None, root: Path | None = None) -> list[dict]:
+                     options: OpenVinoOptions | None = None, root: Path | None = None,
+                     gather_block_size: int = 0) -> list[dict]:
     """Write engines/openvino/model.{xml,bin} and return the manifest's engine records.
 
     root: the artifact folder file paths are recorded relative to (default: out_dir/../..).
+    gather_block_size: > 0 when `model` is the kv_io graph with kiln's paged gather (its pool's block
+    size), 0 for the standard graph the paged rewrite takes.
     The record's "kv_layout" is the layout the runtime must plan with (the plugin's block size).
     """
     options = options or OpenVinoOptions()
@@ -67,9 +86,11 @@ def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
         options = replace(options, weights=WeightCompression.NONE.value)
     out_dir.mkdir(parents=True, exist_ok=True)
     root = root or out_dir.parent.parent
+    layout = GATHER_LAYOUT if gather_block_size else PAGED_LAYOUT
     with tempfile.TemporaryDirectory(prefix="kiln-ov-") as tmp:
         ov_model = _read_onnx(model, Path(tmp))
-        mark_cuts(ov_model, model, spec)
+        if not gather_block_size:
+            mark_cuts(ov_model, model, spec)
         compression = WeightCompression(options.weights).apply(ov_model)
         if _already_quantized(model):
             compression["weights"] = "onnx MatMulNBits (kiln's quantize pass)"
@@ -77,23 +98,37 @@ def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
         # break the fp32 artifact's HF parity.
         ov.save_model(ov_model, out_dir / MODEL_FILE, compress_to_fp16=False)
         del ov_model
-    compiled = compile_paged(out_dir / MODEL_FILE, spec, options, threads=1)
-    kv = describe_kv_cache(compiled)
+    if gather_block_size:
+        compiled = compile_gathered(out_dir / MODEL_FILE, options, threads=1)
+        kv_layout = KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, gather_block_size, "float32")
+        kv = {"element_type": "f32", "layout": GATHER_LAYOUT, "bytes_per_block": kv_layout.bytes_per_block}
+    else:
+        compiled = compile_paged(out_dir / MODEL_FILE, spec, options, threads=1)
+        kv = describe_kv_cache(compiled)
+        kv_layout = kv_layout_for(spec, kv)
     record = {
         "backend": BACKEND, **file_record(root, out_dir / MODEL_FILE),
-        "weights": file_record(root, out_dir / WEIGHTS_FILE),
+        "weights": file_record(root, out_dir / WEIGHTS_FILE), "layout": layout,
         "io": _io(compiled), "options": options.to_dict(), "compression": compression, "kv_cache": kv,
-        "kv_layout": kv_layout_for(spec, kv).to_dict(), "openvino": ov.get_version(),
+        "kv_layout": kv_layout.to_dict(), "openvino": ov.get_version(),
     }
-    blob = export_compiled(compiled, spec, options, out_dir / BLOB_FILE, kv)
+    blob = export_compiled(compiled, spec, options, out_dir / BLOB_FILE, kv, layout)
     if blob is not None:
         record["compiled"] = {**file_record(root, blob), "openvino": ov.get_version(),
                               "device": ov.Core().get_property("CPU", "FULL_DEVICE_NAME")}
     return [record]
 
 
+def gather_options(options: OpenVinoOptions) -> OpenVinoOptions:
+    """A paged-gather engine computes in f32: under bf16 (or f16) compute the plugin converts the
+    fp32 pool input to that precision whole, every call (the entire pool, not the blocks gathered:
+    a 4096-block pool cost 37 ms a step), and an fp16 pool fares worse (the plugin moves the widening
+    above the Gather). The compressed weights stay as they are."""
+    return replace(options, inference_precision="f32")
+
+
 def export_compiled(compiled: ov.CompiledModel, spec: ModelSpec, options: OpenVinoOptions, path: Path,
-                    kv: dict) -> Path | None:
+                    kv: dict, layout: str = PAGED_LAYOUT) -> Path | None:
     """Write the compiled model's blob; None (and no file) when it does not import back here.
 
     NOTE: the blob is the plugin's transformed graph for this OpenVINO release and this CPU's
@@ -105,9 +140,12 @@ def export_compiled(compiled: ov.CompiledModel, spec: ModelSpec, options: OpenVi
     path.write_bytes(stream.getbuffer())
     del stream
     try:
-        back, _ = import_paged(path, spec, options, threads=1)
-        if describe_kv_cache(back) != kv:
-            raise RuntimeError(f"the imported model allocates the KV cache as {describe_kv_cache(back)}")
+        if layout == GATHER_LAYOUT:
+            import_gathered(path, options, threads=1)
+        else:
+            back, _ = import_paged(path, spec, options, threads=1)
+            if describe_kv_cache(back) != kv:
+                raise RuntimeError(f"the imported model allocates the KV cache as {describe_kv_cache(back)}")
     except RuntimeError as e:
         path.unlink()
         log.warning("the compiled OpenVINO model does not import back (%s); the artifact's loads will "

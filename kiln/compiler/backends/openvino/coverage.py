@@ -1,4 +1,4 @@
-"""Which model architectures the openvino backend builds exactly (the paged rewrite's attention core)."""
+"""Which model architectures the openvino backend builds exactly, and with which attention core."""
 
 from __future__ import annotations
 
@@ -7,12 +7,23 @@ from kiln.engines.openvino.paged_graph import unsupported
 
 
 def uncovered(spec: ModelSpec) -> str:
-    """What of `spec` the paged-attention rewrite does not compute yet ("" when it covers it all).
+    """What of `spec` the openvino backend does not compute yet ("" when it covers it all).
 
-    The rewrite replaces kiln's attention core with OpenVINO's PagedAttentionExtension. It takes each
-    layer's sliding window (the operation's convention is kiln's, tests/unit/test_openvino_windows.py)
-    and the scale head_dim**-0.5 (the exporter folds any other query scale into q), and everything
-    outside the core (Gemma's norms and scaled embeddings, partial rotary, every rope type, final
-    logit soft-capping) stays kiln's graph. What the operation cannot compute is refused, and
-    `--backend auto` picks ort: today attention-score soft-capping (Gemma 2)."""
-    return unsupported(spec)
+    Every family kiln exports is covered. The paged rewrite replaces kiln's attention core with
+    OpenVINO's PagedAttentionExtension, which takes each layer's sliding window (the operation's
+    convention is kiln's, tests/unit/test_openvino_windows.py) and the scale head_dim**-0.5 (the
+    exporter folds any other query scale into q); everything outside the core (Gemma's norms and
+    scaled embeddings, partial rotary, every rope type, final logit soft-capping) stays kiln's
+    graph. What the operation cannot compute (attention-score soft-capping, Gemma 2) keeps kiln's
+    paged gather in the graph instead (attention_core)."""
+    return ""
+
+
+def attention_core(spec: ModelSpec) -> tuple[str, str]:
+    """(engine record layout, why) of the attention an openvino build of `spec` runs."""
+    from kiln.engines.openvino.engine import GATHER_LAYOUT, PAGED_LAYOUT
+
+    missing = unsupported(spec)
+    if missing:
+        return GATHER_LAYOUT, f"kiln's paged gather in the graph: OpenVINO's paged attention has no {missing.split(' (')[0]}"
+    return PAGED_LAYOUT, "OpenVINO's native paged attention"
