@@ -150,7 +150,8 @@ def _passes(src: ModelSource, config: BuildConfig) -> list:
     if config.fuse:
         from kiln.compiler.passes.fusion import fusion_passes
 
-        passes += [(p, compare_logits) for p in fusion_passes(src.spec, get_backend(config.backend).skipped_fusions)]
+        skipped = get_backend(config.backend).skipped_fusions
+        passes += [(p, compare_logits) for p in fusion_passes(src.spec, skipped, config.quant.value)]
     if not _engine_quantizes(config):
         passes.append(_checked_quantize(src, config.quant, config.backend))
     return passes

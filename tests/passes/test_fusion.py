@@ -77,11 +77,22 @@ def test_all_fusions_in_order(tiny, checks):
     checks.same_outputs(model, out)
 
 
-def test_openvino_builds_skip_the_rotary_fusion(tiny):
-    """OpenVINO fuses the plain rotary pattern itself (kiln.contract.backends: skipped_fusions)."""
-    spec, _ = tiny
-    kept = [type(p) for p in fusion_passes(spec, get_backend("openvino").skipped_fusions)]
-    assert FuseRotary not in kept and kept == [c for c in FUSION_PASSES if c is not FuseRotary]
+def test_openvino_builds_skip_the_rotary_fusion_and_merge_only_qkv(tiny, checks):
+    """OpenVINO fuses the plain rotary pattern itself and splits a merged gate/up with a copy
+    (kiln.contract.backends: skipped_fusions): at int8 q/k/v merge, gate/up stay two MatMuls."""
+    spec, model = tiny
+    skipped = get_backend("openvino").skipped_fusions
+    passes = fusion_passes(spec, skipped, "int8")
+    assert [type(p) for p in passes] == [c for c in FUSION_PASSES if c is not FuseRotary]
+    int4_merge = next(p for p in fusion_passes(spec, skipped, "int4") if isinstance(p, MergeProjections))
+    assert [leaf for leaf, _, _ in int4_merge.groups] == ["attn", "mlp"]
+    merge = next(p for p in passes if isinstance(p, MergeProjections))
+    out, _ = run_pass(merge, model, compare_logits)
+    assert checks.op_counts(out)["Split"] == spec.num_layers
+    names = [n.name for n in out.graph.node]
+    assert any("qkv_proj" in n for n in names) and not any("q_proj/" in n or "gate_up_proj" in n for n in names)
+    assert any("gate_proj" in n for n in names) and any("up_proj" in n for n in names)
+    checks.same_outputs(model, out)
 
 
 @pytest.mark.parametrize("cls", ALL_FUSIONS)

@@ -86,8 +86,9 @@ def test_int4_build_records_q4_1_weights_and_passes_its_check(ov_tiny_llama_int4
     assert "quantize" not in names and "quantize (openvino q4_1_g32_aug)" in names
     quant = manifest["quant"]
     assert quant["mode"] == "int4" and quant["weights"] == "q4_1_g32_aug"
-    assert quant["q4_1"]["form"] == "augmented" and quant["q4_1"]["linears"] == 8
+    linears = manifest["model"]["config"]["num_layers"] * 4          # qkv, o, gate_up, down
+    assert quant["q4_1"]["form"] == "augmented" and quant["q4_1"]["linears"] == linears
     assert quant["top1_agreement"] >= quant["min_top1_agreement"]
-    assert quant["constants_by_type"].get("i4", 0) == 8
+    assert quant["constants_by_type"].get("i4", 0) == linears
     engine = manifest["engines"][0]
     assert engine["options"]["weights"] == "q4_1_g32_aug" and engine["compression"]["weights"] == "q4_1_g32_aug"

@@ -67,13 +67,20 @@ class MergeProjections(FusionPass):
     name = "merge_projections"
     rel_tolerance = 1e-4
 
+    def __init__(self, groups: tuple[str, ...] = tuple(leaf for leaf, _, _ in PROJECTION_GROUPS)):
+        self.groups = [g for g in PROJECTION_GROUPS if g[0] in groups]     # by leaf scope: "attn", "mlp"
+
+    def without(self, leaves: list[str]) -> "MergeProjections":
+        """This pass less the groups of `leaves` (a backend's "merge_projections:mlp")."""
+        return MergeProjections(tuple(leaf for leaf, _, _ in self.groups if leaf not in leaves))
+
     def sites(self, idx: GraphIndex) -> list[str]:
-        firsts = {f"/{leaf}/{members[0]}/MatMul" for leaf, members, _ in PROJECTION_GROUPS}
+        firsts = {f"/{leaf}/{members[0]}/MatMul" for leaf, members, _ in self.groups}
         return [scope_of(scope_of(n.name)) for n in idx.graph.node
                 if n.op_type == "MatMul" and any(n.name.endswith(f) for f in firsts)]
 
     def rewrite(self, idx: GraphIndex, parent: str, rw: Rewrite) -> bool:
-        group = next(((m, merged) for leaf, m, merged in PROJECTION_GROUPS if parent.endswith("/" + leaf)), None)
+        group = next(((m, merged) for leaf, m, merged in self.groups if parent.endswith("/" + leaf)), None)
         found = match_group(idx, parent, group[0]) if group else None
         if found is None:
             return False

@@ -29,12 +29,23 @@ FUSION_PASSES = [FuseRMSNorm, FuseRotary, MergeProjections]
 ALL_FUSIONS = [FuseRMSNorm, FuseRotary, MergeProjections]
 
 
-def fusion_passes(spec, skipped: tuple[str, ...] = ()) -> list:
-    """The winning fusions but the `skipped` names (a backend's Backend.skipped_fusions: OpenVINO's
-    CPU plugin fuses the plain rotary pattern into its own RoPE kernel, while
-    com.microsoft.RotaryEmbedding reaches it as a Transpose/Reshape chain), configured for a model
-    (the rotary caches need its max positions)."""
-    return [cls.for_spec(spec) for cls in FUSION_PASSES if cls.name not in skipped]
+def fusion_passes(spec, skipped: tuple[str, ...] = (), quant: str | None = None) -> list:
+    """The winning fusions but the `skipped` ones (a backend's Backend.skipped_fusions), configured
+    for a model (the rotary caches need its max positions). A skipped name is a pass ("fuse_rotary":
+    OpenVINO's CPU plugin fuses the plain rotary pattern into its own RoPE kernel, while
+    com.microsoft.RotaryEmbedding reaches it as a Transpose/Reshape chain) or a pass's part
+    ("merge_projections:mlp": a pass with a without(parts) method), either for one quant mode only
+    ("...@int8": skipped when `quant` is that mode)."""
+    skipped = tuple(name.partition("@")[0] for name in skipped
+                    if "@" not in name or name.partition("@")[2] == quant)
+    passes = []
+    for cls in FUSION_PASSES:
+        if cls.name in skipped:
+            continue
+        p = cls.for_spec(spec)
+        parts = [name.partition(":")[2] for name in skipped if name.startswith(cls.name + ":")]
+        passes.append(p.without(parts) if parts else p)
+    return passes
 
 
 __all__ = ["FUSION_PASSES", "ALL_FUSIONS", "fusion_passes", "FuseRMSNorm",
