@@ -6,8 +6,9 @@ The rules follow the side-by-side measurements (docs/benchmarks.md, `python benc
 - OpenVINO on x86 CPUs where openvino is installed (a kiln dependency) and the model is covered (its
   native paged attention, or kiln's paged gather where that cannot compute the model's attention),
   for the modes where it measured fastest (int8: TTFT and batched decodes, ~2-3x the ort backend
-  at 32 streams; Gemma 2 through the gather 2.5x TTFT, 1.26x at 32 streams); ONNX Runtime otherwise (int4 one stream: ort's MatMulNBits beat OpenVINO
-  reading the same 4-bit blocks; fp32 and w8a8: ort's graph).
+  at 32 streams; Gemma 2 through the gather 2.85x TTFT, 1.28x at 32 streams); ONNX Runtime
+  otherwise (int4 one stream: ort's MatMulNBits beat OpenVINO reading the same 4-bit blocks; fp32
+  and w8a8: ort's graph).
 - on ort, the attention core: kiln's PagedAttention op (reads the KV pool in place) where kiln's op
   library is built and the KV cache is fp32; the standard core (a paged gather in the graph) otherwise.
 Each choice carries its reason; the build prints it and the manifest records it.

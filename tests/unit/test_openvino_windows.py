@@ -22,7 +22,7 @@ from kiln.compiler.backends.openvino.compile import compile_openvino  # noqa: E4
 from kiln.compiler.backends.openvino.coverage import attention_core, uncovered  # noqa: E402
 from kiln.contract.engine import BucketGrid, KvLayout  # noqa: E402
 from kiln.engines.openvino import paged_graph  # noqa: E402
-from kiln.engines.openvino.engine import GATHER_LAYOUT  # noqa: E402
+from kiln.engines.openvino.engine import GATHER_LAYOUT, PAGED_LAYOUT  # noqa: E402
 from kiln.engines.openvino.loader import open_openvino  # noqa: E402
 from test_openvino_engine import RTOL, DenseReference, Sequences  # noqa: E402
 
@@ -94,7 +94,7 @@ def test_sliding_window_is_kilns_rule_exactly(name, window_offset, tmp_path):
     """The operation's sliding_window W keeps key k for query q iff q - k < W: W itself matches the
     dense graph to fp32 rounding, W - 1 and W + 1 do not (prefill, chunks and decodes past the window)."""
     spec, model = graph(**WINDOWED[name])
-    assert uncovered(spec) == ""
+    assert uncovered(spec) == "" and attention_core(spec)[0] == PAGED_LAYOUT      # OpenVINO's own operation
     reference = DenseReference(spec, model)
     errors = {}
     for offset in (0, -1, 1):
@@ -115,7 +115,8 @@ def test_query_pre_attn_scalar_scales_the_scores(tmp_path):
     """Gemma's query_pre_attn_scalar (24, head_dim 16): q is scaled before the cut, the operation
     keeps head_dim**-0.5. The dense graph without that scale is far off: the check sees the scale."""
     spec, model = graph(query_pre_attn_scalar=24.0)
-    assert uncovered(spec) == "" and spec.query_scale != spec.head_dim ** -0.5
+    assert uncovered(spec) == "" and attention_core(spec)[0] == PAGED_LAYOUT
+    assert spec.query_scale != spec.head_dim ** -0.5
     e = engine(spec, model, tmp_path)
     assert worst_error(e, spec, DenseReference(spec, model)) <= RTOL
     plain_spec, plain_model = graph()

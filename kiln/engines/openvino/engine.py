@@ -39,10 +39,7 @@ def import_paged(blob: Path, spec: ModelSpec, options: OpenVinoOptions,
     instruction set the blob was compiled for, and refuses any other (or a damaged header)."""
     core = ov.Core()
     core.add_extension(paged_attention_extension(spec))
-    # NOTE: a private (copy-on-write) mapping: no copy of the file, its pages shared with the page cache.
-    mapped = np.memmap(blob, dtype=np.uint8, mode="c")
-    compiled = core.import_model(ov.Tensor(mapped, shared_memory=True), "CPU", options.compile_properties(threads))
-    return compiled, mapped
+    return _import_blob(core, blob, options, threads)
 
 
 def compile_gathered(xml: Path, options: OpenVinoOptions, threads: int) -> ov.CompiledModel:
@@ -53,8 +50,14 @@ def compile_gathered(xml: Path, options: OpenVinoOptions, threads: int) -> ov.Co
 
 def import_gathered(blob: Path, options: OpenVinoOptions, threads: int) -> tuple[ov.CompiledModel, np.ndarray]:
     """As import_paged, for a graph with no OpenVINO extension operation in it."""
+    return _import_blob(ov.Core(), blob, options, threads)
+
+
+def _import_blob(core: ov.Core, blob: Path, options: OpenVinoOptions,
+                 threads: int) -> tuple[ov.CompiledModel, np.ndarray]:
+    # NOTE: a private (copy-on-write) mapping: no copy of the file, its pages shared with the page cache.
     mapped = np.memmap(blob, dtype=np.uint8, mode="c")
-    compiled = ov.Core().import_model(ov.Tensor(mapped, shared_memory=True), "CPU", options.compile_properties(threads))
+    compiled = core.import_model(ov.Tensor(mapped, shared_memory=True), "CPU", options.compile_properties(threads))
     return compiled, mapped
 
 

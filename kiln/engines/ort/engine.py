@@ -18,7 +18,8 @@ import onnxruntime as ort
 
 from kiln.contract.engine import BucketGrid, EngineResult, KvLayout, PagedBatch, default_threads
 from kiln.engines.ort.kv_pool import KvPool
-from kiln.engines.ort.batching import OrtCall, assemble_logits, has_gqa_core, new_kv_layer_major, one_call_per_sequence, plan_calls
+from kiln.engines.ort.batching import (OrtCall, assemble_logits, has_gqa_core, new_kv_layer_major,
+                                      one_call_per_sequence, plan_calls)
 from kiln.engines.ort.session import cpu_session, session_options
 
 

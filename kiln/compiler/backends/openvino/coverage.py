@@ -25,5 +25,6 @@ def attention_core(spec: ModelSpec) -> tuple[str, str]:
 
     missing = unsupported(spec)
     if missing:
-        return GATHER_LAYOUT, f"kiln's paged gather in the graph: OpenVINO's paged attention has no {missing.split(' (')[0]}"
+        what = missing.split(" (")[0]           # "attention soft-capping (OpenVINO's ...)" -> its name
+        return GATHER_LAYOUT, f"kiln's paged gather in the graph: OpenVINO's paged attention has no {what}"
     return PAGED_LAYOUT, "OpenVINO's native paged attention"
