@@ -130,7 +130,7 @@ class Admission:
         prompts.append(num_prompt_tokens - num_cached)
         seats = _seat_wait(s, decoding + self.pending)
         return seats + s.step_costs.queue_prefill_seconds(prompts, decoding, max(s.max_num_seqs, 1),
-                                                          horizon - seats)
+                                                          horizon - seats, decode_ends=s.remaining_tokens)
 
     def admit_prompt(self, token_ids: Sequence[int], cache_salt: str | None = None) -> Ticket:
         """cache_salt: the request's prefix-cache salt. NOTE: the prediction must count only the

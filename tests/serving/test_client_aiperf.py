@@ -33,8 +33,12 @@ ITL_AGREEMENT = 1.25
 
 def _server(start_server, artifact):
     """A server of each tool's own: the second on a shared one would find the first's prompts in
-    the prefix cache."""
-    return start_server(artifact, "--kv-cache-memory", "256MiB")
+    the prefix cache. NOTE: admission by predicted TTFT is off (--ttft-slo 0): this test is about
+    what a third-party client reads, and on a slow CPU (AVX2 without VNNI: ~6 ms a prompt token
+    while AIPerf takes a core) a 925-token prompt behind others is rightly predicted past 5x the
+    objective and refused with 429, which AIPerf counts as a client error. Admission on the server
+    defaults is tested in test_admission*.py."""
+    return start_server(artifact, "--kv-cache-memory", "256MiB", "--ttft-slo", "0")
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,23 @@ def test_a_queue_of_prompts_shares_steps_and_each_joins_the_decodes_once_prefill
     assert c.queue_prefill_seconds([400] * 8, 2, 32, horizon=whole) == pytest.approx(whole)
 
 
+def test_decoding_streams_that_reach_max_tokens_stop_sharing_the_steps():
+    c = costs()
+    # One decode with 2 tokens left beside a 100-token prompt: 2 steps of 40 tokens beside it
+    # (bucket 1: 10 ms + 40 ms), then the stream has ended and the last 20 go in one idle step.
+    assert c.queue_prefill_seconds([100], 1, 32, decode_ends=[2]) == pytest.approx(2 * 0.05 + 0.02)
+    # Without the end it decodes throughout: slower, and equal to the old prediction.
+    assert c.queue_prefill_seconds([100], 1, 32) == pytest.approx(c.prefill_seconds(100, 1))
+    assert c.queue_prefill_seconds([100], 1, 32) > c.queue_prefill_seconds([100], 1, 32, decode_ends=[2])
+    # Long replies outlast the queue: no change. Of more ends than decodes, the longest count
+    # (a prefilling request's full max_tokens is among them; taking the longest is conservative).
+    assert c.queue_prefill_seconds([100], 1, 32, decode_ends=[500]) == pytest.approx(c.prefill_seconds(100, 1))
+    assert c.queue_prefill_seconds([100], 1, 32, decode_ends=[1, 500]) == pytest.approx(c.prefill_seconds(100, 1))
+    # A prompt prefilled joins the decodes for good (its reply length is not known here).
+    assert c.queue_prefill_seconds([40, 100], 0, 32, decode_ends=[]) == pytest.approx(
+        c.queue_prefill_seconds([40, 100], 0, 32))
+
+
 def test_the_model_learns_a_step_law_and_hits_the_target():
     """Made-up engine: 5 ms + 5 ms per decode bucket doubling, 0.5 ms per prefill token."""
     def engine(decodes, prefill):
