@@ -8,6 +8,7 @@ import pytest
 from kiln import LLM, RuntimeConfig, SamplingParams
 from kiln.compiler.build import build
 from kiln.config import BuildConfig
+from kiln.contract.artifact import EngineArtifact
 from kiln.contract.quant import QuantMode
 from kiln.compiler.passes.quantize import MIN_TOP1
 from token_agreement import QUANT_GAP, TOP_K, assert_all_close
@@ -33,3 +34,22 @@ def test_w8a8_builds_records_its_check_and_generates(tmp_path):
 def test_openvino_refuses_w8a8_with_what_to_use(tmp_path):
     with pytest.raises(ValueError, match="no w8a8 mode; it builds --quant none | int8 | int4"):
         build(BuildConfig(source="tiny-llama", out=tmp_path / "ov", quant=QuantMode.W8A8, backend="openvino"))
+
+
+def test_full_range_w8a8_is_refused_where_the_cpu_would_saturate_it(tmp_path, monkeypatch):
+    """A w8a8 artifact built on a CPU with VNNI (full-range weights) is refused at load on one
+    without it; built without VNNI (7-bit weights) it loads anywhere. NOTE: the CPU probe is
+    patched: which CPU this test runs on decides nothing."""
+    from kiln.contract.artifact import ArtifactError
+    from kiln.engines.ort import int8_dot
+
+    for saturates in (False, True):     # the build CPU: with VNNI, then without
+        monkeypatch.setattr(int8_dot, "u8s8_saturates", lambda flags=None, s=saturates: s)
+        out = build(BuildConfig(source="tiny-llama", out=tmp_path / f"vnni-{not saturates}", quant=QuantMode.W8A8))
+        needs = [e.get("requires_cpu", []) for e in EngineArtifact.load(out).manifest.engines]
+        assert needs == ([[]] if saturates else [["vnni"]])
+    with pytest.raises(ArtifactError, match="no VNNI.*rebuild the artifact with `kiln build` on this machine"):
+        LLM(tmp_path / "vnni-True", RuntimeConfig(kv_cache_memory=16 << 20))
+    llm = LLM(tmp_path / "vnni-False", RuntimeConfig(kv_cache_memory=16 << 20))
+    assert len(llm.generate([[5, 9, 13]], SamplingParams(max_tokens=3, temperature=0))[0].token_ids) == 3
+    llm.shutdown()

@@ -10,6 +10,7 @@ import onnxruntime as ort
 from kiln.compiler.backends.built import BuiltEngines, StageFn
 from kiln.compiler.export.external import session_config
 from kiln.compiler.passes.base import run_pass
+from kiln.compiler.passes.dynamic_int8 import full_range_weights
 from kiln.compiler.passes.kv_io import KvIoPass
 from kiln.compiler.passes.verify_paged import compare_paged
 from kiln.contract.artifact import file_record
@@ -62,6 +63,8 @@ def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
         record["weights"] = file_record(root, weights)
     if native.uses_native_ops(model.graph):     # the loader refuses it where the op library is not built
         record["native_ops"] = native.native_op_names(model.graph)
+    if full_range_weights(model.graph):         # the loader refuses it where the CPU has no VNNI
+        record["requires_cpu"] = ["vnni"]
     layout = KvLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size, dtype=config.kv_dtype,
                       block_bytes=int8_block_bytes(spec, config.block_size) if config.kv_dtype == "int8" else 0)
     return BuiltEngines([record], layout, [report.to_dict()])

@@ -7,6 +7,10 @@ Measured on one linear, 1 thread, process CPU time (AMD EPYC with AVX-512 VNNI; 
 rows 1: 41 vs 43 us; 8: 219 vs 90; 32: 803 vs 293; 512: 12.7 vs 4.6 ms (MatMulNBits 8-bit vs this),
 so decode batches and prefill both run ~2.7x faster and a single decode no slower.
 
+The weights' range follows the build CPU (kiln/engines/ort/int8_dot.py): full int8 with VNNI, 7 bits
+without (full-range weights saturate the kernel's 16-bit sums there); the weight initializer's name
+says which (`_s8` / `_s7`), and the engine record carries it to the loader.
+
     x ─ DynamicQuantizeMatMul(W_s8 [K, N], scales [N], zero points [N] = 0) ─ y
 """
 
@@ -20,23 +24,37 @@ from onnx import TensorProto, helper
 
 from kiln.compiler.graph_utils import MS_DOMAIN
 from kiln.compiler.export.external import fill_tensor, tensor_array
+from kiln.engines.ort.int8_dot import FULL_RANGE, weight_range_for_this_cpu
 
 
 
-def per_channel_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per output channel (column of [K, N]): w ~ q * scale, q in [-127, 127]."""
-    scale = np.abs(w).max(axis=0) / 127.0
+def per_channel_int8(w: np.ndarray, limit: int = FULL_RANGE) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per output channel (column of [K, N]): w ~ q * scale, q in [-limit, limit]."""
+    scale = np.abs(w).max(axis=0) / float(limit)
     scale = np.where(scale > 0, scale, 1.0).astype(np.float32)     # an all-zero column stays exact
-    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+    q = np.clip(np.rint(w / scale), -limit, limit).astype(np.int8)
     return q, scale
 
 
+def weight_suffix(limit: int) -> str:
+    return "_s8" if limit == FULL_RANGE else "_s7"
+
+
+def full_range_weights(graph: onnx.GraphProto) -> bool:
+    """Whether any DynamicQuantizeMatMul here takes full-range int8 weights (needs VNNI to run right)."""
+    return any(n.op_type == "DynamicQuantizeMatMul" and n.input[1].endswith(weight_suffix(FULL_RANGE))
+               for n in graph.node)
+
+
 def dynamic_int8_linear(graph: onnx.GraphProto, w: TensorProto, node: onnx.NodeProto,
-                        weights_dir: Path | None = None) -> onnx.NodeProto:
+                        weights_dir: Path | None = None, limit: int | None = None) -> onnx.NodeProto:
     """The node that replaces MatMul(x, w); its initializers are appended to `graph` (large ones as
-    external data in weights_dir: export.external)."""
-    q, scale = per_channel_int8(np.asarray(tensor_array(w, weights_dir), np.float32))
-    names = (f"{w.name}_s8", f"{w.name}_s8_scales", f"{w.name}_s8_zero_points")
+    external data in weights_dir: export.external). limit: the weights' magnitude (None: what
+    the build CPU runs right)."""
+    limit = weight_range_for_this_cpu() if limit is None else limit
+    q, scale = per_channel_int8(np.asarray(tensor_array(w, weights_dir), np.float32), limit)
+    base = w.name + weight_suffix(limit)
+    names = (base, f"{base}_scales", f"{base}_zero_points")
     for name, array in zip(names, (q, scale, np.zeros(scale.shape, np.int8))):
         graph.initializer.append(fill_tensor(TensorProto(), name, array, weights_dir))
     return helper.make_node("DynamicQuantizeMatMul", [node.input[0], *names], list(node.output),

@@ -13,6 +13,7 @@ def load_ort_engine(artifact: EngineArtifact, record: dict, threads: int | None)
 
     m = artifact.manifest
     _require_native_ops(artifact)
+    _require_vnni(artifact)
     # NOTE: a second ort record is the prefill engine (engines per bucket range: build.py)
     prefill = next(((e["serves"]["min_tokens"], artifact.path / e["file"]) for e in m.engines[1:]
                     if e["backend"] == "ort" and "min_tokens" in e.get("serves", {})), None)
@@ -36,3 +37,15 @@ def _require_native_ops(artifact: EngineArtifact) -> None:
         raise ArtifactError(f"{artifact.path}: its ONNX Runtime engine runs {', '.join(needed)} from kiln's op library, "
                             f"which is not built here: run `{native.BUILD_COMMAND}` (scripts/setup.sh does; it needs "
                             "a C++ compiler), or rebuild the artifact with `kiln build` on this machine")
+
+
+def _require_vnni(artifact: EngineArtifact) -> None:
+    """Full-range int8 weights against uint8 activations (a w8a8 engine built on a CPU with VNNI)
+    saturate the integer GEMM of a CPU without it, and the answers turn to noise (int8_dot.py)."""
+    from kiln.engines.ort.int8_dot import u8s8_saturates
+
+    if any("vnni" in e.get("requires_cpu", ()) for e in artifact.manifest.engines) and u8s8_saturates():
+        raise ArtifactError(f"{artifact.path}: its w8a8 linears take full-range int8 weights, which this CPU "
+                            "(no VNNI) sums in saturating 16-bit lanes, so its answers would be wrong; rebuild "
+                            "the artifact with `kiln build` on this machine (it keeps the weights within 7 bits "
+                            "here), or build without w8a8 (--quant int8)")

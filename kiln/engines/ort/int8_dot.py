@@ -1,0 +1,45 @@
+"""Whether this CPU's integer GEMM can take full-range int8 weights against uint8 activations.
+
+ONNX Runtime's DynamicQuantizeMatMul (kiln's w8a8 linears) multiplies uint8 activations by int8
+weights. With VNNI (AVX-512 VNNI, AVX-VNNI, AMX) each product is summed in 32 bits. Without it
+(plain AVX2 or AVX-512) the kernel uses pmaddubsw, which adds two u8 x s8 products into a
+*saturating* int16: 2 x 255 x 127 = 64,770 does not fit, and the engine's answers turn to noise
+(seen on an AVX2 EPYC: top-1 agreement with fp32 0.19, where the same artifact gives 0.87 with
+VNNI). Weights kept within 7 bits ([-63, 63], ONNX Runtime's own "reduce_range") fit on any
+CPU: 2 x 255 x 63 = 32,130. The build picks the range from the build CPU, the engine record
+says which it took, and the loader refuses full-range weights where they would saturate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+FULL_RANGE, REDUCED_RANGE = 127, 63
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> set[str] | None:
+    """The first processor's flags, or None where the kernel does not say (not Linux)."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return None
+
+
+def u8s8_saturates(flags: set[str] | None = None) -> bool | None:
+    """True where the CPU has no VNNI (full-range weights would saturate), False where it has,
+    None where the flags cannot be read."""
+    flags = cpu_flags() if flags is None else flags
+    if flags is None:
+        return None
+    return not any(f in flags for f in VNNI_FLAGS)
+
+
+def weight_range_for_this_cpu() -> int:
+    """The largest int8 weight magnitude a w8a8 build may use: full range only where VNNI is known."""
+    return FULL_RANGE if u8s8_saturates() is False else REDUCED_RANGE
