@@ -17,6 +17,7 @@ workload's first request, so the levels of a sweep see the same requests.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections import Counter
@@ -116,10 +117,14 @@ async def run_level(target: Target, specs: Iterator[RequestSpec], render: Callab
     clock = (lambda: time.perf_counter() - t0)
     records: list[RequestRecord] = []
 
-    async def send(spec: RequestSpec) -> None:
+    async def send(spec: RequestSpec, deadline: float = math.inf) -> RequestRecord | None:
+        """None when rendering ended past the deadline (the level's issuing time): not sent."""
         # Rendering tokenizes long prompts: on a worker thread, off the loop that timestamps chunks.
         prompt = await asyncio.to_thread(render, spec)
-        record = await issue(target, prompt, spec, limits.timeout, clock)
+        now = clock()
+        if now >= deadline:
+            return None
+        record = await issue(target, prompt, spec, limits.timeout, clock, start=now)
         records.append(record)
         on_record(record)
         return record
@@ -154,7 +159,11 @@ async def _closed_loop(send, specs: Iterator[RequestSpec], clients: int, limits:
         nonlocal issued
         while clock() < limits.duration and (limits.max_requests is None or issued < limits.max_requests):
             issued += 1
-            record = await send(next(specs))
+            # NOTE: the deadline again after rendering (a thread hop: a few ms on a busy machine),
+            # so no request starts past the duration.
+            record = await send(next(specs), limits.duration)
+            if record is None:
+                return
             if pause := backoff(record):
                 await asyncio.sleep(pause)
 

@@ -115,10 +115,12 @@ class RequestRecord:
 
 
 async def issue(target: Target, prompt: Prompt, spec: RequestSpec, timeout: float,
-                clock: Callable[[], float]) -> RequestRecord:
+                clock: Callable[[], float], start: float | None = None) -> RequestRecord:
     """Send one request and record it; never raises (a failure is an outcome). A client that gives
-    up (spec.give_up_after) or hangs up (spec.cancel_after) closes the stream, aborting the request."""
-    record = RequestRecord(spec.index, spec.prefix_tokens + spec.prompt_tokens, start=clock(),
+    up (spec.give_up_after) or hangs up (spec.cancel_after) closes the stream, aborting the request.
+    start: the clock reading the caller decided to send at (default: now)."""
+    record = RequestRecord(spec.index, spec.prefix_tokens + spec.prompt_tokens,
+                           start=clock() if start is None else start,
                            max_tokens=spec.max_tokens)
     gives_up = spec.give_up_after is not None and spec.give_up_after < timeout
     try:
