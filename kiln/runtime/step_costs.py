@@ -97,11 +97,11 @@ class StepCosts:
         once past `horizon` seconds (admission needs no more than "too late"; a long queue beside
         a full batch is thousands of 16-token steps, tens of ms on the event loop)."""
         left = [n for n in prompts if n > 0]
-        ends = sorted(decode_ends)[-num_decodes:] if decode_ends is not None and num_decodes > 0 else []
+        ends = list(decode_ends or ())[-num_decodes:] if num_decodes > 0 else []     # the longest count
         seconds, done, step = 0.0, 0, 0
         joined = len(prompts) - len(left)
         while done < len(left) and seconds <= horizon:
-            running = num_decodes - bisect.bisect_right(ends, step) if ends else num_decodes
+            running = num_decodes - bisect.bisect_right(ends, step)
             decodes = min(running + joined, max_decodes)
             budget = max(self.prefill_budget(decodes), 1)
             spent, finished = 0, 0
