@@ -101,7 +101,7 @@ def merge_rounds(rounds: list[dict]) -> dict:
     failed = next((r for r in rounds if "error" in r), None)
     if failed is not None:
         return failed
-    merged = {**rounds[0], "runs": {w: list(rs) for w, rs in rounds[0]["runs"].items()}}
+    merged = {**rounds[0], "runs": {w: list(rs) for w, rs in rounds[0].get("runs", {}).items()}}
     for r in rounds[1:]:
         for workload, reps in r["runs"].items():
             merged["runs"].setdefault(workload, []).extend(reps)

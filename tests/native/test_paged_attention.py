@@ -94,6 +94,7 @@ def make_inputs(rng, batch, seq, heads, kv_heads, hd, past_lens, block_size=4, n
 
 CASES = {
     "one decode": dict(batch=1, seq=1, past=[13]),
+    "long decodes across many blocks": dict(batch=2, seq=1, past=[75, 70]),
     "batched decodes, ragged pasts": dict(batch=4, seq=1, past=[0, 5, 17, 32]),
     "first prompts": dict(batch=2, seq=7, past=[0, 0]),
     "chunks that continue their rows": dict(batch=3, seq=20, past=[9, 0, 26]),
@@ -101,7 +102,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("heads,kv_heads,hd", [(4, 4, 16), (9, 3, 64)])
+@pytest.mark.parametrize("heads,kv_heads,hd", [(4, 4, 16), (9, 3, 64), (4, 2, 20)])
 def test_matches_the_definition(library, case, heads, kv_heads, hd):
     rng = np.random.default_rng(len(case) * 7 + heads)
     c = CASES[case]

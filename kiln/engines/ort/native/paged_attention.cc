@@ -4,6 +4,7 @@
 // are inlined into each copy, so they vectorize for that copy's instructions with no call between.
 #include "paged_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -11,7 +12,8 @@
 namespace kiln_attn {
 namespace {
 
-#define KILN_CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
+// NOTE: whole architecture levels: a list entry "avx2,fma" makes two clones, an AVX2 one without FMA.
+#define KILN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #define KILN_INLINE inline __attribute__((always_inline))
 
 // 16 floats as one value: one AVX-512 register in that copy, two AVX2 or four SSE ones in the others.
@@ -33,17 +35,47 @@ KILN_INLINE float Total(Lanes v) {
   return v[0];
 }
 
+// 8 floats: one AVX2 register. The decode path's dot products reduce these (a 16-float Total costs
+// cross-register shuffles on AVX2).
+typedef float Lanes8 __attribute__((vector_size(32)));
+typedef int32_t LaneIndex8 __attribute__((vector_size(32)));
+KILN_INLINE Lanes8 Load8(const float* x) {
+  Lanes8 v;
+  std::memcpy(&v, x, sizeof v);
+  return v;
+}
+KILN_INLINE float Total8(Lanes8 v) {
+  v += __builtin_shuffle(v, LaneIndex8{4, 5, 6, 7, 0, 1, 2, 3});
+  v += __builtin_shuffle(v, LaneIndex8{2, 3, 0, 1, 6, 7, 4, 5});
+  v += __builtin_shuffle(v, LaneIndex8{1, 0, 3, 2, 5, 4, 7, 6});
+  return v[0];
+}
 KILN_INLINE float Dot(const float* a, const float* b, int n) {
-  Lanes acc = {};
+  Lanes8 acc0 = {}, acc1 = {};
   int i = 0;
-  for (; i + 16 <= n; i += 16) acc += Load(a + i) * Load(b + i);
-  float sum = Total(acc);
+  for (; i + 16 <= n; i += 16) {
+    acc0 += Load8(a + i) * Load8(b + i);
+    acc1 += Load8(a + i + 8) * Load8(b + i + 8);
+  }
+  float sum = Total8(acc0 + acc1);
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
 
 KILN_INLINE void AddScaled(float* out, float p, const float* v, int n) {
   for (int i = 0; i < n; ++i) out[i] += p * v[i];
+}
+
+// out += w[0] v[0] + ... + w[3] v[3]: one load and store of out per four value rows, so the sum does
+// not wait on a store per row.
+KILN_INLINE void AddScaled4(float* out, const float* w, const float* const* v, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const Lanes8 sum = Load8(out + i) + w[0] * Load8(v[0] + i) + w[1] * Load8(v[1] + i) + w[2] * Load8(v[2] + i) +
+                       w[3] * Load8(v[3] + i);
+    std::memcpy(out + i, &sum, sizeof sum);
+  }
+  for (; i < n; ++i) out[i] += w[0] * v[0][i] + w[1] * v[1][i] + w[2] * v[2][i] + w[3] * v[3][i];
 }
 
 // e^r for 0 <= r < ln 2, by its Taylor series to the 7th power (relative error < 2e-6): for one
@@ -60,11 +92,28 @@ KILN_INLINE T ExpSeries(T r) {
   return poly * r + 1.f;
 }
 
+// e^x for 16 values x <= 0 at once, the scalar loop's way (below): lanes where x is -inf give 0 only
+// through the mask the caller applies.
+KILN_INLINE Lanes ExpLanes(Lanes x) {
+  Lanes t = x * 1.4426950409f;
+  t = t < -126.f ? Lanes{} - 126.f : t;
+  LaneIndex whole = __builtin_convertvector(t, LaneIndex);          // rounds toward zero ...
+  Lanes whole_f = __builtin_convertvector(whole, Lanes);
+  whole -= whole_f > t ? 1 : 0;                                       // ... so step down below zero
+  whole_f = __builtin_convertvector(whole, Lanes);
+  return ExpSeries((t - whole_f) * 0.6931471806f) * (Lanes)((whole + 127) << 23);       // NOTE: a vector cast keeps the bits
+}
+
 // e^x for x <= 0 (scores less their maximum), branch-free so the loop vectorizes: x = (n + f) ln 2
 // with n an integer and 0 <= f < 1; 2^f = e^(f ln 2) by ExpSeries, 2^n written into the exponent
 // bits. Below -87 the result underflows to ~0.
 KILN_INLINE float ExpAndSum(float* x, int n, float shift) {
-  for (int i = 0; i < n; ++i) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {                 // 16 at a time, then one at a time
+    const Lanes e = ExpLanes(Load(x + i) - shift);
+    std::memcpy(x + i, &e, sizeof e);
+  }
+  for (; i < n; ++i) {
     float t = (x[i] - shift) * 1.4426950409f;
     t = t < -126.f ? -126.f : t;
     const float whole = std::floor(t);
@@ -75,23 +124,11 @@ KILN_INLINE float ExpAndSum(float* x, int n, float shift) {
     x[i] = poly * two_n;
   }
   Lanes lanes = {};
-  int i = 0;
+  i = 0;
   for (; i + 16 <= n; i += 16) lanes += Load(x + i);
   float sum = Total(lanes);
   for (; i < n; ++i) sum += x[i];
   return sum;
-}
-
-// ExpAndSum's e^x for 16 values at once (x <= 0), the same series: lanes where x is -inf give 0 only
-// through the mask the caller applies.
-KILN_INLINE Lanes ExpLanes(Lanes x) {
-  Lanes t = x * 1.4426950409f;
-  t = t < -126.f ? Lanes{} - 126.f : t;
-  LaneIndex whole = __builtin_convertvector(t, LaneIndex);          // rounds toward zero ...
-  Lanes whole_f = __builtin_convertvector(whole, Lanes);
-  whole -= whole_f > t ? 1 : 0;                                       // ... so step down below zero
-  whole_f = __builtin_convertvector(whole, Lanes);
-  return ExpSeries((t - whole_f) * 0.6931471806f) * (Lanes)((whole + 127) << 23);       // NOTE: a vector cast keeps the bits
 }
 
 KILN_INLINE float Cap(float score, const Params& p) { return p.softcap > 0.f ? p.softcap * std::tanh(score / p.softcap) : score; }
@@ -130,6 +167,19 @@ struct RowView {
     }
     return fresh + new_base + static_cast<size_t>(t - past) * new_stride;
   }
+  // fn(i, row) for keys t = first .. last, i = t - first: one block-table lookup per block, not per key.
+  template <typename Fn>
+  KILN_INLINE void Walk(const float* pool, const float* fresh, int64_t first, int64_t last, Fn fn) const {
+    int64_t t = first;
+    while (t <= last && t < past) {
+      const int64_t block = table[t / s.block_size], offset = t % s.block_size;
+      const int64_t run = std::min<int64_t>({s.block_size - offset, past - t, last - t + 1});
+      const float* base = pool + (static_cast<size_t>(block) * s.block_size + offset) * s.head_dim;
+      for (int64_t i = 0; i < run; ++i) fn(static_cast<int>(t + i - first), base + i * s.head_dim);
+      t += run;
+    }
+    for (; t <= last; ++t) fn(static_cast<int>(t - first), fresh + new_base + static_cast<size_t>(t - past) * new_stride);
+  }
   KILN_INLINE const float* Key(int64_t t) const { return Row(pool_keys, new_keys, t); }
   KILN_INLINE const float* Value(int64_t t) const { return Row(pool_values, new_values, t); }
 };
@@ -149,7 +199,18 @@ KILN_INLINE void Finish(const RowView& row, float* scores, int n, int64_t first,
   for (int t = 0; t < n; ++t) top = scores[t] > top ? scores[t] : top;
   const float inv = 1.f / ExpAndSum(scores, n, top);
   std::memset(result, 0, sizeof(float) * hd);
-  for (int t = 0; t < n; ++t) AddScaled(result, scores[t] * inv, row.Value(first + t), hd);
+  const float* rows[4];
+  float weights[4];
+  int pending = 0;
+  row.Walk(row.pool_values, row.new_values, first, first + n - 1, [&](int t, const float* value) {
+    rows[pending] = value;
+    weights[pending++] = scores[t] * inv;
+    if (pending == 4) {
+      AddScaled4(result, weights, rows, hd);
+      pending = 0;
+    }
+  });
+  for (int i = 0; i < pending; ++i) AddScaled(result, weights[i], rows[i], hd);
 }
 
 // A chunk of up to 16 queries (prefill), computed across the queries: lane i of every vector is query
@@ -243,7 +304,11 @@ KILN_CLONES void AttendTask(const Shape& s, const Params& p, const float* q, con
     const int64_t position = row.past + qs, first = FirstKey(p, position);
     const int n = static_cast<int>(position - first + 1);
     scores.resize(static_cast<size_t>(n));
-    for (int t = 0; t < n; ++t) scores[t] = Cap(p.scale * Dot(query(qs), row.Key(first + t), hd), p);
+    const float* qv = query(qs);
+    row.Walk(row.pool_keys, row.new_keys, first, position,
+             [&](int t, const float* key) { scores[t] = p.scale * Dot(qv, key, hd); });
+    if (p.softcap > 0.f)
+      for (int t = 0; t < n; ++t) scores[t] = Cap(scores[t], p);
     Finish(row, scores.data(), n, first, hd, result(qs));
   }
 }

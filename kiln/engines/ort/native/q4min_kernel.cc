@@ -116,6 +116,43 @@ void TileAvx2(const int8_t* xq, const float* dx, const float* xs, int k, const u
   }
 }
 
+// One row: both 8-column halves in one pass over a block, so each activation word is broadcast once
+// (a row has no other rows to share the unpacked codes with).
+__attribute__((target("avx2,fma,f16c")))
+void TileAvx2OneRow(const int8_t* xq, const float* dx, const float* xs, int k, const uint8_t* tile, float* y,
+                    int /*ystride*/, int cols) {
+  const int nb = k / kBlock;
+  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), off0 = _mm256_setzero_ps(), off1 = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = tile + static_cast<size_t>(b) * kTileBlockBytes;
+    const int8_t* x = xq + b * kBlock;
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + i * 64));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + i * 64 + 32));
+      const __m256i xl = _mm256_set1_epi32(Word(x + 8 * i)), xh = _mm256_set1_epi32(Word(x + 8 * i + 4));
+      s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(v0, low), xl));
+      s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low), xh));
+      s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(v1, low), xl));
+      s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low), xh));
+    }
+    const __m256 scale = _mm256_set1_ps(dx[b]), sum = _mm256_set1_ps(xs[b]);
+    const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 256)));
+    const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 272)));
+    const __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 288)));
+    const __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 304)));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s0, ones)), _mm256_mul_ps(d0, scale), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s1, ones)), _mm256_mul_ps(d1, scale), acc1);
+    off0 = _mm256_fmadd_ps(m0, sum, off0);
+    off1 = _mm256_fmadd_ps(m1, sum, off1);
+  }
+  float out[kTile];
+  _mm256_storeu_ps(out, _mm256_add_ps(acc0, off0));
+  _mm256_storeu_ps(out + 8, _mm256_add_ps(acc1, off1));
+  std::memcpy(y, out, sizeof(float) * cols);
+}
+
 // ---- AVX-512 VNNI -------------------------------------------------------------------------------
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
@@ -165,7 +202,7 @@ TileFn Avx512Fn(int rows) {
 
 TileFn Avx2Fn(int rows) {
   switch (rows) {
-    case 1: return TileAvx2<1>;
+    case 1: return TileAvx2OneRow;
     case 2: return TileAvx2<2>;
     case 3: return TileAvx2<3>;
     default: return TileAvx2<4>;

@@ -41,39 +41,39 @@ void TileScalar(const int8_t* xq, const float* dx, int rows, int k, const uint8_
   }
 }
 
-// pmaddubsw takes |q| (u8) times x with q's sign: two products of at most 127 * 127 fit int16.
+// pmaddubsw takes |x| (u8) times q with x's sign: two products of at most 127 * 127 fit int16. |x|
+// and x's broadcast depend only on the activation, so both 8-column halves of the tile share them.
 template <int R>
 __attribute__((target("avx2,fma,f16c")))
 void TileAvx2(const int8_t* xq, const float* dx, int k, const uint8_t* tile, float* y, int ystride, int cols) {
   const int nb = k / kBlock;
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int h = 0; h < 2; ++h) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; ++b) {
-      const uint8_t* blk = tile + static_cast<size_t>(b) * kTileBlockBytesQ8;
-      __m256i q[8], aq[8];
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = tile + static_cast<size_t>(b) * kTileBlockBytesQ8;
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xq + static_cast<size_t>(r) * k + b * kBlock;
+      __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
       for (int g = 0; g < 8; ++g) {
-        q[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + g * 64 + h * 32));
-        aq[g] = _mm256_sign_epi8(q[g], q[g]);
+        const __m256i bx = _mm256_set1_epi32(Word(x + 4 * g)), ax = _mm256_abs_epi8(bx);
+        const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + g * 64));
+        const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + g * 64 + 32));
+        s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(q0, bx)), ones));
+        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(q1, bx)), ones));
       }
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 512 + h * 16)));
-      for (int r = 0; r < R; ++r) {
-        const int8_t* x = xq + static_cast<size_t>(r) * k + b * kBlock;
-        __m256i s32 = _mm256_setzero_si256();
-        for (int g = 0; g < 8; ++g) {
-          const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(Word(x + 4 * g)), q[g]);
-          s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(_mm256_maddubs_epi16(aq[g], sx), ones));
-        }
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(d, _mm256_set1_ps(dx[r * nb + b])), acc[r]);
-      }
+      const __m256 scale = _mm256_set1_ps(dx[r * nb + b]);
+      const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 512)));
+      const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 528)));
+      acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(d0, scale), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(d1, scale), acc[r][1]);
     }
-    const int valid = cols - 8 * h;
-    for (int r = 0; r < R && valid > 0; ++r) {
-      float out[8];
-      _mm256_storeu_ps(out, acc[r]);
-      std::memcpy(y + static_cast<size_t>(r) * ystride + 8 * h, out, sizeof(float) * (valid < 8 ? valid : 8));
-    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float out[kTile];
+    _mm256_storeu_ps(out, acc[r][0]);
+    _mm256_storeu_ps(out + 8, acc[r][1]);
+    std::memcpy(y + static_cast<size_t>(r) * ystride, out, sizeof(float) * cols);
   }
 }
 
