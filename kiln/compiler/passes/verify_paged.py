@@ -15,13 +15,14 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from kiln.engines.ort import native
 from kiln.engines.ort.kv_pool import quantize_rows
 from kiln.engines.ort.batching import new_kv_layer_major
 from kiln.compiler.passes.verify import _session, seeded_feeds
 
 KINDS = ("key", "value")
 # ops whose accuracy_level 4 rounds activations to int8 and 0 keeps them float (kiln.MatMulQ4Min too)
-LEVELLED_OPS = ("MatMulNBits", "MatMulQ4Min", "MatMulQ8")
+LEVELLED_OPS = ("MatMulNBits", native.OP_TYPE, native.OP_TYPE_Q8)
 POOL_INPUTS = ("key_cache.", "value_cache.", "key_scale.", "value_scale.")   # shared by all rows
 
 
