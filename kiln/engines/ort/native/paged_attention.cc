@@ -213,6 +213,27 @@ KILN_INLINE void Finish(const RowView& row, float* scores, int n, int64_t first,
   for (int i = 0; i < pending; ++i) AddScaled(result, weights[i], rows[i], hd);
 }
 
+// A chunk's scores for kKeys keys, acc[j][i] = sum_d transposed[d][i] * key[j][d], as 8-float halves
+// with every sum in a named register: 2.3x the 16-float loop on one AVX2 thread.
+KILN_INLINE void ScoresInHalves(const Lanes* transposed, const float* const* key, int hd, Lanes* acc) {
+  const float *k0 = key[0], *k1 = key[1], *k2 = key[2], *k3 = key[3];
+  const float* tq = reinterpret_cast<const float*>(transposed);
+  Lanes8 l0 = {}, l1 = {}, l2 = {}, l3 = {}, h0 = {}, h1 = {}, h2 = {}, h3 = {};
+  for (int d = 0; d < hd; ++d) {
+    const Lanes8 lo = Load8(tq + d * kLanes), hi = Load8(tq + d * kLanes + 8);
+    l0 += lo * k0[d];
+    h0 += hi * k0[d];
+    l1 += lo * k1[d];
+    h1 += hi * k1[d];
+    l2 += lo * k2[d];
+    h2 += hi * k2[d];
+    l3 += lo * k3[d];
+    h3 += hi * k3[d];
+  }
+  const Lanes8 halves[kKeys][2] = {{l0, h0}, {l1, h1}, {l2, h2}, {l3, h3}};
+  std::memcpy(acc, halves, sizeof(Lanes) * kKeys);
+}
+
 // A chunk of up to 16 queries (prefill), computed across the queries: lane i of every vector is query
 // s0 + i. Per key, its 16 scores are one multiply-add per head dimension (the key's element times the
 // queries' transposed elements), with no horizontal sums; the softmax and the weighted sum of values
@@ -232,6 +253,9 @@ KILN_INLINE void AttendChunk(const Shape& s, const Params& p, const RowView& row
     first[i] = static_cast<float>(FirstKey(p, at));
   }
   const int64_t lo = FirstKey(p, row.past + s0), hi = row.past + s1 - 1;
+  // NOTE: where a 16-float vector is one register (AVX-512) the loop below compiles well; without,
+  // GCC spilled its sums and rebuilt the key pointers every pass (8 GFLOP/s on one AVX2 thread)
+  static const bool wide = __builtin_cpu_supports("avx512f");
   const int width = static_cast<int>(hi - lo + 1);
   // scores[t - lo]: key t against every query. NOTE: floats, aligned by hand: a std::vector of
   // 64-byte vectors was not allocated 64-byte aligned, and the stores into it are aligned ones.
@@ -246,8 +270,12 @@ KILN_INLINE void AttendChunk(const Shape& s, const Params& p, const RowView& row
     const float* key[kKeys];
     for (int j = 0; j < kKeys; ++j) key[j] = row.Key(t0 + (j < n ? j : 0));
     Lanes acc[kKeys] = {};
-    for (int d = 0; d < hd; ++d)
-      for (int j = 0; j < kKeys; ++j) acc[j] += transposed[d] * key[j][d];
+    if (wide) {
+      for (int d = 0; d < hd; ++d)
+        for (int j = 0; j < kKeys; ++j) acc[j] += transposed[d] * key[j][d];
+    } else {
+      ScoresInHalves(transposed, key, hd, acc);
+    }
     for (int j = 0; j < n; ++j) {
       Lanes x = acc[j] * p.scale;
       if (p.softcap > 0.f)
