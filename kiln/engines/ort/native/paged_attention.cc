@@ -19,43 +19,39 @@ namespace {
 // 16 floats as one value: one AVX-512 register in that copy, two AVX2 or four SSE ones in the others.
 typedef float Lanes __attribute__((vector_size(64)));
 typedef int32_t LaneIndex __attribute__((vector_size(64)));
-
-KILN_INLINE Lanes Load(const float* x) {
-  Lanes v;
-  std::memcpy(&v, x, sizeof v);
-  return v;
-}
-
-// The lanes' sum, by halving: 8 + 8, 4 + 4, 2 + 2, 1 + 1 (4 shuffles, not 15 scalar adds).
-KILN_INLINE float Total(Lanes v) {
-  v += __builtin_shuffle(v, LaneIndex{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-  v += __builtin_shuffle(v, LaneIndex{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
-  v += __builtin_shuffle(v, LaneIndex{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
-  v += __builtin_shuffle(v, LaneIndex{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
-  return v[0];
-}
-
-// 8 floats: one AVX2 register. The decode path's dot products reduce these (a 16-float Total costs
-// cross-register shuffles on AVX2).
+// 8 floats: one AVX2 register. The decode path's dot products reduce these (a 16-float sum across
+// lanes costs cross-register shuffles on AVX2).
 typedef float Lanes8 __attribute__((vector_size(32)));
 typedef int32_t LaneIndex8 __attribute__((vector_size(32)));
-KILN_INLINE Lanes8 Load8(const float* x) {
-  Lanes8 v;
+
+template <typename V = Lanes>
+KILN_INLINE V Load(const float* x) {
+  V v;
   std::memcpy(&v, x, sizeof v);
   return v;
 }
+
+// The lanes' sum, by halving: 4 + 4, 2 + 2, 1 + 1 (3 shuffles, not 7 scalar adds).
 KILN_INLINE float Total8(Lanes8 v) {
   v += __builtin_shuffle(v, LaneIndex8{4, 5, 6, 7, 0, 1, 2, 3});
   v += __builtin_shuffle(v, LaneIndex8{2, 3, 0, 1, 6, 7, 4, 5});
   v += __builtin_shuffle(v, LaneIndex8{1, 0, 3, 2, 5, 4, 7, 6});
   return v[0];
 }
+
+// 8 + 8, then the same halving.
+KILN_INLINE float Total(Lanes v) {
+  Lanes8 halves[2];
+  std::memcpy(halves, &v, sizeof v);
+  return Total8(halves[0] + halves[1]);
+}
+
 KILN_INLINE float Dot(const float* a, const float* b, int n) {
   Lanes8 acc0 = {}, acc1 = {};
   int i = 0;
   for (; i + 16 <= n; i += 16) {
-    acc0 += Load8(a + i) * Load8(b + i);
-    acc1 += Load8(a + i + 8) * Load8(b + i + 8);
+    acc0 += Load<Lanes8>(a + i) * Load<Lanes8>(b + i);
+    acc1 += Load<Lanes8>(a + i + 8) * Load<Lanes8>(b + i + 8);
   }
   float sum = Total8(acc0 + acc1);
   for (; i < n; ++i) sum += a[i] * b[i];
@@ -71,8 +67,8 @@ KILN_INLINE void AddScaled(float* out, float p, const float* v, int n) {
 KILN_INLINE void AddScaled4(float* out, const float* w, const float* const* v, int n) {
   int i = 0;
   for (; i + 8 <= n; i += 8) {
-    const Lanes8 sum = Load8(out + i) + w[0] * Load8(v[0] + i) + w[1] * Load8(v[1] + i) + w[2] * Load8(v[2] + i) +
-                       w[3] * Load8(v[3] + i);
+    const Lanes8 sum = Load<Lanes8>(out + i) + w[0] * Load<Lanes8>(v[0] + i) + w[1] * Load<Lanes8>(v[1] + i) + w[2] * Load<Lanes8>(v[2] + i) +
+                       w[3] * Load<Lanes8>(v[3] + i);
     std::memcpy(out + i, &sum, sizeof sum);
   }
   for (; i < n; ++i) out[i] += w[0] * v[0][i] + w[1] * v[1][i] + w[2] * v[2][i] + w[3] * v[3][i];
@@ -215,12 +211,13 @@ KILN_INLINE void Finish(const RowView& row, float* scores, int n, int64_t first,
 
 // A chunk's scores for kKeys keys, acc[j][i] = sum_d transposed[d][i] * key[j][d], as 8-float halves
 // with every sum in a named register: 2.3x the 16-float loop on one AVX2 thread.
+static_assert(kKeys == 4, "ScoresInHalves names its four keys' sums");
 KILN_INLINE void ScoresInHalves(const Lanes* transposed, const float* const* key, int hd, Lanes* acc) {
   const float *k0 = key[0], *k1 = key[1], *k2 = key[2], *k3 = key[3];
   const float* tq = reinterpret_cast<const float*>(transposed);
   Lanes8 l0 = {}, l1 = {}, l2 = {}, l3 = {}, h0 = {}, h1 = {}, h2 = {}, h3 = {};
   for (int d = 0; d < hd; ++d) {
-    const Lanes8 lo = Load8(tq + d * kLanes), hi = Load8(tq + d * kLanes + 8);
+    const Lanes8 lo = Load<Lanes8>(tq + d * kLanes), hi = Load<Lanes8>(tq + d * kLanes + 8);
     l0 += lo * k0[d];
     h0 += hi * k0[d];
     l1 += lo * k1[d];
