@@ -44,11 +44,13 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> P
         with stage(f"chose {config.backend} {config.quant.value} ({choices['backend']['reason']}; "
                    f"{choices['quant']['reason']}{attention})"):
             pass
-        if config.quant is QuantMode.INT4 and not _engine_quantizes(config):
-            from kiln.compiler.passes.quantize import int4_kernel_note
+        if not _engine_quantizes(config):
+            from kiln.compiler.passes.quantize import kernel_note
 
-            with stage(int4_kernel_note(backend)):       # kiln's own kernel, or why not
-                pass
+            note = kernel_note(config.quant, backend)
+            if note:
+                with stage(note):       # kiln's own kernel, or why not
+                    pass
         with stage("export ONNX decoder graph"):
             model = build_decoder(src.spec, src.weights, _weights_workdir(writer))
         reports = []

@@ -131,6 +131,26 @@ def test_q8_matches_numpy(library, isa, rows, k, n, monkeypatch):
     np.testing.assert_allclose(exact, x @ q.dequantize(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("rows,k,n", [(2, 64, 40), (7, 96, 16), (13, 160, 50), (32, 64, 17)])
+def test_q8_float_activations_are_the_dequantized_product_whatever_rows_share_the_call(library, isa, rows, k, n,
+                                                                                    monkeypatch):
+    """accuracy_level 0: x · (d·q) in float, and each row's result is bit for bit the one it gets alone
+    (one row, two rows and the six-row panel groups add the same products in the same order)."""
+    runnable(isa, monkeypatch)
+    rng = np.random.default_rng(rows * k + n)
+    q = q8_blocks(rng.normal(0, 0.05, (k, n)).astype(np.float32))
+    x = rng.normal(0, 1, (rows, k)).astype(np.float32)
+    s = session(k, n, pack_tiles_q8(q), rank=2, accuracy_level=0, op_type=native.OP_TYPE_Q8)
+    y = s.run(None, {"x": x})[0]
+    want = x.astype(np.float64) @ q.dequantize().astype(np.float64)
+    bound = np.abs(x).astype(np.float64) @ np.abs(q.dequantize()).astype(np.float64)
+    np.testing.assert_array_less(np.abs(y - want), 1e-5 * bound + 1e-7)
+    for m in (0, rows // 2, rows - 1):
+        np.testing.assert_array_equal(s.run(None, {"x": x[m:m + 1]})[0][0], y[m])
+    np.testing.assert_array_equal(s.run(None, {"x": x[:2]})[0], y[:2])
+
+
 def test_q8_0_weights_are_reproduced_exactly():
     rng = np.random.default_rng(5)
     codes = rng.integers(-127, 128, (64, 24)).astype(np.int8)

@@ -1,6 +1,5 @@
 """The q4min INT4 recipe (every linear but the LM head on kiln.MatMulQ4Min, the head on kiln.MatMulQ8)
-on the tiny presets: the
-graph it makes, its check against fp32, an artifact built with it, and the paths without the op
+and the INT8 recipe (every linear on kiln.MatMulQ8) on the tiny presets: the graph they make, its check against fp32, an artifact built with it, and the paths without the op
 library (the build falls back and says so; such an artifact refuses to load with what to run)."""
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ import pytest
 from kiln.compiler.build import build
 from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.passes.base import run_pass
-from kiln.compiler.passes.quantize import MIN_TOP1, QuantizePass, int4_kernel_note, recipe_options
+from kiln.compiler.passes.quantize import MIN_TOP1, QuantizePass, int4_kernel_note, kernel_note, recipe_options
 from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
 from kiln.config import BuildConfig
 from kiln.contract.artifact import ArtifactError, EngineArtifact
@@ -53,6 +52,24 @@ def test_every_linear_but_the_head_runs_on_the_kernel(tiny_sources, name):
     assert report.details["top1_agreement"] >= MIN_TOP1[QuantMode.INT4]       # the check ran it through ORT
 
 
+def test_int8_puts_every_linear_and_the_head_on_the_q8_kernel(tiny_sources):
+    src = tiny_sources["tiny-llama"]
+    model = build_decoder(src.spec, src.weights)
+    options = recipe_options(QuantMode.INT8, get_backend("ort"))
+    assert options == {"int8_kernel": "q8", "head_kernel": "q8"}
+    check = QuantCheck("quantize", check_token_ids(src.tokenizer_dir, 512), MIN_TOP1[QuantMode.INT8])
+    out, report = run_pass(QuantizePass(QuantMode.INT8, **options), model, check)
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in
+               {t.name for t in model.graph.initializer}]
+    kernel = [n for n in out.graph.node if n.op_type == native.OP_TYPE_Q8]
+    assert len(kernel) == len(matmuls) and not [n for n in out.graph.node if n.op_type == "MatMulNBits"]
+    assert report.details["matmuls_by_bits"] == {8: len(kernel)}
+    assert report.details["lm_head"] == "MatMulQ8 8-bit"
+    assert report.details["top1_agreement"] >= MIN_TOP1[QuantMode.INT8]       # the check ran it through ORT
+    assert "MatMulQ8" in kernel_note(QuantMode.INT8, get_backend("ort"))
+    assert kernel_note(QuantMode.INT8, get_backend("openvino")) is None      # openvino compresses its own weights
+
+
 def test_an_artifact_records_the_op_and_refuses_to_load_without_the_library(tmp_path, monkeypatch):
     from kiln import LLM, RuntimeConfig, SamplingParams
 
@@ -68,8 +85,9 @@ def test_an_artifact_records_the_op_and_refuses_to_load_without_the_library(tmp_
 
 def test_without_the_library_the_build_keeps_matmul_nbits_and_says_so(no_library, tmp_path):
     backend = get_backend("ort")
-    assert recipe_options(QuantMode.INT4, backend) == {}
+    assert recipe_options(QuantMode.INT4, backend) == {} and recipe_options(QuantMode.INT8, backend) == {}
     assert native.BUILD_COMMAND in int4_kernel_note(backend)
+    assert native.BUILD_COMMAND in kernel_note(QuantMode.INT8, backend)
     stages = []
 
     def stage(name):

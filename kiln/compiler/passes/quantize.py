@@ -79,13 +79,31 @@ _INT4_ROUNDING = {QuantMode.INT4: "search"}
 # its own). SmolLM2 perplexity over fp32 (bench/bench_quant_ppl.py --fuse): +1.50 % with the head on
 # MatMulNBits 8-bit; the head 4-bit on MatMulQ4Min: +6.54 % and the answer loses Paris. Without the
 # library, the MatMulNBits recipe above, and the build says so (int4_kernel_note).
+# The ort backend's INT8 with the library: every linear and the LM head on kiln.MatMulQ8 (Q8_0 codes,
+# int8 activations per block of 32). SmolLM2 against 8-bit MatMulNBits, built the same day
+# (bench/bench_engine_modes.py, AVX2 EPYC): 512-token TTFT 0.80x the time, one stream 1.25x, 32
+# streams 1.33x; perplexity over fp32 +0.68 % against +0.82 %, top-1 agreement 0.961 against 0.951.
 def recipe_options(mode: QuantMode, backend) -> dict:
     """QuantizePass options for `mode` on `backend` (a kiln.contract.backends.Backend) beyond the mode's defaults."""
     if mode is QuantMode.INT4 and not backend.cpu_int4_recipe:
         return {"int4_rounding": "block_offsets", "int8_linears": ()}
     if mode is QuantMode.INT4 and native.available():
         return {"int4_rounding": "q4min", "int8_linears": (), "head_kernel": "q8"}
+    if mode is QuantMode.INT8 and backend.cpu_int4_recipe and native.available():
+        return {"int8_kernel": "q8", "head_kernel": "q8"}
     return {}
+
+
+def kernel_note(mode: QuantMode, backend) -> str | None:
+    """What the build's linears run on at `mode` on `backend`, and why (None: nothing to say)."""
+    if mode is QuantMode.INT4:
+        return int4_kernel_note(backend)
+    if mode is not QuantMode.INT8 or not backend.cpu_int4_recipe:
+        return None
+    if native.available():
+        return f"8-bit linears: kiln's MatMulQ8 kernel, the LM head too ({native.LIBRARY.name})"
+    return (f"8-bit linears: MatMulNBits: kiln's op library is not built, run `{native.BUILD_COMMAND}` "
+            "for its faster MatMulQ8")
 
 
 def int4_kernel_note(backend) -> str:
@@ -100,9 +118,10 @@ def int4_kernel_note(backend) -> str:
 
 # How 8-bit linears run (not the LM head): "dynamic" (the w8a8 mode) = DynamicQuantizeMatMul, int8 per output channel with
 # activations quantized per call (passes/dynamic_int8.py: ~2.7x faster than MatMulNBits from 8 rows
-# up, no slower at 1); "nbits" = MatMulNBits blocks of 32. The LM head stays MatMulNBits: it shares
+# up, no slower at 1); "nbits" = MatMulNBits blocks of 32; "q8" = kiln.MatMulQ8 (Q8_0 codes, int8
+# activations per block of 32, so no outlier trouble: nbits_linears does not apply; needs the op library). The LM head stays MatMulNBits: it shares
 # its table with the embedding and runs only at the logits rows.
-INT8_KERNELS = ("dynamic", "nbits")
+INT8_KERNELS = ("dynamic", "nbits", "q8")
 # How the LM head runs (QuantizePass head_kernel): MatMulNBits, or one of kiln's ops.
 HEAD_KERNELS = ("nbits", "q8", "q4min")
 # ...except these, whose input has outliers that one activation scale per call cannot hold: the
@@ -141,7 +160,7 @@ class QuantizePass:
         self.nbits_linears = tuple(nbits_linears)     # name segments kept on MatMulNBits regardless
         self.mode, self.block_size, self.symmetric = mode, block_size, symmetric
         self.int4_rounding = _int4_rounding(mode, int4_rounding, block_offsets)
-        if ("q4min" in (self.int4_rounding, head_kernel) or head_kernel == "q8") and block_size != 32:
+        if ("q4min" in (self.int4_rounding, head_kernel) or "q8" in (head_kernel, int8_kernel)) and block_size != 32:
             raise ValueError("int4_rounding='q4min' takes block_size=32 (the kernel's block)")
         self.block_offsets = self.int4_rounding == "block_offsets"
         self.offset_linears = tuple(offset_linears)
@@ -251,6 +270,8 @@ class _Rewrite:
             group = offset_linear(self.graph, self.inits[b], node, bits, self.p.block_size, self.wdir)
         elif bits == 8 and self.p.int8_kernel == "dynamic" and not is_head and self._dynamic(node):
             group = [dynamic_int8_linear(self.graph, self.inits[b], node, self.wdir)]
+        elif bits == 8 and self.p.int8_kernel == "q8" and not is_head:
+            group = [q8_linear(self.graph, self.inits[b], node, self.wdir)]
         else:
             group = [self._nbits_linear(node, bits)]
         self.quantized[b], self.groups[b] = group[0], group

@@ -41,7 +41,8 @@ void MatMulTiles(Isa isa, const int8_t* xq, const float* dx, const float* xs, in
 constexpr int kTileBlockBytesQ8 = 544;
 void MatMulTilesQ8(Isa isa, const int8_t* xq, const float* dx, const int32_t* xqsum, int rows, int k,
                    const uint8_t* w, int n, int t0, int t1, float* y);
-void MatMulTilesQ8Float(const float* x, int rows, int k, const uint8_t* w, int n, int t0, int t1, float* y);
+// Float activations (accuracy_level 0): f32 fused multiply-adds over the widened weights, k in order.
+void MatMulTilesQ8Float(Isa isa, const float* x, int rows, int k, const uint8_t* w, int n, int t0, int t1, float* y);
 float HalfToFloat(uint16_t h);
 
 // The same product with float activations (accuracy_level 0: the build's layout checks, as MatMulNBits'

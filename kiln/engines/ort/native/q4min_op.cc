@@ -42,7 +42,7 @@ void RunTask(void* data, size_t index) {
   const int t0 = static_cast<int>(index) * j.tiles_per_task;
   const int t1 = t0 + j.tiles_per_task < j.tiles ? t0 + j.tiles_per_task : j.tiles;
   if (j.bits == 8) {
-    if (j.x != nullptr) kiln_q4::MatMulTilesQ8Float(j.x, j.rows, j.k, j.w, j.n, t0, t1, j.y);
+    if (j.x != nullptr) kiln_q4::MatMulTilesQ8Float(j.isa, j.x, j.rows, j.k, j.w, j.n, t0, t1, j.y);
     else kiln_q4::MatMulTilesQ8(j.isa, j.xq, j.dx, j.xqsum, j.rows, j.k, j.w, j.n, t0, t1, j.y);
   } else if (j.x != nullptr) {
     kiln_q4::MatMulTilesFloat(j.x, j.rows, j.k, j.w, j.n, t0, t1, j.y);
