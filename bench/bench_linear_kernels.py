@@ -1,12 +1,13 @@
-"""kiln.MatMulQ8 alone, on SmolLM2-135M's linear shapes: int8 activations (accuracy_level 4, what int8
-and the int4 build's LM head run) against float activations (accuracy_level 0, an f32 GEMM over the
-widened codes), as ms per call and GFLOP/s, and one decode step's linears summed.
+"""kiln.MatMulQ8 alone, on SmolLM2-135M's linear shapes, at each activation precision: int8
+(accuracy_level 4), int16 (accuracy_level 2: pmaddwd over codes widened to int16 once per call) and
+float (accuracy_level 0: an f32 GEMM over the widened codes), as ms per call and GFLOP/s, and one
+decode step's linears summed.
 
     .venv/bin/python bench/bench_linear_kernels.py [--rows 1 32 512] [--threads 2]
 
-Where both run near the same rate, this CPU's integer path is no faster than its FMA units (e.g. AVX2
-without VNNI: pmaddubsw and pmaddwd spend two multiplies per 32 products, as two FMAs do per 16):
-what int8 weights can win there is bandwidth, at few rows, not compute.
+What a level can win depends on the CPU: with VNNI, int8's vpdpbusd does 4 products per lane per
+instruction; on AVX2 without it, pmaddwd's 16 int16 products per instruction are twice an FMA's 8,
+where int8 (pmaddubsw, then pmaddwd to widen its 16-bit sums, and |x| / sign fix-ups) gains little.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from kiln.engines.ort import native
 
 # (K, N, linears per step): SmolLM2-135M fused (q/k/v merged, gate/up merged), 30 layers, and the head
 SMOLLM2_LINEARS = ((576, 960, 30), (576, 576, 30), (576, 3072, 30), (1536, 576, 30), (576, 49152, 1))
-LEVELS = (4, 0)
+LEVELS = (4, 2, 0)
+LEVEL_NAMES = {4: "int8", 2: "int16", 0: "float"}
 
 
 def q8_session(k: int, n: int, packed: np.ndarray, level: int, threads: int) -> ort.InferenceSession:
@@ -63,10 +65,11 @@ def main(argv=None) -> None:
             for lv in LEVELS:
                 step[lv] += took[lv] * count
             flops = 2 * rows * k * n
-            print(f"rows {rows:4d}  {k:5d} x {n:5d}: int8 {took[4] * 1e3:7.3f} ms ({flops / took[4] / 1e9:5.0f} GFLOP/s)"
-                  f"  float {took[0] * 1e3:7.3f} ms ({flops / took[0] / 1e9:5.0f} GFLOP/s)")
-        print(f"rows {rows:4d}  a step's linears: int8 {step[4] * 1e3:.1f} ms, float {step[0] * 1e3:.1f} ms "
-              f"(float / int8 time {step[0] / step[4]:.2f})")
+            cells = "  ".join(f"{LEVEL_NAMES[lv]} {took[lv] * 1e3:7.3f} ms ({flops / took[lv] / 1e9:4.0f} GFLOP/s)"
+                              for lv in LEVELS)
+            print(f"rows {rows:4d}  {k:5d} x {n:5d}: {cells}")
+        cells = ", ".join(f"{LEVEL_NAMES[lv]} {step[lv] * 1e3:.1f} ms" for lv in LEVELS)
+        print(f"rows {rows:4d}  a step's linears: {cells} (float / int16 time {step[0] / step[2]:.2f})")
 
 
 if __name__ == "__main__":

@@ -151,6 +151,62 @@ def test_q8_float_activations_are_the_dequantized_product_whatever_rows_share_th
     np.testing.assert_array_equal(s.run(None, {"x": x[:2]})[0], y[:2])
 
 
+def int16_rows(x: np.ndarray):
+    """accuracy_level 2's activations: (xq [M, nb, 32] int64, dx [M, nb]) for x [..., K]."""
+    rows = x.reshape(-1, x.shape[-1] // 32, 32).astype(np.float32)
+    amax = np.abs(rows).max(axis=2, keepdims=True)
+    inv = np.where(amax > 0, np.float32(32767) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+    return np.rint(rows * inv).astype(np.int64), (amax / np.float32(32767)).astype(np.float64)[..., 0]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("rows,k,n", [(1, 32, 16), (1, 576, 200), (2, 96, 33), (3, 64, 40), (5, 160, 17),
+                                      (6, 64, 16), (7, 96, 50), (32, 64, 17)])
+def test_q8_int16_activations_match_numpy(library, isa, rows, k, n, monkeypatch):
+    """accuracy_level 2: each activation block rounded to int16 (scale amax/32767), the block's integer
+    dot exact even at full scale (codes at +-127, an outlier block at 32767), one float term per block."""
+    runnable(isa, monkeypatch)
+    rng = np.random.default_rng(rows * 31 + k + n)
+    q = q8_blocks(rng.normal(0, 0.05, (k, n)).astype(np.float32))
+    assert q.codes.min() == -127 and q.codes.max() == 127
+    x = rng.normal(0, 1, (1, rows, k)).astype(np.float32)
+    x[0, 0, :32] = np.sign(x[0, 0, :32]) * 30                    # every code of a block at +-32767
+    if k >= 64:
+        x[0, -1, 32:64] = 0                                       # an all-zero block (scale 0)
+    y = session(k, n, pack_tiles_q8(q), accuracy_level=2, op_type=native.OP_TYPE_Q8).run(None, {"x": x})[0]
+    xq, dx = int16_rows(x)
+    assert np.abs(xq).max() == 32767
+    dot = np.einsum("mbk,bkn->mbn", xq, q.codes.astype(np.int64).reshape(k // 32, 32, -1)).astype(np.float64)
+    terms = dot * q.scales.astype(np.float64)[None] * dx[..., None]
+    want, scale = terms.sum(axis=1).reshape(1, rows, n), np.abs(terms).sum(axis=1).reshape(1, rows, n)
+    assert y.shape == (1, rows, n)
+    np.testing.assert_array_less(np.abs(y - want), 1e-5 * scale + 1e-6)
+    # and nearer the float product than int8 activations are: 15 bits of each activation, not 7
+    x = rng.normal(0, 1, (1, rows, k)).astype(np.float32)
+    exact = x @ q.dequantize()
+    int16 = session(k, n, pack_tiles_q8(q), accuracy_level=2, op_type=native.OP_TYPE_Q8).run(None, {"x": x})[0]
+    int8 = session(k, n, pack_tiles_q8(q), op_type=native.OP_TYPE_Q8).run(None, {"x": x})[0]
+    assert np.abs(int16 - exact).max() < np.abs(int8 - exact).max() / 20
+
+
+@pytest.mark.parametrize("rows,k,n", [(13, 96, 40), (32, 160, 17)])
+def test_q8_int16_rows_are_bit_for_bit_the_same_whatever_path_or_neighbours(library, rows, k, n, monkeypatch):
+    """accuracy_level 2: two rows widened in registers, three against a widened panel, the scalar
+    path: the same exact integer dot and one fused multiply-add per block, so the same bits."""
+    rng = np.random.default_rng(rows + k + n)
+    q = q8_blocks(rng.normal(0, 0.05, (k, n)).astype(np.float32))
+    x = rng.normal(0, 1, (rows, k)).astype(np.float32)
+    s = session(k, n, pack_tiles_q8(q), rank=2, accuracy_level=2, op_type=native.OP_TYPE_Q8)
+    y = s.run(None, {"x": x})[0]
+    for m in (0, rows // 2, rows - 1):
+        np.testing.assert_array_equal(s.run(None, {"x": x[m:m + 1]})[0][0], y[m])
+    for few in (2, 3, 5, 7):
+        np.testing.assert_array_equal(s.run(None, {"x": x[:few]})[0], y[:few])
+    monkeypatch.setenv("KILN_Q4_ISA", "scalar")
+    scalar = session(k, n, pack_tiles_q8(q), rank=2, accuracy_level=2, op_type=native.OP_TYPE_Q8)
+    np.testing.assert_array_equal(scalar.run(None, {"x": x})[0], y)
+
+
 def test_q8_0_weights_are_reproduced_exactly():
     rng = np.random.default_rng(5)
     codes = rng.integers(-127, 128, (64, 24)).astype(np.int8)
@@ -212,6 +268,12 @@ def test_wrong_shapes_are_refused(library):
     bad = session(64, 32, pack_tiles(q))                           # B packed for N=16, attribute says 32
     with pytest.raises(Exception, match=r"B must be \[2, 2, 320\]"):
         bad.run(None, {"x": np.ones((1, 1, 64), np.float32)})
+
+
+def test_int16_activations_are_matmulq8s_alone(library):
+    q = q4min_blocks(np.ones((32, 16), np.float32))
+    with pytest.raises(Exception, match=r"accuracy_level must be 0 \(float activations\) or 4"):
+        session(32, 16, pack_tiles(q), accuracy_level=2)
 
 
 def test_empty_batch(library):

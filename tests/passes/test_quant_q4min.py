@@ -9,7 +9,8 @@ import pytest
 from kiln.compiler.build import build
 from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.passes.base import run_pass
-from kiln.compiler.passes.quantize import MIN_TOP1, QuantizePass, int4_kernel_note, kernel_note, recipe_options
+from kiln.compiler.passes.quantize import (MIN_TOP1, Q8_ACCURACY_LEVELS, QuantizePass, int4_kernel_note, kernel_note,
+                                          recipe_options)
 from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
 from kiln.config import BuildConfig
 from kiln.contract.artifact import ArtifactError, EngineArtifact
@@ -56,7 +57,8 @@ def test_int8_puts_every_linear_and_the_head_on_the_q8_kernel(tiny_sources):
     src = tiny_sources["tiny-llama"]
     model = build_decoder(src.spec, src.weights)
     options = recipe_options(QuantMode.INT8, get_backend("ort"))
-    assert options == {"int8_kernel": "q8", "head_kernel": "q8"}
+    activations = "int8" if native.isa() == "avx512vnni" else "int16"         # what the CPU multiplies fastest
+    assert options == {"int8_kernel": "q8", "head_kernel": "q8", "q8_activations": activations}
     check = QuantCheck("quantize", check_token_ids(src.tokenizer_dir, 512), MIN_TOP1[QuantMode.INT8])
     out, report = run_pass(QuantizePass(QuantMode.INT8, **options), model, check)
     matmuls = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in
@@ -64,9 +66,11 @@ def test_int8_puts_every_linear_and_the_head_on_the_q8_kernel(tiny_sources):
     kernel = [n for n in out.graph.node if n.op_type == native.OP_TYPE_Q8]
     assert len(kernel) == len(matmuls) and not [n for n in out.graph.node if n.op_type == "MatMulNBits"]
     assert report.details["matmuls_by_bits"] == {8: len(kernel)}
+    levels = {a.i for n in kernel for a in n.attribute if a.name == "accuracy_level"}
+    assert levels == {Q8_ACCURACY_LEVELS[activations]} and report.details["q8_activations"] == activations
     assert report.details["lm_head"] == "MatMulQ8 8-bit"
     assert report.details["top1_agreement"] >= MIN_TOP1[QuantMode.INT8]       # the check ran it through ORT
-    assert "MatMulQ8" in kernel_note(QuantMode.INT8, get_backend("ort"))
+    assert f"MatMulQ8 kernel with {activations} activations" in kernel_note(QuantMode.INT8, get_backend("ort"))
     assert kernel_note(QuantMode.INT8, get_backend("openvino")) is None      # openvino compresses its own weights
 
 

@@ -99,7 +99,8 @@ def unsupported(w: np.ndarray) -> str | None:
 
 def q4min_node(x: str, y: str, b_name: str, k: int, n: int, name: str, accuracy_level: int = 4,
                op_type: str = OP_TYPE) -> onnx.NodeProto:
-    """accuracy_level 4: int8 activations (the fast path); 0: float activations (layout checks)."""
+    """accuracy_level 4: int8 activations (the fast path); 2: int16 (MatMulQ8 only); 0: float activations
+    (layout checks)."""
     return helper.make_node(op_type, [x, b_name], [y], name=name, domain=OP_DOMAIN, K=k, N=n,
                             accuracy_level=accuracy_level)
 
@@ -160,10 +161,11 @@ def pack_tiles_q8(q: Q8Blocks) -> np.ndarray:
 
 
 def q8_linear(graph: onnx.GraphProto, w: TensorProto, node: onnx.NodeProto,
-              weights_dir: Path | None = None) -> onnx.NodeProto:
+              weights_dir: Path | None = None, accuracy_level: int = 4) -> onnx.NodeProto:
     """The MatMulQ8 that replaces MatMul(x, w); its packed weight is appended to `graph`."""
     weight = np.asarray(tensor_array(w, weights_dir), np.float32)
     b_name = f"{w.name}_Q8"
     graph.initializer.append(fill_tensor(TensorProto(), b_name, pack_tiles_q8(q8_blocks(weight)), weights_dir))
     k, n = weight.shape
-    return q4min_node(node.input[0], node.output[0], b_name, k, n, f"{node.name or w.name}_Q8", op_type=OP_TYPE_Q8)
+    return q4min_node(node.input[0], node.output[0], b_name, k, n, f"{node.name or w.name}_Q8", accuracy_level,
+                      OP_TYPE_Q8)

@@ -90,8 +90,15 @@ def recipe_options(mode: QuantMode, backend) -> dict:
     if mode is QuantMode.INT4 and native.available():
         return {"int4_rounding": "q4min", "int8_linears": (), "head_kernel": "q8"}
     if mode is QuantMode.INT8 and backend.cpu_int4_recipe and native.available():
-        return {"int8_kernel": "q8", "head_kernel": "q8"}
+        return {"int8_kernel": "q8", "head_kernel": "q8", "q8_activations": q8_activations_for_this_cpu()}
     return {}
+
+
+def q8_activations_for_this_cpu() -> str:
+    """MatMulQ8's activations for an INT8 build here: int8 where the CPU has VNNI (vpdpbusd: four
+    products per lane per instruction), int16 where it has not (pmaddwd: twice an f32 FMA's products,
+    where int8 gains little), which also keeps ~15 bits of each activation instead of 7."""
+    return "int8" if native.isa() == "avx512vnni" else "int16"
 
 
 def kernel_note(mode: QuantMode, backend) -> str | None:
@@ -101,7 +108,8 @@ def kernel_note(mode: QuantMode, backend) -> str | None:
     if mode is not QuantMode.INT8 or not backend.cpu_int4_recipe:
         return None
     if native.available():
-        return f"8-bit linears: kiln's MatMulQ8 kernel, the LM head too ({native.LIBRARY.name})"
+        return (f"8-bit linears: kiln's MatMulQ8 kernel with {q8_activations_for_this_cpu()} activations "
+                f"on this CPU ({native.isa()}), the LM head too ({native.LIBRARY.name})")
     return (f"8-bit linears: MatMulNBits: kiln's op library is not built, run `{native.BUILD_COMMAND}` "
             "for its faster MatMulQ8")
 
@@ -122,6 +130,8 @@ def int4_kernel_note(backend) -> str:
 # activations per block of 32, so no outlier trouble: nbits_linears does not apply; needs the op library). The LM head stays MatMulNBits: it shares
 # its table with the embedding and runs only at the logits rows.
 INT8_KERNELS = ("dynamic", "nbits", "q8")
+# MatMulQ8's activations (QuantizePass q8_activations) -> its accuracy_level: int8 or int16 per block of 32.
+Q8_ACCURACY_LEVELS = {"int8": 4, "int16": 2}
 # How the LM head runs (QuantizePass head_kernel): MatMulNBits, or one of kiln's ops.
 HEAD_KERNELS = ("nbits", "q8", "q4min")
 # ...except these, whose input has outliers that one activation scale per call cannot hold: the
@@ -139,7 +149,7 @@ class QuantizePass:
                  int8_linears: tuple[str, ...] | None = None, block_offsets: bool | None = None,
                  int8_kernel: str | None = None, nbits_linears: tuple[str, ...] = NBITS_LINEARS,
                  int4_rounding: str | None = None, calibration_ids: list[int] | None = None,
-                 offset_linears: tuple[str, ...] = (), head_kernel: str = "nbits"):
+                 offset_linears: tuple[str, ...] = (), head_kernel: str = "nbits", q8_activations: str = "int8"):
         """table_bits: bits of the embedding and LM head; int8_linears: node-name segments (e.g.
         "down_proj") of linears kept at 8 bits. None takes the mode's recipe; (4, ()) is pure int4.
         block_offsets: 4-bit linears keep a float minimum per block (passes/block_offsets.py).
@@ -149,7 +159,11 @@ class QuantizePass:
         offset_linears: node-name segments (e.g. "layers.29") of 4-bit linears that keep block offsets
         whatever int4_rounding says (a mixed split). head_kernel: "nbits" (the LM head MatMulNBits at
         table_bits, sharing its table with the embedding), "q8" (8-bit on kiln.MatMulQ8) or "q4min"
-        (4-bit on kiln.MatMulQ4Min); with either of kiln's, the embedding keeps a table of its own."""
+        (4-bit on kiln.MatMulQ4Min); with either of kiln's, the embedding keeps a table of its own.
+        q8_activations: what every kiln.MatMulQ8 quantizes its activations to, "int8" or "int16"."""
+        if q8_activations not in Q8_ACCURACY_LEVELS:
+            raise ValueError(f"q8_activations must be one of {tuple(Q8_ACCURACY_LEVELS)}, not {q8_activations!r}")
+        self.q8_activations = q8_activations
         if head_kernel not in HEAD_KERNELS:
             raise ValueError(f"head_kernel must be one of {HEAD_KERNELS}, not {head_kernel!r}")
         self.head_kernel = head_kernel
@@ -227,6 +241,7 @@ class _Rewrite:
             "int8_linears": list(self.p.int8_linears), "matmuls_quantized": len(self.quantized),
             "matmuls_by_bits": dict(Counter(_bits(n) for n in self.quantized.values())), "skipped": self.skipped,
             "lm_head": self._head_note(), "embedding": embed_note, "head_kernel": self.p.head_kernel,
+            "q8_activations": self.p.q8_activations,
         }
 
     @property
@@ -257,8 +272,7 @@ class _Rewrite:
         bits = self.p.table_bits if is_head else self._linear_bits(node)
         rounding = self._int4_rounding(node) if bits == 4 and not is_head else None
         if is_head and self.p.head_kernel != "nbits":
-            kernel = q4min_linear if self.p.head_kernel == "q4min" else q8_linear
-            group = [kernel(self.graph, self.inits[b], node, self.wdir)]
+            group = [self._kiln_linear(self.p.head_kernel, node)]
             self.quantized[b], self.groups[b] = group[0], group
             return group            # NOTE: no head_table: the embedding quantizes its own
         if rounding == "search":
@@ -271,13 +285,20 @@ class _Rewrite:
         elif bits == 8 and self.p.int8_kernel == "dynamic" and not is_head and self._dynamic(node):
             group = [dynamic_int8_linear(self.graph, self.inits[b], node, self.wdir)]
         elif bits == 8 and self.p.int8_kernel == "q8" and not is_head:
-            group = [q8_linear(self.graph, self.inits[b], node, self.wdir)]
+            group = [self._kiln_linear("q8", node)]
         else:
             group = [self._nbits_linear(node, bits)]
         self.quantized[b], self.groups[b] = group[0], group
         if is_head:
             self.head_table = QuantizedTable.of_matmul_nbits(group[0], bits)
         return group
+
+    def _kiln_linear(self, kernel: str, node: onnx.NodeProto) -> onnx.NodeProto:
+        """MatMul(x, W) on one of kiln's ops: "q4min" (MatMulQ4Min) or "q8" (MatMulQ8 at q8_activations)."""
+        w = self.inits[node.input[1]]
+        if kernel == "q4min":
+            return q4min_linear(self.graph, w, node, self.wdir)
+        return q8_linear(self.graph, w, node, self.wdir, Q8_ACCURACY_LEVELS[self.p.q8_activations])
 
     def _nbits_linear(self, node: onnx.NodeProto, bits: int) -> onnx.NodeProto:
         """MatMul(x, W) -> MatMulNBits, with onnxruntime's quantizer's values and names, one weight

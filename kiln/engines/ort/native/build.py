@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("q4min_kernel.cc", "q8_kernel.cc", "q4min_op.cc", "paged_attention.cc", "paged_attention_op.cc")
+SOURCES = ("q4min_kernel.cc", "q8_kernel.cc", "q8_int16_kernel.cc", "q4min_op.cc", "paged_attention.cc", "paged_attention_op.cc")
 HEADERS = ("q4min_kernel.h", "ort_abi.h", "op_library.h", "paged_attention.h")
 OUT_DIR = HERE / "_build"
 LIBRARY = OUT_DIR / "libkiln_ort_ops.so"

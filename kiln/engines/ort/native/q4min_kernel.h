@@ -43,6 +43,12 @@ void MatMulTilesQ8(Isa isa, const int8_t* xq, const float* dx, const int32_t* xq
                    const uint8_t* w, int n, int t0, int t1, float* y);
 // Float activations (accuracy_level 0): f32 fused multiply-adds over the widened weights, k in order.
 void MatMulTilesQ8Float(Isa isa, const float* x, int rows, int k, const uint8_t* w, int n, int t0, int t1, float* y);
+// int16 activations (accuracy_level 2, q8_int16_kernel.cc): each row quantized per block of 32 to
+// int16, xq [K] with dx [K/32] = amax / 32767 (x * (32767 / amax) rounded to nearest, ties to even);
+// y[m, n] = sum_b float(dot(q, xq)) * (d[n, b] * dx[m, b]), one fused multiply-add per block, b in order.
+void QuantizeRowI16(Isa isa, const float* x, int k, int16_t* xq, float* dx);
+void MatMulTilesQ8Int16(Isa isa, const int16_t* xq, const float* dx, int rows, int k, const uint8_t* w, int n,
+                        int t0, int t1, float* y);
 float HalfToFloat(uint16_t h);
 
 // The same product with float activations (accuracy_level 0: the build's layout checks, as MatMulNBits'

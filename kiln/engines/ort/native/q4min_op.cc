@@ -4,6 +4,8 @@
 //     Y[..., N] = MatMulQ4Min(X[..., K] float, B [ceil(N/16), K/32, 320] uint8)      attributes K, N
 //     Y[..., N] = MatMulQ8   (X[..., K] float, B [ceil(N/16), K/32, 544] uint8)      (accuracy_level)
 //
+// accuracy_level: 4 int8 activations (the default), 2 int16 activations (MatMulQ8 only), 0 float.
+//
 // B is a tile layout of q4min_kernel.h: 4-bit codes with a half-float scale and minimum per block of
 // 32 (Q4_1), or 8-bit codes with a half-float scale (Q8_0). The rows of X are quantized once per call;
 // ONNX Runtime's intra-op pool then shares out the tiles (KernelContext_ParallelFor). Loaded with
@@ -21,7 +23,7 @@ using kiln_ops::Status;
 struct Kernel {
   int bits = 4;                  // 4: MatMulQ4Min, 8: MatMulQ8
   int64_t k = 0, n = 0;
-  int64_t accuracy_level = 4;    // 4: int8 activations (the fast path); 0: float activations
+  int64_t accuracy_level = 4;    // 4: int8 activations; 2: int16 (MatMulQ8); 0: float activations
   kiln_q4::Isa isa = kiln_q4::Isa::kScalar;
 };
 
@@ -30,6 +32,7 @@ struct Job {
   int bits;
   const float* x;                 // set: float activations (accuracy_level 0)
   const int8_t* xq;
+  const int16_t* xq16;            // set: int16 activations (MatMulQ8 at accuracy_level 2)
   const float *dx, *xs;
   const int32_t* xqsum;
   int rows, k, n, tiles, tiles_per_task;
@@ -43,6 +46,7 @@ void RunTask(void* data, size_t index) {
   const int t1 = t0 + j.tiles_per_task < j.tiles ? t0 + j.tiles_per_task : j.tiles;
   if (j.bits == 8) {
     if (j.x != nullptr) kiln_q4::MatMulTilesQ8Float(j.isa, j.x, j.rows, j.k, j.w, j.n, t0, t1, j.y);
+    else if (j.xq16 != nullptr) kiln_q4::MatMulTilesQ8Int16(j.isa, j.xq16, j.dx, j.rows, j.k, j.w, j.n, t0, t1, j.y);
     else kiln_q4::MatMulTilesQ8(j.isa, j.xq, j.dx, j.xqsum, j.rows, j.k, j.w, j.n, t0, t1, j.y);
   } else if (j.x != nullptr) {
     kiln_q4::MatMulTilesFloat(j.x, j.rows, j.k, j.w, j.n, t0, t1, j.y);
@@ -85,7 +89,19 @@ Status* Compute(void* op_kernel, ort_abi::KernelContext* context) {
   const int per_task = rows >= 8 ? 1 : 4;
   const size_t tasks = static_cast<size_t>((tiles + per_task - 1) / per_task);
   if (kernel.accuracy_level == 0) {
-    Job job{kernel.isa, kernel.bits, x, nullptr, nullptr, nullptr, nullptr, rows, k, n, tiles, per_task, w, y};
+    Job job{kernel.isa, kernel.bits, x, nullptr, nullptr, nullptr, nullptr, nullptr, rows, k, n, tiles, per_task, w, y};
+    return g_api->ParallelFor(context, RunTask, tasks, 0, &job);
+  }
+  if (kernel.accuracy_level == 2) {
+    thread_local std::vector<int16_t> xq16;       // NOTE: reused per thread, as below
+    thread_local std::vector<float> dx16;
+    xq16.resize(static_cast<size_t>(rows) * k);
+    dx16.resize(static_cast<size_t>(rows) * nb);
+    for (int m = 0; m < rows; ++m)
+      kiln_q4::QuantizeRowI16(kernel.isa, x + static_cast<size_t>(m) * k, k, xq16.data() + static_cast<size_t>(m) * k,
+                              dx16.data() + static_cast<size_t>(m) * nb);
+    Job job{kernel.isa, kernel.bits, nullptr, nullptr, xq16.data(), dx16.data(), nullptr, nullptr, rows, k, n, tiles,
+            per_task, w, y};
     return g_api->ParallelFor(context, RunTask, tasks, 0, &job);
   }
   // NOTE: per-thread scratch, reused across calls: no allocation on the decode path
@@ -106,7 +122,7 @@ Status* Compute(void* op_kernel, ort_abi::KernelContext* context) {
     }
   }
   // a task is a few tiles (decode: enough tasks to share out, few enough to be cheap)
-  Job job{kernel.isa, kernel.bits, nullptr, xq.data(), dx, xs, xqsum.data(), rows, k, n, tiles, per_task, w, y};
+  Job job{kernel.isa, kernel.bits, nullptr, xq.data(), nullptr, dx, xs, xqsum.data(), rows, k, n, tiles, per_task, w, y};
   return g_api->ParallelFor(context, RunTask, tasks, 0, &job);
 }
 
@@ -118,8 +134,10 @@ Status* CreateKernel(const ort_abi::CustomOp* op, const void*, const ort_abi::Ke
   if (status == nullptr)         // optional: 4 by default
     kernel->accuracy_level = kiln_ops::Optional<int64_t>(&ort_abi::Api::KernelInfoGetAttributeInt64, info,
                                                          "accuracy_level", 4);
-  if (status == nullptr && kernel->accuracy_level != 0 && kernel->accuracy_level != 4)
-    status = Fail("accuracy_level must be 0 (float activations) or 4 (int8 activations)");
+  if (status == nullptr && kernel->accuracy_level != 0 && kernel->accuracy_level != 4 &&
+      !(kernel->accuracy_level == 2 && kernel->bits == 8))
+    status = Fail(kernel->bits == 8 ? "accuracy_level must be 0 (float activations), 2 (int16) or 4 (int8)"
+                                    : "accuracy_level must be 0 (float activations) or 4 (int8 activations)");
   if (status == nullptr && (kernel->k <= 0 || kernel->k % kiln_q4::kBlock || kernel->n <= 0 || kernel->k > INT_MAX || kernel->n > INT_MAX))
     status = Fail("K must be a positive multiple of 32 and N positive");
   if (status != nullptr) {
