@@ -9,6 +9,10 @@ The rules follow the side-by-side measurements (docs/benchmarks.md, `python benc
   at 32 streams; Gemma 2 through the gather 2.85x TTFT, 1.28x at 32 streams); ONNX Runtime
   otherwise (int4 one stream: ort's MatMulNBits beat OpenVINO reading the same 4-bit blocks; fp32
   and w8a8: ort's graph).
+- except int8 on an AVX2 CPU with neither AVX-512 nor VNNI, where kiln's op library is built: there
+  OpenVINO's int8 weights run as f32 FMAs, and ort's kiln.MatMulQ8 with int16 activations (pmaddwd,
+  twice an FMA's products) measured faster at every shape (SmolLM2, AVX2 EPYC: one stream ~1.5x,
+  32 streams ~1.2-1.5x, TTFT 512 level).
 - on ort, the attention core: kiln's PagedAttention op (reads the KV pool in place) where kiln's op
   library is built and the KV cache is fp32; the standard core (a paged gather in the graph) otherwise.
 Each choice carries its reason; the build prints it and the manifest records it.
@@ -79,7 +83,24 @@ def openvino_blocker(quant: QuantMode, spec: ModelSpec) -> str:
     from kiln.compiler.backends.openvino.coverage import uncovered
 
     missing = uncovered(spec)
-    return f"the openvino backend does not cover {missing} yet" if missing else ""
+    if missing:
+        return f"the openvino backend does not cover {missing} yet"
+    if quant is QuantMode.INT8 and kiln_int8_is_faster_here():
+        return ("kiln's MatMulQ8 kernel (int16 activations) is the fastest int8 engine on a CPU with AVX2 but "
+                "neither AVX-512 nor VNNI (OpenVINO runs int8 weights as f32 there)")
+    return ""
+
+
+def kiln_int8_is_faster_here(flags: set[str] | None = None) -> bool:
+    """Whether this CPU is one where ort's int8 on kiln's op library beats OpenVINO's: AVX2 and FMA,
+    no AVX-512 (OpenVINO's f32 FMAs would be twice as wide) and no VNNI (its int8 dot products)."""
+    from kiln.engines.ort import native
+    from kiln.engines.ort.int8_dot import VNNI_FLAGS, cpu_flags
+
+    flags = cpu_flags() if flags is None else flags
+    if not flags or not native.available():
+        return False
+    return {"avx2", "fma"} <= flags and "avx512f" not in flags and not any(f in flags for f in VNNI_FLAGS)
 
 
 def parameter_count(spec: ModelSpec) -> int:

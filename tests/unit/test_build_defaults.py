@@ -41,10 +41,29 @@ def test_quant_auto_is_int8_for_a_real_model_and_fp32_for_a_tiny_one(smollm2):
 
 
 @pytest.mark.skipif(not HAS_OPENVINO or platform.machine().lower() not in defaults.X86, reason="needs openvino on x86")
-def test_backend_auto_picks_openvino_for_int8_where_it_covers_the_model(smollm2):
+def test_backend_auto_picks_openvino_for_int8_where_it_covers_the_model(smollm2, monkeypatch):
+    monkeypatch.setattr(defaults, "kiln_int8_is_faster_here", lambda: False)     # a CPU with AVX-512 or VNNI
     assert choose_backend("auto", QuantMode.INT8, smollm2).value == "openvino"
     assert choose_backend("auto", QuantMode.INT4, smollm2).value == "ort"      # ort measured faster at int4
     assert choose_backend("auto", QuantMode.W8A8, smollm2).value == "ort"      # only ort builds w8a8
+
+
+@pytest.mark.skipif(not HAS_OPENVINO or platform.machine().lower() not in defaults.X86, reason="needs openvino on x86")
+def test_backend_auto_picks_kilns_int8_kernel_on_an_avx2_cpu_without_vnni(smollm2, monkeypatch):
+    monkeypatch.setattr(defaults, "kiln_int8_is_faster_here", lambda: True)
+    choice = choose_backend("auto", QuantMode.INT8, smollm2)
+    assert choice.value == "ort" and "MatMulQ8" in choice.reason and "neither AVX-512 nor VNNI" in choice.reason
+
+
+@pytest.mark.parametrize("flags,faster", [({"avx2", "fma"}, True), ({"avx2", "fma", "avx512f"}, False),
+                                          ({"avx2", "fma", "avx_vnni"}, False), ({"sse4_2"}, False), (set(), False)])
+def test_which_cpus_run_int8_fastest_on_kilns_kernel(flags, faster, monkeypatch):
+    from kiln.engines.ort import native
+
+    monkeypatch.setattr(native, "available", lambda: True)
+    assert defaults.kiln_int8_is_faster_here(flags) is faster
+    monkeypatch.setattr(native, "available", lambda: False)                      # no op library: no kernel
+    assert defaults.kiln_int8_is_faster_here(flags) is False
 
 
 def test_backend_auto_falls_back_to_ort_and_says_why(smollm2, monkeypatch):
