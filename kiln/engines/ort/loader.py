@@ -44,23 +44,8 @@ def _require_vnni(artifact: EngineArtifact) -> None:
     saturate the integer GEMM of a CPU without it, and the answers turn to noise (int8_dot.py)."""
     from kiln.engines.ort.int8_dot import u8s8_saturates
 
-    if not u8s8_saturates():
-        return
-    if any("vnni" in e.get("requires_cpu", ()) or _full_range_before_the_record(artifact, e)
-           for e in artifact.manifest.engines if e["backend"] == "ort"):
+    if any("vnni" in e.get("requires_cpu", ()) for e in artifact.manifest.engines) and u8s8_saturates():
         raise ArtifactError(f"{artifact.path}: its w8a8 linears take full-range int8 weights, which this CPU "
                             "(no VNNI) sums in saturating 16-bit lanes, so its answers would be wrong; rebuild "
                             "the artifact with `kiln build` on this machine (it keeps the weights within 7 bits "
                             "here), or build without w8a8 (--quant int8)")
-
-
-def _full_range_before_the_record(artifact: EngineArtifact, record: dict) -> bool:
-    """An engine from a kiln that did not write `requires_cpu` yet: its graph says (the weights'
-    names carry their range). Only the graph is read, not its external weights."""
-    if "requires_cpu" in record:
-        return False
-    import onnx
-
-    from kiln.compiler.passes.dynamic_int8 import full_range_weights
-
-    return full_range_weights(onnx.load(str(artifact.path / record["file"]), load_external_data=False).graph)
