@@ -80,7 +80,7 @@ _INT4_ROUNDING = {QuantMode.INT4: "search"}
 # MatMulNBits 8-bit; the head 4-bit on MatMulQ4Min: +6.54 % and the answer loses Paris. Without the
 # library, the MatMulNBits recipe above, and the build says so (int4_kernel_note).
 # The ort backend's INT8 with the library: every linear and the LM head on kiln.MatMulQ8 (Q8_0 codes,
-# int8 activations per block of 32). SmolLM2 against 8-bit MatMulNBits, built the same day
+# activations per block of 32 as q8_activations_for_this_cpu says). With int8 activations, SmolLM2 against 8-bit MatMulNBits, built the same day
 # (bench/bench_engine_modes.py, AVX2 EPYC): 512-token TTFT 0.80x the time, one stream 1.25x, 32
 # streams 1.33x; perplexity over fp32 +0.68 % against +0.82 %, top-1 agreement 0.961 against 0.951.
 def recipe_options(mode: QuantMode, backend) -> dict:
@@ -126,9 +126,10 @@ def int4_kernel_note(backend) -> str:
 
 # How 8-bit linears run (not the LM head): "dynamic" (the w8a8 mode) = DynamicQuantizeMatMul, int8 per output channel with
 # activations quantized per call (passes/dynamic_int8.py: ~2.7x faster than MatMulNBits from 8 rows
-# up, no slower at 1); "nbits" = MatMulNBits blocks of 32; "q8" = kiln.MatMulQ8 (Q8_0 codes, int8
-# activations per block of 32, so no outlier trouble: nbits_linears does not apply; needs the op library). The LM head stays MatMulNBits: it shares
-# its table with the embedding and runs only at the logits rows.
+# up, no slower at 1); "nbits" = MatMulNBits blocks of 32; "q8" = kiln.MatMulQ8 (Q8_0 codes,
+# activations rounded per block of 32 to q8_activations, so no outlier trouble: nbits_linears does
+# not apply; needs the op library). The LM head stays MatMulNBits (unless head_kernel says): it
+# shares its table with the embedding and runs only at the logits rows.
 INT8_KERNELS = ("dynamic", "nbits", "q8")
 # MatMulQ8's activations (QuantizePass q8_activations) -> its accuracy_level: int8 or int16 per block of 32.
 Q8_ACCURACY_LEVELS = {"int8": 4, "int16": 2}
@@ -175,7 +176,8 @@ class QuantizePass:
         self.mode, self.block_size, self.symmetric = mode, block_size, symmetric
         self.int4_rounding = _int4_rounding(mode, int4_rounding, block_offsets)
         if ("q4min" in (self.int4_rounding, head_kernel) or "q8" in (head_kernel, int8_kernel)) and block_size != 32:
-            raise ValueError("int4_rounding='q4min' takes block_size=32 (the kernel's block)")
+            raise ValueError("kiln's kernels (int4_rounding='q4min', a 'q8' head or int8_kernel) take block_size=32 "
+                             "(their block)")
         self.block_offsets = self.int4_rounding == "block_offsets"
         self.offset_linears = tuple(offset_linears)
         self.calibration_ids = list(calibration_ids) if calibration_ids else None

@@ -170,26 +170,39 @@ void TileFloatScalar(const float* x, int rows, int k, const uint8_t* tile, float
   }
 }
 
-// panel[kk * 16 + j] = d[j, kk / 32] * q[kk, j]. A group's 64 bytes hold q[4g + r, j] at j*4 + r:
-// per 128-bit lane one shuffle gathers each r's four columns, one permute joins the lanes' halves.
-__attribute__((target("avx2,fma,f16c")))
-void WidenTileAvx2(const uint8_t* tile, int nb, float* panel) {
+// A group's 64 bytes hold q[4g + r, j] at j*4 + r: per 128-bit lane one shuffle gathers each r's four
+// columns, one permute joins the lanes' halves; the codes are widened to floats times the scales d.
+struct Widened {
+  __m256 w[4];     // w[r] = d * q[4g + r, 8h .. 8h + 7]
+};
+
+__attribute__((target("avx2,fma,f16c"), always_inline))
+inline Widened WidenGroup(const uint8_t* bytes, __m256 d) {
   const __m256i by_r = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
                                         0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const __m256i join = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i v = _mm256_permutevar8x32_epi32(
+      _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)), by_r),
+      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+  const __m128i by_row[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
+  Widened out;
+  for (int r = 0; r < 4; ++r) out.w[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(by_row[r])), d);
+  return out;
+}
+
+// panel[kk * 16 + j] = d[j, kk / 32] * q[kk, j]: each group widened as the one- and two-row path
+// widens it (WidenGroup), stored once for all the rows of the call.
+__attribute__((target("avx2,fma,f16c")))
+void WidenTileAvx2(const uint8_t* tile, int nb, float* panel) {
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = tile + static_cast<size_t>(b) * kTileBlockBytesQ8;
     const __m256 d[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 512))),
                          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 528)))};
     for (int g = 0; g < 8; ++g) {
       for (int h = 0; h < 2; ++h) {      // columns 8h .. 8h + 7
-        const __m256i v = _mm256_permutevar8x32_epi32(
-            _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + g * 64 + h * 32)), by_r), join);
-        const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
-        const __m128i by_row[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
+        const Widened wg = WidenGroup(blk + g * 64 + h * 32, d[h]);
         float* out = panel + static_cast<size_t>(b * kBlock + 4 * g) * kTile + 8 * h;
-        for (int r = 0; r < 4; ++r)
-          _mm256_storeu_ps(out + r * kTile, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(by_row[r])), d[h]));
+        for (int r = 0; r < 4; ++r) _mm256_storeu_ps(out + r * kTile, wg.w[r]);
       }
     }
   }
@@ -246,26 +259,6 @@ void RowsTimesPanelAvx2(const float* x, int k, const float* panel, float* y, int
   }
 }
 
-// One or two rows (decode): a panel would be widened for one use, so each group's codes are widened
-// in registers and used at once, two tiles side by side (eight sums in flight hide the FMA latency).
-struct Widened {
-  __m256 w[4];     // w[r] = d * q[4g + r, 8h .. 8h + 7]
-};
-
-__attribute__((target("avx2,fma,f16c"), always_inline))
-inline Widened WidenGroup(const uint8_t* bytes, __m256 d) {
-  const __m256i by_r = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
-                                        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const __m256i v = _mm256_permutevar8x32_epi32(
-      _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)), by_r),
-      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
-  const __m128i by_row[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
-  Widened out;
-  for (int r = 0; r < 4; ++r) out.w[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(by_row[r])), d);
-  return out;
-}
-
 // acc += x[0..3] . w, k in order
 __attribute__((target("avx2,fma"), always_inline))
 inline __m256 AddFour(const Widened& g, const float* x, __m256 acc) {
@@ -273,6 +266,8 @@ inline __m256 AddFour(const Widened& g, const float* x, __m256 acc) {
   return acc;
 }
 
+// One or two rows (decode): a panel would be widened for one use, so each group's codes are widened
+// in registers and used at once, two tiles side by side (eight sums in flight hide the FMA latency).
 // y for R (1 or 2) rows over tiles a and b (b may be a itself: its sums are then not stored).
 template <int R>
 __attribute__((target("avx2,fma,f16c")))
