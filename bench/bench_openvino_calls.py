@@ -6,7 +6,9 @@ openvino int8 choice in kiln/engines/openvino/options.py was measured.
 
 Each artifact may carry overrides after `@`: OpenVinoOptions fields (inference_precision,
 kv_cache_precision, dynamic_quantization_group_size) and raw CPU plugin properties prefixed with
-`+` (`+PERFORMANCE_HINT=THROUGHPUT`). A shape B,PAST,T is B sequences of PAST cached tokens taking T
+`+` (`+PERFORMANCE_HINT=THROUGHPUT`); the override `static` compiles the variant once per shape with
+every input's shape fixed to that call's (what a static-shape decode bucket would cost, against the
+engine's one dynamic-shape model). A shape B,PAST,T is B sequences of PAST cached tokens taking T
 new tokens each (1 = a decode), and shapes joined by `+` share one call (a mixed step: decodes
 beside a prefill chunk, `15,300,1+1,300,28`); calls alternate between the variants, the first two of each are
 dropped, and the medians of wall and CPU time (all threads) are printed with their ratios to
@@ -31,19 +33,28 @@ from kiln.engines.openvino.options import KV_DTYPES, OpenVinoOptions
 from kiln.engines.openvino.paged_graph import paged_model
 
 OPTION_TYPES = {"dynamic_quantization_group_size": int}
+STATIC = "static"
 
 
-def compile_variant(variant: str, threads: int) -> ov.CompiledModel:
+def compile_variant(variant: str, threads: int, static_feeds: dict | None = None) -> ov.CompiledModel:
+    """static_feeds (for a `static` variant): the call's feeds, whose shapes the inputs are fixed to."""
     path, _, overrides = variant.partition("@")
     artifact = EngineArtifact.load(path)
     record = artifact.manifest.engines[0]
-    pairs = dict(kv.split("=", 1) for kv in overrides.split(";") if kv)
+    pairs = dict(kv.split("=", 1) if "=" in kv else (kv, "") for kv in overrides.split(";") if kv)
+    pairs.pop(STATIC, None)
     options = replace(OpenVinoOptions.from_dict(record["options"]),
                       **{k: OPTION_TYPES.get(k, str)(v) for k, v in pairs.items() if not k.startswith("+")})
     raw = {k[1:]: v for k, v in pairs.items() if k.startswith("+")}
     core = ov.Core()
     model = paged_model(core.read_model(artifact.path / record["file"]), artifact.manifest.spec)
+    if static_feeds is not None:
+        model.reshape({name: ov.PartialShape(list(np.shape(value))) for name, value in static_feeds.items()})
     return core.compile_model(model, "CPU", {**options.compile_properties(threads), **raw})
+
+
+def is_static(variant: str) -> bool:
+    return STATIC in variant.partition("@")[2].split(";")
 
 
 def bind_caches(compiled: ov.CompiledModel, num_blocks: int) -> tuple[ov.InferRequest, list, int]:
@@ -98,8 +109,13 @@ def main() -> None:
         for variant, model in compiled.items():
             block_size = _block_shape(cache_inputs(model)[1])[1]
             batch, num_blocks = batch_for(groups, block_size)
+            feeds = paged_feeds(batch, block_size, num_blocks)
+            if is_static(variant):
+                caches = {port.get_any_name(): np.empty([num_blocks, *_block_shape(port)], np.uint8)
+                          for port in cache_inputs(model)}
+                model = compile_variant(variant, args.threads, {**feeds, **caches})
             request, keep, _ = bind_caches(model, num_blocks)
-            runs[variant] = (request, keep, paged_feeds(batch, block_size, num_blocks), [])
+            runs[variant] = (request, keep, feeds, [])
         tokens = sum(b * t for b, _, t in groups)
         for _ in range(8 if tokens > 64 else 25):
             for request, _, feeds, times in runs.values():
