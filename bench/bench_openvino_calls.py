@@ -18,9 +18,11 @@ the first variant's.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import openvino as ov
@@ -113,7 +115,10 @@ def main() -> None:
             if is_static(variant):
                 caches = {port.get_any_name(): np.empty([num_blocks, *_block_shape(port)], np.uint8)
                           for port in cache_inputs(model)}
+                t0, rss0 = time.perf_counter(), resident_mb()
                 model = compile_variant(variant, args.threads, {**feeds, **caches})
+                print(f"{shape:>20}  static compile {time.perf_counter() - t0:.2f} s, "
+                      f"resident memory +{resident_mb() - rss0:.0f} MB")
             request, keep, _ = bind_caches(model, num_blocks)
             runs[variant] = (request, keep, feeds, [])
         tokens = sum(b * t for b, _, t in groups)
@@ -127,6 +132,11 @@ def main() -> None:
             wall, cpu = _medians(times)
             print(f"{shape:>20}  {wall * 1e3:7.1f} ms  {wall / base_wall:5.3f}x  "
                   f"cpu {cpu * 1e3:7.1f} ms  {cpu / base_cpu:5.3f}x  {variant}")
+
+
+def resident_mb() -> float:
+    """This process's resident memory (Linux)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _medians(times: list[tuple[float, float]]) -> tuple[float, float]:
