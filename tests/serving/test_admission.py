@@ -150,6 +150,18 @@ def test_full_seats_add_the_wait_for_the_shortest_replies():
     assert adm.predicted_ttft(100) == pytest.approx(10 * 0.02 + COSTS.queue_prefill_seconds([100, 100], 4, 4))
 
 
+def test_seats_free_a_batch_at_a_time_behind_a_single_running_reply():
+    # One reply of 64 steps runs, three seats are free: the first three of seven waiting prompts
+    # take them at once, the fourth takes the running one's seat after 64 steps and the last
+    # three the first three's after 64 more (their replies assumed as long as the running one's).
+    # The newcomer, eighth in line, waits for one of those: 128 steps of a full batch (20 ms).
+    adm = Admission(ServeConfig(ttft_slo=60.0), engine(num_running=1, max_num_seqs=4, remaining=(64,)))
+    for _ in range(7):
+        adm.admit(200)
+    assert adm.predicted_ttft(200) == pytest.approx(128 * 0.02 + COSTS.queue_prefill_seconds([200] * 8, 1, 4,
+                                                                                              decode_ends=(64,)))
+
+
 def test_a_refusal_stops_predicting_once_past_the_objective():
     adm = Admission(strict(ttft_slo=1.0), engine(num_running=4))
     for _ in range(10):
