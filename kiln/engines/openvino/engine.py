@@ -128,6 +128,9 @@ class OpenVinoEngine:
     def execute(self, batch: PagedBatch) -> EngineResult:
         if not self._caches:
             raise RuntimeError("allocate_kv(num_blocks) must run before execute()")
-        self.request.infer(paged_feeds(batch, self.block_size, self.num_blocks), share_inputs=True)
+        # NOTE: share_outputs: infer() would otherwise copy every output into a fresh array (the
+        # logits of 32 decodes are 6 MB), only for the copy below to be made again; that one stays,
+        # since the next call overwrites the plugin's output tensor.
+        self.request.infer(paged_feeds(batch, self.block_size, self.num_blocks), share_inputs=True, share_outputs=True)
         logits = self.request.get_output_tensor(0).data
         return EngineResult(np.array(logits, np.float32, copy=True))

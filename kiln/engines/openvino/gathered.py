@@ -78,7 +78,9 @@ class OpenVinoGatherEngine:
         return assemble_logits(batch, calls, lambda i: self._run(calls[i]))
 
     def _run(self, call: OrtCall) -> np.ndarray:
-        self.request.infer(call.feeds, share_inputs=True)
+        # NOTE: share_outputs: views of the plugin's outputs (no copy of every layer's new K/V and
+        # the logits); both are copied out below, before the next call overwrites them.
+        self.request.infer(call.feeds, share_inputs=True, share_outputs=True)
         logits = self.request.get_tensor("logits").data
         self.pool.write(self.request.get_tensor("new_kv").data, call.rows, call.cols, call.slots)
         return logits[call.logit_rows[:, 0], call.logit_rows[:, 1]]
