@@ -131,6 +131,9 @@ def int4_kernel_note(backend) -> str:
 # not apply; needs the op library). The LM head stays MatMulNBits (unless head_kernel says): it
 # shares its table with the embedding and runs only at the logits rows.
 INT8_KERNELS = ("dynamic", "nbits", "q8")
+# MatMulNBits' accuracy_level: int8 activations. The record names it for MatMulNBits alone: kiln's
+# MatMulQ8 linears take theirs from q8_activations (recorded beside it).
+NBITS_ACCURACY_LEVEL = 4
 # MatMulQ8's activations (QuantizePass q8_activations) -> its accuracy_level: int8 or int16 per block of 32.
 Q8_ACCURACY_LEVELS = {"int8": 4, "int16": 2}
 # How the LM head runs (QuantizePass head_kernel): MatMulNBits, or one of kiln's ops.
@@ -237,7 +240,8 @@ class _Rewrite:
         _drop_unused_initializers(self.graph, self.replaced)
         self.p._details |= {
             "bits": self.p.mode.bits, "table_bits": self.p.table_bits, "block_size": self.p.block_size,
-            "symmetric": self.p.symmetric, "accuracy_level": 4, "block_offsets": self.p.block_offsets,
+            "symmetric": self.p.symmetric, "nbits_accuracy_level": NBITS_ACCURACY_LEVEL,
+            "block_offsets": self.p.block_offsets,
             "int4_rounding": self.p.int4_rounding, "offset_linears": list(self.p.offset_linears),
             "int8_kernel": self.p.int8_kernel, "nbits_linears": list(self.p.nbits_linears),
             "int8_linears": list(self.p.int8_linears), "matmuls_quantized": len(self.quantized),
@@ -315,7 +319,7 @@ class _Rewrite:
         k, n = w.dims
         return helper.make_node("MatMulNBits", [node.input[0], *(name for name, _ in tables)], list(node.output),
                                 name=f"{node.name}_Q{bits}", domain=MS_DOMAIN, K=k, N=n, bits=bits,
-                                block_size=self.p.block_size, accuracy_level=4)
+                                block_size=self.p.block_size, accuracy_level=NBITS_ACCURACY_LEVEL)
 
     def _dynamic(self, node: onnx.NodeProto) -> bool:
         return not set(node.name.split("/")) & set(self.p.nbits_linears)
