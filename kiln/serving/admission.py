@@ -157,7 +157,7 @@ class Admission:
                             f"adds {n} (max {c.max_waiting_tokens})", "max_waiting_tokens", self.predicted_ttft(0))
         limit = c.ttft_slo * c.ttft_refuse_factor
         ttft = self.predicted_ttft(n, cached, horizon=limit or math.inf)
-        refused = bool(c.ttft_slo) and ttft > limit
+        refused = bool(c.ttft_slo) and ttft > limit and self._measured()
         if log.isEnabledFor(logging.DEBUG):
             self._trace(n, cached, ttft, refused)
         if refused:
@@ -165,6 +165,17 @@ class Admission:
                 f"{c.ttft_refuse_factor:g} x the {c.ttft_slo:g} s objective"
             raise _too_many(f"predicted time to first token {ttft:.2f} s exceeds {bound}", "ttft_slo", ttft - limit)
         return ttft
+
+    def _measured(self) -> bool:
+        """Whether the prediction rests on measured step costs. NOTE: until the engine has timed a
+        step with streams decoding, any prediction with a decode in it (a stream decoding now, or
+        a waiting prompt that will decode beside the next) uses the prior step cost, 20 ms, which
+        can be 10x a small model's (a tiny model's decode steps took 1.5 ms; its cold server's first
+        burst of 8 was predicted seconds for first tokens that came in 0.1 s). A refusal needs
+        evidence, so such a request is admitted; the queue bounds still hold. An idle server with
+        nothing waiting predicts from the prefill rate alone."""
+        s = self.client.snapshot
+        return bool(s.step_costs.decode_seconds_by_bucket) or (s.num_running == 0 and not self.waiting)
 
     def _trace(self, n: int, cached: int, ttft: float, refused: bool) -> None:
         s = self.client.snapshot

@@ -3,6 +3,7 @@ the waiting prompts, the decode load and the seats."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -160,6 +161,28 @@ def test_seats_free_a_batch_at_a_time_behind_a_single_running_reply():
         adm.admit(200)
     assert adm.predicted_ttft(200) == pytest.approx(128 * 0.02 + COSTS.queue_prefill_seconds([200] * 8, 1, 4,
                                                                                               decode_ends=(64,)))
+
+
+def test_no_refusal_by_prediction_before_a_decode_step_was_timed():
+    # A cold server: the step-cost model has timed no step with streams decoding, so a prediction
+    # with decodes in it rests on the prior (20 ms a step) and refuses nothing; the queue bound
+    # still does. Once a decode step is timed, the same prediction refuses.
+    cold = StepCosts(target_itl=0.02, min_prefill_chunk=16, max_tokens=512, prefill_seconds_per_token=0.001)
+    adm = Admission(strict(ttft_slo=0.5, max_waiting=10), engine(num_running=1, max_num_seqs=4, remaining=(64,),
+                                                               costs=cold))
+    for _ in range(8):
+        adm.admit(200)
+    assert adm.predicted_ttft(200) > 0.5 and adm.pending == 8
+    # The engine times its first decode step (here as slow as the prior): the model is measured.
+    adm.client = engine(num_running=1, max_num_seqs=4, remaining=(64,),
+                        costs=replace(cold, decode_seconds_by_bucket=((1, 0.02),)))
+    assert refusal(adm, 200).code == "ttft_slo"
+    adm.client = engine(num_running=1, max_num_seqs=4, remaining=(64,), costs=cold)
+    adm.admit(200)
+    adm.admit(200)
+    assert refusal(adm, 200).code == "max_waiting"
+    # An idle server with nothing waiting predicts from the prefill rate alone, and refuses on it.
+    assert refusal(Admission(strict(ttft_slo=0.5), engine(costs=cold)), 600).code == "ttft_slo"
 
 
 def test_a_refusal_stops_predicting_once_past_the_objective():
