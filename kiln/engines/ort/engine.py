@@ -23,6 +23,9 @@ from kiln.engines.ort.batching import (OrtCall, assemble_logits, has_gqa_core, n
 from kiln.engines.ort.session import cpu_session, session_options
 
 
+OUTPUTS = ("logits", "new_kv")
+
+
 class OrtEngine:
     """prefill: (min tokens, model path) of a second engine for calls of that many tokens or more
     (engines per bucket range: build.PREFILL_MIN_TOKENS); it shares the one KV pool."""
@@ -43,12 +46,14 @@ class OrtEngine:
         # the planner keeps GroupQueryAttention's rule for every call only when every engine has the core
         self.chunks_with_past_alone = all(self.gqa)
         self.pool: KvPool | None = None
+        self._bindings: list[ort.IOBinding] = []      # per session, made with the pool
 
     def io_spec(self) -> dict[str, list]:
         return {i.name: list(i.shape) for i in [*self.session.get_inputs(), *self.session.get_outputs()]}
 
     def allocate_kv(self, num_blocks: int) -> None:
         self.pool = KvPool(self.kv_layout, num_blocks)
+        self._bindings = [_bind_pool(session, self.pool) for _, session in self.sessions]
 
     def execute(self, batch: PagedBatch) -> EngineResult:
         if self.pool is None:
@@ -74,10 +79,26 @@ class OrtEngine:
 
     def _run(self, call: OrtCall, index: int) -> np.ndarray:
         self.calls_by_engine[index] += 1
-        logits, new_kv = self.sessions[index][1].run(["logits", "new_kv"], call.feeds | self.pool.feeds)
+        binding = self._bindings[index]
+        for name, value in call.feeds.items():
+            binding.bind_cpu_input(name, value)
+        for name in OUTPUTS:            # unallocated again: last call's outputs would bind their shapes
+            binding.bind_output(name, "cpu")
+        self.sessions[index][1].run_with_iobinding(binding)
+        logits, new_kv = (value.numpy() for value in binding.get_outputs())
         layer_major = new_kv_layer_major(new_kv, self.kv_layout.num_kv_heads, self.kv_layout.head_dim)
         self.pool.write(layer_major, call.rows, call.cols, call.slots)
         return logits[call.logit_rows[:, 0], call.logit_rows[:, 1]]
+
+
+def _bind_pool(session: ort.InferenceSession, pool: KvPool) -> ort.IOBinding:
+    """The session's IOBinding with the pool's arrays bound once (OrtValues over their memory, which
+    the runtime's writes update in place). NOTE: run() with the
+    pool in its feeds wrapped and checked all of them (60 for SmolLM2) at every call."""
+    binding = session.io_binding()
+    for name, array in pool.feeds.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
+    return binding
 
 
 class KvDtypeMismatch(ValueError):
