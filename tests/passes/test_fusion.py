@@ -5,7 +5,7 @@ from onnx import numpy_helper
 
 from kiln.contract.backends import get_backend
 from kiln.compiler.passes.base import run_pass
-from kiln.compiler.passes.fusion import (ALL_FUSIONS, FUSION_PASSES, FuseRMSNorm, FuseRotary,
+from kiln.compiler.passes.fusion import (ALL_FUSIONS, FUSION_PASSES, FuseRMSNorm, FuseRotary, FuseSkipRMSNorm,
                                 MergeProjections, fusion_passes)
 from kiln.compiler.passes.verify import compare_logits
 
@@ -28,6 +28,33 @@ def test_rms_norm(tiny, checks):
         spec.rms_norm_eps)
     checks.must_keep(out, spec)
     checks.same_outputs(model, out)
+
+
+def test_skip_rms_norm_takes_every_residual_but_the_final_one(tiny, checks):
+    spec, model = tiny
+    fused = FuseRMSNorm().run(model)
+    p = FuseSkipRMSNorm()
+    out, _ = run_pass(p, fused, compare_logits)
+    ops = checks.op_counts(out)
+    # Layer 0's input norm reads the embedding, and FINAL_HIDDEN sits before the final norm.
+    assert ops["SkipSimplifiedLayerNormalization"] == norms(spec) - 2
+    assert ops["SimplifiedLayerNormalization"] == 2
+    assert p.details()["skipped_sites"] == ["/model/layers.0/input_norm/SimplifiedLayerNormalization",
+                                            "/model/final_norm/SimplifiedLayerNormalization"]
+    skip = checks.node(out, "/model/layers.0/post_attn_norm/SkipSimplifiedLayerNormalization")
+    assert skip.domain == "com.microsoft" and skip.output[1] == skip.output[2] == ""
+    assert not any(n.name.endswith("/residual") for n in out.graph.node if "layers.0/attn" in n.name)
+    checks.must_keep(out, spec)
+    checks.same_outputs(model, out)
+
+
+def test_only_the_onnx_runtime_cpu_backend_fuses_the_residual_into_the_norm(tiny):
+    """SkipSimplifiedLayerNormalization is an ONNX Runtime contrib op (kiln.contract.backends)."""
+    spec, _ = tiny
+    for backend in ("openvino", "tensorrt", "ort-cuda"):
+        passes = fusion_passes(spec, get_backend(backend).skipped_fusions, "int4")
+        assert not any(isinstance(p, FuseSkipRMSNorm) for p in passes), backend
+    assert any(isinstance(p, FuseSkipRMSNorm) for p in fusion_passes(spec, get_backend("ort").skipped_fusions, "int4"))
 
 
 def test_rotary(tiny, checks):
@@ -83,7 +110,7 @@ def test_openvino_builds_skip_the_rotary_fusion_and_merge_only_qkv(tiny, checks)
     spec, model = tiny
     skipped = get_backend("openvino").skipped_fusions
     passes = fusion_passes(spec, skipped, "int8")
-    assert [type(p) for p in passes] == [c for c in FUSION_PASSES if c is not FuseRotary]
+    assert [type(p) for p in passes] == [c for c in FUSION_PASSES if c not in (FuseRotary, FuseSkipRMSNorm)]
     int4_merge = next(p for p in fusion_passes(spec, skipped, "int4") if isinstance(p, MergeProjections))
     assert [leaf for leaf, _, _ in int4_merge.groups] == ["attn", "mlp"]
     merge = next(p for p in passes if isinstance(p, MergeProjections))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
+from kiln.compiler.graph_utils import MS_DOMAIN
 from kiln.compiler.passes.fuse_common import FusionPass, GraphIndex, Rewrite, out_name, scope_of
 
 # The rms_norm subgraph, by node leaf name and op type, in emission order.
@@ -82,4 +83,36 @@ class FuseRMSNorm(FusionPass):
         norm = helper.make_node("SimplifiedLayerNormalization", [site.x, site.weight], [out_name(name)],
                                 name=name, axis=-1, epsilon=site.epsilon, stash_type=1)
         rw.replace(site.nodes, [norm], {site.output: out_name(name)})
+        return True
+
+
+# a ─┐                                       a ─┐
+#    Add(residual) ─┬─ SLN(w) ─ normed   →      SkipSLN(w) ─┬─ output 0: normed
+# b ─┘              └─ sum (next residual)   b ─┘            └─ output 3: a + b (input_skip_bias_sum)
+class FuseSkipRMSNorm(FusionPass):
+    """A residual Add feeding a SimplifiedLayerNormalization → SkipSimplifiedLayerNormalization.
+
+    Runs after FuseRMSNorm (it matches the fused norm). The final norm is left alone on purpose:
+    FINAL_HIDDEN's Identity sits between its residual Add and the norm and must stay there.
+    """
+
+    name = "fuse_skip_rms_norm"
+    rel_tolerance = 1e-4
+
+    def sites(self, idx: GraphIndex) -> list[str]:
+        return [n.name for n in idx.graph.node
+                if n.op_type == "SimplifiedLayerNormalization" and n.domain in ("", "ai.onnx")]
+
+    def rewrite(self, idx: GraphIndex, site: str, rw: Rewrite) -> bool:
+        norm = idx.by_name[site]
+        add = idx.producer.get(norm.input[0])
+        if add is None or add.op_type != "Add" or not add.name.endswith("/residual") or len(norm.output) != 1:
+            return False
+        if any(i in idx.initializers for i in add.input) or add.output[0] in idx.graph_outputs:
+            return False
+        name = f"{scope_of(site)}/SkipSimplifiedLayerNormalization"
+        outputs = [out_name(name, 0), "", "", out_name(name, 3)]
+        skip = helper.make_node("SkipSimplifiedLayerNormalization", [*add.input, norm.input[1]], outputs,
+                                name=name, domain=MS_DOMAIN, epsilon=_attr(norm, "epsilon", 1e-5))
+        rw.replace([add, norm], [skip], {norm.output[0]: outputs[0], add.output[0]: outputs[3]})
         return True
