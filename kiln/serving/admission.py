@@ -35,7 +35,6 @@ this: at 16 chat clients a third of the requests got 429).
 """
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import time
@@ -208,22 +207,19 @@ def _seat_wait(s: EngineSnapshot, num_ahead: int) -> float:
     at a full batch's decode pace: the running requests free their seats as they reach
     max_tokens (s.remaining_tokens), each request ahead takes the first seat free and keeps it
     for as long as the longest running reply (its own length is unknown until it runs), and the
-    newcomer takes the first seat free after them. NOTE: seats free up to max_num_seqs at a time;
-    the model before this one counted a round per running request: behind one running 64-token
-    reply and 7 waiting requests (4 seats) it counted 320 decode steps where the seats free
-    after 128 (6.4 s at the 20 ms prior step), and a closed-loop benchmark's burst got a 429
-    past 5 x the objective. NOTE: not at the target ITL: the prefill chunks that stretch a step are the
+    newcomer takes the first seat free after them. Since that reply is the longest, a seat retaken
+    frees after every seat free now: the seats go round in order, max_num_seqs at a time. NOTE: the
+    model before this one counted a round per running request: behind one running 64-token reply
+    and 7 waiting requests (4 seats) it counted 320 decode steps where the seats free after 128
+    (6.4 s at the 20 ms prior step), and a closed-loop benchmark's burst got a 429 past 5 x the
+    objective. NOTE: not at the target ITL: the prefill chunks that stretch a step are the
     waiting prompts', which queue_prefill_seconds counts already; counting them here too
     predicted 2.6 s for first tokens that came in 0.2 s (a small model at 2 ms a step)."""
     seats = max(s.max_num_seqs, 1)
-    if num_ahead + len(s.remaining_tokens) < seats or not s.remaining_tokens:
-        return 0.0
-    frees = list(s.remaining_tokens) + [0] * max(seats - len(s.remaining_tokens), 0)
-    heapq.heapify(frees)
-    reply = s.remaining_tokens[-1]
-    for _ in range(num_ahead):
-        heapq.heapreplace(frees, frees[0] + reply)
-    return frees[0] * s.step_costs.decode_seconds(seats)
+    frees = [0] * max(seats - len(s.remaining_tokens), 0) + list(s.remaining_tokens)   # ascending
+    reply = s.remaining_tokens[-1] if s.remaining_tokens else 0
+    rounds, k = divmod(num_ahead, seats)
+    return (rounds * reply + frees[k]) * s.step_costs.decode_seconds(seats)
 
 
 def _too_many(message: str, code: str, retry_after: float) -> ApiError:

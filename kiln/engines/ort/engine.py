@@ -93,8 +93,8 @@ class OrtEngine:
 
 def _bind_pool(session: ort.InferenceSession, pool: KvPool) -> ort.IOBinding:
     """The session's IOBinding with the pool's arrays bound once (OrtValues over their memory, which
-    the runtime's writes update in place). NOTE: run() with the
-    pool in its feeds wrapped and checked all of them (60 for SmolLM2) at every call."""
+    the runtime's writes update in place). NOTE: run() with the pool in its feeds wrapped and
+    checked all of them (60 for SmolLM2) at every call."""
     binding = session.io_binding()
     for name, array in pool.feeds.items():
         binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
