@@ -6,7 +6,8 @@ from pathlib import Path
 
 from runtime_report import METRICS, Summary
 
-COLORS = {"kiln": "tab:red", "genai": "tab:blue", "openvino": "tab:purple", "hf": "tab:gray"}
+COLORS = {"kiln": "tab:red", "artifact": "tab:red", "genai": "tab:blue", "openvino": "tab:purple", "hf": "tab:gray",
+          "llamacpp": "tab:green"}
 
 
 def plot(summaries: list[Summary], out: Path, title: str) -> Path:

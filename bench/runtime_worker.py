@@ -2,7 +2,9 @@
 
     python bench/runtime_worker.py SYSTEM --plan PLAN.json --out RESULT.json
 
-SYSTEM is `kiln:BACKEND:QUANT` (kiln:ort:int8), `genai:QUANT`, `openvino:QUANT` or `hf:fp32`.
+SYSTEM is `kiln:BACKEND:QUANT` (kiln:ort:int8), `genai:QUANT`, `openvino:QUANT` or `hf:fp32`;
+bench_gguf_peers.py's are `artifact:PATH` (a kiln artifact built already) and `llamacpp:PATH` (a
+GGUF file, run by llama.cpp).
 The plan (written by bench_runtime.py) holds the sizes, the threads, the cache folder and the
 prompts as token ids. The worker sets its system up (builds or exports the model into the cache:
 setup, not measurement), then times every workload and writes the runs as JSON.
@@ -47,6 +49,25 @@ def _label(artifact: Path, backend: str, quant: str) -> str:
     return f"defaults ({flags}): {choices['backend']['value']} {choices['quant']['value']}"
 
 
+def _artifact(path: str, plan: dict):
+    import logging
+
+    from runtime_kiln import KilnRunner
+
+    logging.getLogger("kiln").setLevel(logging.WARNING)
+    choices = json.loads((Path(path) / "manifest.json").read_text())["choices"]
+    return KilnRunner(Path(path), plan["threads"], f"{choices['backend']['value']} {choices['quant']['value']}")
+
+
+def _llamacpp(path: str, plan: dict):
+    from peer_llamacpp import LlamaCppRunner
+
+    sizes = plan["sizes"]
+    chat = max(len(p) for p in plan["prompts"]["chat"]) + sizes["chat_tokens"]
+    longest = max(sizes["ttft_prompt"] + 1, sizes["prompt"] + max(sizes["batch_tokens"], sizes["decode_tokens"]), chat)
+    return LlamaCppRunner(Path(path), plan["threads"], max(sizes["ways"]), longest, Path(path).stem)
+
+
 def _genai(quant: str, plan: dict):
     from peers import GenAIRunner, build_genai
 
@@ -78,7 +99,8 @@ def _hf(quant: str, plan: dict):
     return HFRunner(model, plan["threads"])
 
 
-FAMILIES = {"kiln": _kiln, "genai": _genai, "openvino": _openvino, "hf": _hf}
+FAMILIES = {"kiln": _kiln, "genai": _genai, "openvino": _openvino, "hf": _hf, "artifact": _artifact,
+            "llamacpp": _llamacpp}
 
 
 def load_plan(path: Path) -> tuple[dict, Sizes]:
