@@ -9,7 +9,8 @@ builds from); `gemma3`, a Gemma 3 with google/gemma-3-270m's shapes and random w
 file ships in a package here), written in f16 by gguf_models.py and quantized by llama.cpp's own
 quantizer with its Q4_K_M recipe (Q4_K, Q5_0, Q6_K and Q8_0 tensors, as the published 270M file).
 
-kiln: `kiln build FILE` with no flags, whatever that chooses on this machine (printed). llama.cpp:
+kiln: `kiln build FILE` with no flags, whatever that chooses on this machine (printed), and with
+`--quant int4` (`--kiln`: the builds, "auto" for no flags). llama.cpp:
 llama-cpp-python compiled for this CPU in its own environment (bench/setup_llamacpp.sh, ~10 min
 once), stepped as its batched example steps. Each system runs in a process of its own
 (runtime_worker.py), one at a time, on the same threads, greedy, exactly N new tokens, on the same
@@ -68,15 +69,17 @@ def llama_python() -> str:
     return str(LLAMA_VENV / "bin" / "python")
 
 
-def ensure_kiln(gguf: Path, model: str, cache: Path) -> Path:
-    """`kiln build FILE` with no flags, rebuilt when kiln's build code changes."""
-    out = cache / f"kiln-gguf-{model}-{_build_code_hash()}"
+def ensure_kiln(gguf: Path, model: str, quant: str, cache: Path) -> Path:
+    """`kiln build FILE` with no flags (quant "auto") or with `--quant QUANT`, rebuilt when kiln's
+    build code changes."""
+    out = cache / f"kiln-gguf-{model}-{quant}-{_build_code_hash()}"
     if (out / "manifest.json").is_file():
         return out
     tmp = out.with_name(out.name + ".tmp")
     # NOTE: the CLI of this interpreter's kiln (a checkout on PYTHONPATH included), not whatever `kiln` is on PATH
     cli = [sys.executable, "-c", "from kiln.cli import main; main()"]
-    subprocess.run([*cli, "build", str(gguf), "--out", str(tmp)], check=True)
+    flags = [] if quant == "auto" else ["--quant", quant]
+    subprocess.run([*cli, "build", str(gguf), "--out", str(tmp), *flags], check=True)
     tmp.rename(out)
     return out
 
@@ -92,42 +95,51 @@ def run_worker(python: str, spec: str, plan: Path, out: Path) -> dict:
 
 def measure_model(model: str, args, sizes) -> dict:
     gguf = ensure_gguf(model, args.cache)
-    artifact = ensure_kiln(gguf, model, args.cache)
-    choices = json.loads((artifact / "manifest.json").read_text())["choices"]
-    console.print(f"{model}: kiln build {gguf.name} with no flags chose {choices['backend']['value']} "
-                  f"{choices['quant']['value']} ({choices['backend']['reason']})")
-    tokenizer = Tokenizer(artifact / "tokenizer")
+    artifacts = [ensure_kiln(gguf, model, quant, args.cache) for quant in _split(args.kiln)]
+    for artifact in artifacts:
+        c = json.loads((artifact / "manifest.json").read_text())["choices"]
+        console.print(f"{model}: {artifact.name} chose {c['backend']['value']} {c['quant']['value']} "
+                      f"({c['backend']['reason']})")
+    tokenizer = Tokenizer(artifacts[0] / "tokenizer")
     plan = args.cache / f"gguf-plan-{model}.json"
     plan.write_text(json.dumps({"sizes": {**sizes.__dict__, "ways": list(sizes.ways)}, "threads": args.threads,
                                 "cache": str(args.cache.resolve()), "prompts": make_prompts(tokenizer, sizes)}))
-    systems = [(sys.executable, f"artifact:{artifact.resolve()}"), (llama_python(), f"llamacpp:{gguf.resolve()}")]
+    systems = [(sys.executable, f"artifact:{a.resolve()}") for a in artifacts]
+    systems.append((llama_python(), f"llamacpp:{gguf.resolve()}"))
     rounds: dict[str, list[dict]] = {}
     for round_no in range(args.rounds):
         for i, (python, spec) in enumerate(systems if round_no % 2 == 0 else systems[::-1]):
-            console.rule(f"{model}: {spec.split(':')[0]} (round {round_no + 1}/{args.rounds})")
-            out = args.cache / f"gguf-result-{model}-{spec.split(':')[0]}.json"
+            console.rule(f"{model}: {Path(spec.split(':', 1)[1]).name} (round {round_no + 1}/{args.rounds})")
+            out = args.cache / f"gguf-result-{model}-{i}.json"
             rounds.setdefault(spec, []).append(run_worker(python, spec, plan, out))
     summaries = [summarize(merge_rounds(rs), tokenizer) for rs in rounds.values()]
     by_round = [[summarize(rs[i], tokenizer) for rs in rounds.values()] for i in range(args.rounds)]
-    return {"gguf": gguf.name, "choices": {k: v["value"] for k, v in choices.items()},
-            "summaries": summaries, "ratios": ratios(summaries), "by_round": [ratios(r) for r in by_round]}
+    return {"gguf": gguf.name, "summaries": summaries, "ratios": ratios(summaries),
+            "by_round": [ratios(r) for r in by_round]}
 
 
-def ratios(summaries) -> dict[str, float]:
-    """kiln / llama.cpp per metric (TTFT: below 1 is faster; the rest: above 1 is faster)."""
-    kiln, peer = summaries
-    if kiln.error or peer.error:
+def _split(csv: str) -> list[str]:
+    return [x.strip() for x in csv.split(",") if x.strip()]
+
+
+def ratios(summaries) -> dict[str, dict[str, float]]:
+    """Each kiln build's name -> kiln / llama.cpp per metric (TTFT: below 1 is faster; the rest:
+    above 1 is faster). llama.cpp is the last system."""
+    *kilns, peer = summaries
+    if peer.error:
         return {}
-    return {m: kiln.metrics[m] / peer.metrics[m] for m in METRICS if peer.metrics.get(m)}
+    return {k.name: {m: k.metrics[m] / peer.metrics[m] for m in METRICS if peer.metrics.get(m)}
+            for k in kilns if not k.error}
 
 
 def report(model: str, result: dict, args) -> None:
     print_systems(result["summaries"])
-    for metric, ratio in result["ratios"].items():
-        rounds = " / ".join(f"{r[metric]:.2f}×" for r in result["by_round"] if metric in r)
-        console.print(f"{model}: {METRICS[metric][0]} kiln / llama.cpp {ratio:.2f}×"
-                      + (f" (by round {rounds})" if args.rounds > 1 else "")
-                      + (" (lower is faster)" if metric == "ttft_ms" else ""))
+    for name, by_metric in result["ratios"].items():
+        for metric, ratio in by_metric.items():
+            rounds = " / ".join(f"{r[name][metric]:.2f}×" for r in result["by_round"] if metric in r.get(name, {}))
+            console.print(f"{model}: {METRICS[metric][0]}, {name} / llama.cpp {ratio:.2f}×"
+                          + (f" (by round {rounds})" if args.rounds > 1 else "")
+                          + (" (lower is faster)" if metric == "ttft_ms" else ""))
     png = args.out.with_name(f"{args.out.stem}-{model}.png")
     plot(result["summaries"], png, f"kiln vs llama.cpp on {result['gguf']}, {args.threads} threads")
 
@@ -135,6 +147,8 @@ def report(model: str, result: dict, args) -> None:
 def parse(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="smollm2,gemma3", help="comma-separated: smollm2, gemma3")
+    ap.add_argument("--kiln", default="auto,int4",
+                    help="kiln builds of each file: auto (no flags) or a --quant value, comma-separated")
     ap.add_argument("--quick", action="store_true", help="smoke run: few tokens, one repetition")
     ap.add_argument("--rounds", type=int, default=1, help="alternate the two systems this many times, pooled")
     ap.add_argument("--threads", type=int, default=2)
@@ -158,7 +172,7 @@ def main(argv=None) -> None:
     args.out.write_text(json.dumps({
         "mode": "quick" if args.quick else "full", "threads": args.threads, "rounds": args.rounds,
         "load_avg": [load_start[0], load_end[0]],
-        "models": {m: {"gguf": r["gguf"], "kiln_chose": r["choices"], "ratios_kiln_over_llamacpp": r["ratios"],
+        "models": {m: {"gguf": r["gguf"], "ratios_kiln_over_llamacpp": r["ratios"],
                        "ratios_by_round": r["by_round"],
                        "systems": {s.name: {"metrics": s.metrics, "chat_answer": s.chat, "error": s.error}
                                    for s in r["summaries"]}} for m, r in results.items()}}, indent=1))

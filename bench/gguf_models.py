@@ -25,10 +25,11 @@ _TOKENIZER_SCALARS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.g
                       "tokenizer.ggml.unknown_token_id", "tokenizer.chat_template")
 
 
-def write_gemma3_270m_shape(out: Path, tokenizer_gguf: Path, seed: int = 0) -> Path:
+def write_gemma3_270m_shape(out: Path, tokenizer_gguf: Path, seed: int = 0, shape: dict = GEMMA3_270M) -> Path:
+    """The file at `out` (kept if it is there); `shape` other than 270M's for tests."""
     if out.is_file():
         return out
-    s = GEMMA3_270M
+    s = shape
     tmp = out.with_name(out.name + ".tmp")
     out.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(tmp), "gemma3")

@@ -56,7 +56,8 @@ def _artifact(path: str, plan: dict):
 
     logging.getLogger("kiln").setLevel(logging.WARNING)
     choices = json.loads((Path(path) / "manifest.json").read_text())["choices"]
-    return KilnRunner(Path(path), plan["threads"], f"{choices['backend']['value']} {choices['quant']['value']}")
+    flags = " ".join(f"--{k} {c['value']}" for k, c in choices.items() if c["chosen_by"] == "user") or "no flags"
+    return KilnRunner(Path(path), plan["threads"], f"{flags}: {choices['backend']['value']} {choices['quant']['value']}")
 
 
 def _llamacpp(path: str, plan: dict):
