@@ -31,6 +31,7 @@ from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.compiler.backends.built import BuiltEngines, StageFn
 from kiln.compiler.backends.openvino.cuts import mark_cuts
 from kiln.compiler.backends.openvino.recipe import options_for_quant
+from kiln.compiler.backends.openvino.tied_head import share_tied_head
 from kiln.compiler.backends.openvino.weights import WeightCompression
 from kiln.compiler.export.external import weights_dir
 from kiln.compiler.passes.base import run_pass
@@ -91,7 +92,8 @@ def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
         ov_model = _read_onnx(model, Path(tmp))
         if not gather_block_size:
             mark_cuts(ov_model, model, spec)
-        compression = WeightCompression(options.weights).apply(ov_model)
+        tied = share_tied_head(ov_model)
+        compression = WeightCompression(options.weights).apply(ov_model) | {"tied_head_shared": tied}
         if _already_quantized(model):
             compression["weights"] = "onnx MatMulNBits (kiln's quantize pass)"
         # NOTE: compress_to_fp16=False: save_model halves fp32 weights by default, which would
