@@ -15,7 +15,7 @@ import openvino as ov
 from openvino import opset13 as ops
 from openvino.utils import replace_node
 
-LM_HEAD = "/model/lm_head"
+from kiln.compiler.backends.openvino.q4_weights import LM_HEAD
 
 
 def share_tied_head(model: ov.Model) -> bool:
