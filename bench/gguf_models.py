@@ -16,13 +16,10 @@ from pathlib import Path
 import numpy as np
 
 import gguf
+from kiln.compiler.export.gguf_reader import GGUFFile
 
 GEMMA3_270M = dict(layers=18, hidden=640, heads=4, kv_heads=1, head_dim=256, ffn=2048, vocab=262_144,
                    window=512, context=32_768, eps=1e-6, rope_base=1e6)
-# tokenizer.* keys carried over from the source file (tokens and their types are padded)
-_TOKENIZER_SCALARS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
-                      "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id",
-                      "tokenizer.ggml.unknown_token_id", "tokenizer.chat_template")
 
 
 def write_gemma3_270m_shape(out: Path, tokenizer_gguf: Path, seed: int = 0, shape: dict = GEMMA3_270M) -> Path:
@@ -34,7 +31,7 @@ def write_gemma3_270m_shape(out: Path, tokenizer_gguf: Path, seed: int = 0, shap
     out.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(tmp), "gemma3")
     _hparams(w, s)
-    _tokenizer(w, gguf.GGUFReader(str(tokenizer_gguf)), s["vocab"])
+    _tokenizer(w, GGUFFile(tokenizer_gguf), s["vocab"])
     rng = np.random.default_rng(seed)
     for name, shape in _tensor_shapes(s):
         w.add_tensor(name, _values(name, shape, rng))
@@ -60,22 +57,22 @@ def _hparams(w: gguf.GGUFWriter, s: dict) -> None:
     w.add_sliding_window(s["window"])
 
 
-def _tokenizer(w: gguf.GGUFWriter, src: gguf.GGUFReader, vocab: int) -> None:
-    fields = src.fields
-    tokens = [bytes(fields["tokenizer.ggml.tokens"].parts[i]).decode() for i in fields["tokenizer.ggml.tokens"].data]
-    types = [int(fields["tokenizer.ggml.token_type"].parts[i][0]) for i in fields["tokenizer.ggml.token_type"].data]
+def _tokenizer(w: gguf.GGUFWriter, src: GGUFFile, vocab: int) -> None:
+    tokens, types = src.get("tokenizer.ggml.tokens"), [int(t) for t in src.get("tokenizer.ggml.token_type")]
     unused = vocab - len(tokens)
     # NOTE: normal entries no merge reaches, so neither tokenizer ever produces them
     w.add_token_list(tokens + [f"<unused{i}>" for i in range(unused)])
     w.add_token_types(types + [gguf.TokenType.NORMAL] * unused)
-    merges = fields["tokenizer.ggml.merges"]
-    w.add_token_merges([bytes(merges.parts[i]).decode() for i in merges.data])
-    for key in _TOKENIZER_SCALARS:
-        if key in fields:
-            value = fields[key].contents()
-            w.add_key_value(key, value, fields[key].types[0])
-    if "tokenizer.ggml.add_bos_token" in fields:
-        w.add_add_bos_token(bool(fields["tokenizer.ggml.add_bos_token"].contents()))
+    w.add_token_merges(src.get("tokenizer.ggml.merges"))
+    w.add_tokenizer_model(src.get("tokenizer.ggml.model"))
+    for key, add in (("tokenizer.ggml.pre", w.add_tokenizer_pre), ("tokenizer.ggml.bos_token_id", w.add_bos_token_id),
+                     ("tokenizer.ggml.eos_token_id", w.add_eos_token_id),
+                     ("tokenizer.ggml.padding_token_id", w.add_pad_token_id),
+                     ("tokenizer.ggml.unknown_token_id", w.add_unk_token_id),
+                     ("tokenizer.ggml.add_bos_token", w.add_add_bos_token),
+                     ("tokenizer.chat_template", w.add_chat_template)):
+        if src.get(key) is not None:
+            add(src.get(key))
 
 
 def _tensor_shapes(s: dict):

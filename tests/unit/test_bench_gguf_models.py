@@ -48,3 +48,6 @@ def test_the_vocabulary_is_smollm2s_padded_to_the_shape(written):
     tokens = written.get("tokenizer.ggml.tokens")
     assert len(tokens) == SMALL["vocab"]
     assert list(tokens[:len(source.get("tokenizer.ggml.tokens"))]) == list(source.get("tokenizer.ggml.tokens"))
+    for key in ("tokenizer.ggml.merges", "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.eos_token_id",
+                "tokenizer.ggml.add_bos_token", "tokenizer.chat_template"):
+        assert written.get(key) == source.get(key), key
