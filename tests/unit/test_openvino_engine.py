@@ -179,6 +179,23 @@ def test_int8_u8_cache_engine_stays_close_to_fp32(int8_setup):
         assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("keys", ["by_channel", "by_token"])
+def test_the_plugin_lays_out_u8_keys_as_recorded(tmp_path, keys):
+    """The recorded key quantization reaches the plugin: per channel, a block's scales are rows
+    below its tokens; per token, columns beside each token's features (the values are per token)."""
+    from kiln.engines.openvino.options import OpenVinoOptions
+
+    spec, model = standard_graph("tiny-llama")
+    options = OpenVinoOptions(inference_precision="bf16", kv_cache_precision="u8", weights="int8_sym",
+                              dynamic_quantization_group_size=32, key_cache_quant_mode=keys)
+    record = compile_openvino(model, spec, tmp_path / "engines" / "openvino", options, root=tmp_path)[0]
+    heads, rows, cols = record["kv_cache"]["key_block_shape"]
+    block = record["kv_layout"]["block_size"]
+    assert heads == spec.num_kv_heads
+    assert (rows > block and cols == spec.head_dim) if keys == "by_channel" else (rows == block and cols > spec.head_dim)
+    assert record["options"]["key_cache_quant_mode"] == keys
+
+
 def test_u8_cache_bytes_count_the_scales(int8_setup):
     spec, record, *_ = int8_setup
     engine = _engine(int8_setup, num_blocks=3)

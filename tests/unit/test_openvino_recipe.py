@@ -16,6 +16,17 @@ def test_int8_compute_and_cache_follow_native_bf16(native_bf16, compute, cache):
     assert options.weights == "int8_sym" and options.dynamic_quantization_group_size == 128
 
 
+@pytest.mark.parametrize("quant, native_bf16, keys", [(QuantMode.INT8, True, "by_channel"), (QuantMode.INT8, False, ""),
+                                                      (QuantMode.INT4, True, "by_channel"), (QuantMode.NONE, True, "")])
+def test_a_u8_cache_records_how_its_keys_are_quantized(quant, native_bf16, keys):
+    """Pinned where the cache is u8 (the plugin's unasked default could change with a release);
+    nothing is sent for the float caches, where the property means nothing."""
+    options = options_for_quant(quant, native_bf16=native_bf16)
+    assert options.key_cache_quant_mode == keys
+    sent = options.compile_properties(threads=2).get("KEY_CACHE_QUANT_MODE")
+    assert sent == (keys.upper() or None)
+
+
 def test_fp32_keeps_f32_whatever_the_cpu():
     for native_bf16 in (True, False):
         options = options_for_quant(QuantMode.NONE, native_bf16=native_bf16)

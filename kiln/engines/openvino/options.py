@@ -30,6 +30,10 @@ class OpenVinoOptions:
     # compressed weights run int8 x int8 kernels (0: off). The plugin's default differs by weight type
     # (on for 4-bit, off for int8 here), so kiln records its choice (docs/benchmarks.md has the figures).
     dynamic_quantization_group_size: int = 0
+    # KEY_CACHE_QUANT_MODE of a u8 cache: "by_channel" (a scale and zero point per channel over each
+    # block) or "by_token" (per token and head, as the values have). "" sends nothing: the plugin's
+    # default (by_channel in this release), which artifacts built before the field was recorded took.
+    key_cache_quant_mode: str = ""
 
     @property
     def compresses_weights(self) -> bool:
@@ -43,6 +47,7 @@ class OpenVinoOptions:
             "INFERENCE_PRECISION_HINT": self.inference_precision,
             "KV_CACHE_PRECISION": self.kv_cache_precision,
             "DYNAMIC_QUANTIZATION_GROUP_SIZE": str(self.dynamic_quantization_group_size),
+            **({"KEY_CACHE_QUANT_MODE": self.key_cache_quant_mode.upper()} if self.key_cache_quant_mode else {}),
         }
 
     def on_this_cpu(self) -> "OpenVinoOptions":
