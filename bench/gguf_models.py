@@ -71,8 +71,8 @@ def _tokenizer(w: gguf.GGUFWriter, src: GGUFFile, vocab: int) -> None:
                      ("tokenizer.ggml.unknown_token_id", w.add_unk_token_id),
                      ("tokenizer.ggml.add_bos_token", w.add_add_bos_token),
                      ("tokenizer.chat_template", w.add_chat_template)):
-        if src.get(key) is not None:
-            add(src.get(key))
+        if (value := src.get(key)) is not None:
+            add(value)
 
 
 def _tensor_shapes(s: dict):

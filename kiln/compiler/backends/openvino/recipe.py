@@ -8,8 +8,8 @@ from kiln.engines.openvino.options import OpenVinoOptions, cpu_computes_bf16
 
 
 # A u8 cache's keys per channel over each block: what the plugin does unasked in this release, pinned
-# so that the record says it. Per token, 32 decodes ran in 0.95-0.99x the time, at +0.7 % perplexity
-# through the engine (docs/benchmarks.md, "The openvino int8 recipe").
+# so that the record says it. Per token, 32 decodes ran in 0.93-0.99x the time, for perplexity through
+# the engine +2.2 % over fp32 instead of +1.5 % (docs/benchmarks.md, "The 32-stream margin").
 U8_KEYS = "by_channel"
 
 
