@@ -29,7 +29,7 @@ import openvino as ov
 
 from kiln.contract.artifact import EngineArtifact
 from kiln.contract.engine import PagedBatch
-from kiln.engines.openvino.engine import _block_shape, cache_inputs
+from kiln.engines.openvino.engine import _block_shape, cache_inputs, core_for
 from kiln.engines.openvino.feeds import paged_feeds
 from kiln.engines.openvino.options import KV_DTYPES, OpenVinoOptions
 from kiln.engines.openvino.paged_graph import paged_model
@@ -48,7 +48,7 @@ def compile_variant(variant: str, threads: int, static_feeds: dict | None = None
     options = replace(OpenVinoOptions.from_dict(record["options"]),
                       **{k: OPTION_TYPES.get(k, str)(v) for k, v in pairs.items() if not k.startswith("+")})
     raw = {k[1:]: v for k, v in pairs.items() if k.startswith("+")}
-    core = ov.Core()
+    core = core_for(options)
     model = paged_model(core.read_model(artifact.path / record["file"]), artifact.manifest.spec)
     if static_feeds is not None:
         model.reshape({name: ov.PartialShape(list(np.shape(value))) for name, value in static_feeds.items()})

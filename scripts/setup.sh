@@ -19,6 +19,9 @@ PY=${PYTHON:-python3}
 # alone (it needs no ONNX Runtime headers); without a compiler it says so, and int4 builds keep
 # MatMulNBits.
 .venv/bin/python -m kiln.engines.ort.native.build
+# kiln's OpenVINO op library (int8 linears on AVX-512 VNNI, kiln/engines/openvino/native): g++ against
+# the openvino wheel's headers; without it openvino int8 builds keep the plugin's own linears.
+.venv/bin/python -m kiln.engines.openvino.native.build
 # Headless Chromium and its driver for the console's browser tests (tests/console); Debian packages.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     SUDO=$([ "$(id -u)" -eq 0 ] || echo sudo)

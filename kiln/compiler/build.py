@@ -61,10 +61,11 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> P
             with stage(f"pass {p.name}"):
                 model, report = run_pass(p, model, check if config.verify else None)
                 reports.append(report.to_dict())
-        built = backend.build_function()(model, src.spec, config, writer.tmp, stage)
-        if _engine_quantizes(config) and config.verify:
-            with stage("check the engine's quantization"):
-                reports.append(_check_engine_quant(built, model, src, config, writer.tmp).to_dict())
+        if _engine_quantizes(config):
+            built, checked = _build_quantizing_engines(backend, model, src, config, writer.tmp, stage, choices)
+            reports += checked
+        else:
+            built = backend.build_function()(model, src.spec, config, writer.tmp, stage)
         if config.prefill_engine:
             built = _add_prefill_engine(built, unquantized, src, config, writer.tmp, stage)
         reports += built.pass_reports
@@ -163,6 +164,49 @@ def _engine_quantizes(config: BuildConfig) -> bool:
     """The backend compresses the fp32 graph's weights itself (openvino int8: NNCF per channel, faster
     in OpenVINO than kiln's MatMulNBits blocks), so kiln's quantize pass does not run."""
     return config.quant.value in get_backend(config.backend).compresses_weights
+
+
+def _build_quantizing_engines(backend: Backend, model: onnx.ModelProto, src: ModelSource, config: BuildConfig,
+                              root: Path, stage: StageFn, choices: dict) -> tuple[BuiltEngines, list[dict]]:
+    """Engines of a backend that quantizes the fp32 graph itself (openvino), fed the calibration text,
+    and their check's report. Where kiln's int8 linears (options.kernels) fail the check, the engine is
+    built again on OpenVINO's own and the backend choice says so: a default build must not fail on
+    what the plugin's linears would pass."""
+    from kiln.compiler.passes.base import PassCheckError
+    from kiln.compiler.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
+
+    build = backend.build_function()
+    calibration = _chat_sample(src.tokenizer_dir) + calibration_token_ids(
+        src.tokenizer_dir, min(CALIBRATION_TOKENS, src.spec.max_position_embeddings))
+    built = build(model, src.spec, config, root, stage, calibration_ids=calibration)
+    if not config.verify:
+        return built, []
+    try:
+        with stage("check the engine's quantization"):
+            return built, [_check_engine_quant(built, model, src, config, root).to_dict()]
+    except PassCheckError as e:
+        if not built.engines[0]["options"].get("kernels"):
+            raise
+        failure = str(e)
+    with stage(f"kiln's int8 linears failed the check ({failure}): building on OpenVINO's own"):
+        pass
+    choices["backend"]["reason"] += f"; kiln's int8 linears failed the build's check ({failure}), so OpenVINO's own"
+    built = build(model, src.spec, config, root, stage, calibration_ids=calibration, kiln_kernels=False)
+    with stage("check the engine's quantization"):
+        return built, [_check_engine_quant(built, model, src, config, root).to_dict()]
+
+
+# A conversation in the model's own chat template, ahead of the calibration text: chat requests start
+# with the template's control tokens, whose activations the plain text never shows (on SmolLM2 some
+# channels reach 7-13x the text's maxima there).
+CALIBRATION_CHAT = [{"role": "user", "content": "Give me three tips for keeping a small vegetable garden healthy."},
+                    {"role": "assistant", "content": "Water early in the morning, mulch the soil, and rotate crops."}]
+
+
+def _chat_sample(tokenizer_dir: Path) -> list[int]:
+    """CALIBRATION_CHAT as the model's chat template renders it; nothing for a model without one."""
+    tokenizer = Tokenizer(tokenizer_dir)
+    return tokenizer.encode_chat(CALIBRATION_CHAT) if tokenizer.chat_template else []
 
 
 def _check_engine_quant(built: BuiltEngines, fp32_model: onnx.ModelProto, src: ModelSource, config: BuildConfig,

@@ -11,7 +11,7 @@ from kiln.engines.openvino import options as ov_options
 
 @pytest.mark.parametrize("native_bf16, compute, cache", [(True, "bf16", "u8"), (False, "f32", "f16")])
 def test_int8_compute_and_cache_follow_native_bf16(native_bf16, compute, cache):
-    options = options_for_quant(QuantMode.INT8, native_bf16=native_bf16)
+    options = options_for_quant(QuantMode.INT8, native_bf16=native_bf16, kiln_kernels=False)
     assert (options.inference_precision, options.kv_cache_precision) == (compute, cache)
     assert options.weights == "int8_sym" and options.dynamic_quantization_group_size == 128
 
@@ -21,7 +21,7 @@ def test_int8_compute_and_cache_follow_native_bf16(native_bf16, compute, cache):
 def test_a_u8_cache_records_how_its_keys_are_quantized(quant, native_bf16, keys):
     """Pinned where the cache is u8 (the plugin's unasked default could change with a release);
     nothing is sent for the float caches, where the property means nothing."""
-    options = options_for_quant(quant, native_bf16=native_bf16)
+    options = options_for_quant(quant, native_bf16=native_bf16, kiln_kernels=False)
     assert options.key_cache_quant_mode == keys
     sent = options.compile_properties(threads=2).get("KEY_CACHE_QUANT_MODE")
     assert sent == (keys.upper() or None)
@@ -38,11 +38,28 @@ def test_the_build_asks_the_plugin_when_not_told():
     assert options == options_for_quant(QuantMode.INT8, native_bf16=ov_options.cpu_computes_bf16())
 
 
+def test_int8_takes_kiln_linears_where_they_run():
+    """kiln's linears: f32 compute around them (bf16 would reorder at each), the u8 cache kept."""
+    options = options_for_quant(QuantMode.INT8, native_bf16=True, kiln_kernels=True)
+    assert options.kernels == "kiln-int8" and options.weights == "int8_sym"
+    assert (options.inference_precision, options.kv_cache_precision, options.key_cache_quant_mode) == ("f32", "u8", "by_channel")
+    assert options_for_quant(QuantMode.INT8, native_bf16=True, kiln_kernels=False).kernels == ""
+    assert options_for_quant(QuantMode.INT4, kiln_kernels=True).kernels == ""      # int4 keeps its own recipe
+
+
+def test_the_build_asks_for_kiln_linears_when_not_told(monkeypatch):
+    from kiln.engines.openvino import native
+
+    for usable in (True, False):
+        monkeypatch.setattr(native, "usable", lambda: usable)
+        assert (options_for_quant(QuantMode.INT8).kernels == "kiln-int8") is usable
+
+
 def test_bf16_record_loads_as_f32_on_a_cpu_without_native_bf16(monkeypatch):
-    bf16 = options_for_quant(QuantMode.INT8, native_bf16=True)
+    bf16 = options_for_quant(QuantMode.INT8, native_bf16=True, kiln_kernels=False)
     monkeypatch.setattr(ov_options, "cpu_computes_bf16", lambda: False)
     assert bf16.on_this_cpu() == replace(bf16, inference_precision="f32")
     monkeypatch.setattr(ov_options, "cpu_computes_bf16", lambda: True)
     assert bf16.on_this_cpu() == bf16
-    f32 = options_for_quant(QuantMode.INT8, native_bf16=False)
+    f32 = options_for_quant(QuantMode.INT8, native_bf16=False, kiln_kernels=False)
     assert f32.on_this_cpu() == f32

@@ -146,10 +146,18 @@ def test_int8_build_checks_the_compiled_engine(ov_tiny_llama_int8):
     assert quant["top1_agreement"] >= quant["min_top1_agreement"] == 0.9
     assert quant["perplexity"] > 0 and quant["perplexity_fp32"] > 0
     engine = manifest["engines"][0]
-    # the compute and cache follow the build CPU: bf16 with a u8 cache where it computes bf16 natively
-    bf16 = cpu_computes_bf16()
-    assert engine["options"]["inference_precision"] == ("bf16" if bf16 else "f32")
-    cache = "u8" if bf16 else "f16"
+    # the compute and cache follow the build CPU: kiln's int8 linears in f32 over a u8 cache where they
+    # run; else bf16 with a u8 cache where it computes bf16 natively, f32 with an f16 cache elsewhere
+    from kiln.engines.openvino import native
+
+    if native.usable():
+        compute, cache = "f32", "u8"
+        assert engine["options"]["kernels"] == native.KERNELS
+    else:
+        bf16 = cpu_computes_bf16()
+        compute, cache = ("bf16", "u8") if bf16 else ("f32", "f16")
+        assert not engine["options"].get("kernels")
+    assert engine["options"]["inference_precision"] == compute
     assert engine["options"]["kv_cache_precision"] == cache and engine["kv_cache"]["element_type"] == cache
 
 

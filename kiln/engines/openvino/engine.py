@@ -24,9 +24,19 @@ PAGED_LAYOUT = "openvino-paged"     # the engine record's "layout": OpenVINO's P
 GATHER_LAYOUT = "paged-gather"      # kiln's paged gather in the graph (gathered.py)
 
 
+def core_for(options: OpenVinoOptions) -> ov.Core:
+    """A Core that can read what these options built: with kiln's op library where the linears are kiln's."""
+    core = ov.Core()
+    if options.kernels:
+        from kiln.engines.openvino import native
+
+        core.add_extension(str(native.require()))
+    return core
+
+
 def compile_paged(xml: Path, spec: ModelSpec, options: OpenVinoOptions, threads: int) -> ov.CompiledModel:
     """Read the standard IR, rewrite it to the paged model, compile it for this CPU."""
-    core = ov.Core()
+    core = core_for(options)
     return core.compile_model(paged_model(core.read_model(xml), spec), "CPU", options.compile_properties(threads))
 
 
@@ -37,7 +47,7 @@ def import_paged(blob: Path, spec: ModelSpec, options: OpenVinoOptions,
 
     Raises RuntimeError when the plugin refuses the blob: it checks the OpenVINO release and the CPU
     instruction set the blob was compiled for, and refuses any other (or a damaged header)."""
-    core = ov.Core()
+    core = core_for(options)
     core.add_extension(paged_attention_extension(spec))
     return _import_blob(core, blob, options, threads)
 

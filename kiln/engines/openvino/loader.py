@@ -84,11 +84,27 @@ def _check_record(root: Path, record: dict, kv_layout: KvLayout) -> None:
     for key in ("options", "kv_cache", "weights"):
         if key not in record:
             raise ArtifactError(f"{root}: the openvino engine record has no {key!r}; {REBUILD}")
+    if record["options"].get("kernels"):
+        _check_kiln_kernels(root)
     if KvLayout(**record["kv_layout"]) != kv_layout:
         raise ArtifactError(f"{root}: the manifest's KV layout {kv_layout} is not the one the openvino "
                             f"engine was compiled for ({record['kv_layout']}); {REBUILD}")
     # NOTE: model.bin's and compiled.blob's sizes and sha256 are checked with every other file an
     # engine record names (artifact_checks), once, when the artifact loads.
+
+
+def _check_kiln_kernels(root: Path) -> None:
+    """An engine on kiln's int8 linears needs the op library and a CPU that runs its kernel."""
+    from kiln.engines.openvino import native
+
+    if not native.available():
+        raise ArtifactError(f"{root}: its linears are kiln's own OpenVINO operations and the op library is not "
+                            f"built here: run `{native.BUILD_COMMAND}` (needs g++), or {REBUILD} --quant int8 "
+                            f"on a machine without it")
+    missing = [f for f in native.REQUIRED_FLAGS if f not in native.cpu_flags()]
+    if missing:
+        raise ArtifactError(f"{root}: its linears are kiln's int8 kernels for AVX-512 VNNI, which this CPU lacks "
+                            f"({', '.join(missing)}); {REBUILD} on this machine")
 
 
 def _release(version: str) -> str:

@@ -34,6 +34,9 @@ class OpenVinoOptions:
     # block) or "by_token" (per token and head, as the values have). "" sends nothing: the plugin's
     # default (by_channel in this release), which artifacts built before the field was recorded took.
     key_cache_quant_mode: str = ""
+    # "kiln-int8": the layers' linears are kiln's own operations (kiln/engines/openvino/native), so a
+    # Core must add kiln's library before it reads or imports the model. "": the plugin's own.
+    kernels: str = ""
 
     @property
     def compresses_weights(self) -> bool:

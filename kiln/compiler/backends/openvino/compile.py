@@ -30,6 +30,7 @@ from kiln.compiler.backends.openvino.coverage import attention_core
 from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.compiler.backends.built import BuiltEngines, StageFn
 from kiln.compiler.backends.openvino.cuts import mark_cuts
+from kiln.compiler.backends.openvino.int8_linears import use_kiln_linears
 from kiln.compiler.backends.openvino.recipe import options_for_quant
 from kiln.compiler.backends.openvino.tied_head import share_tied_head
 from kiln.compiler.backends.openvino.weights import WeightCompression
@@ -48,16 +49,17 @@ BLOB_FILE = "compiled.blob"
 PROTOBUF_LIMIT = 2**31 - 1
 
 
-def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, stage: StageFn) -> BuiltEngines:
+def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, stage: StageFn,
+                  calibration_ids: list[int] | None = None, kiln_kernels: bool | None = None) -> BuiltEngines:
     """OpenVINO's native paged attention replaces the attention core (its plugin picks the block size);
     for what that operation cannot compute (paged_graph.unsupported: soft-capped scores), kiln's paged
     gather stays in the graph (gathered.py), checked against the dense graph like the ort backend's."""
     reports = []
-    options = options_for_quant(config.quant)
+    options = options_for_quant(config.quant, kiln_kernels=kiln_kernels)
     layout, why = attention_core(spec)
     gather = layout == GATHER_LAYOUT
     if gather:
-        options = gather_options(options)
+        options = replace(gather_options(options), kernels="")     # kiln's linears: paged layout only
         kv_io = KvIoPass(spec, config.block_size, attention="standard")
         check = ((lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size))
                  if config.verify else None)
@@ -66,18 +68,21 @@ def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, s
             reports.append(report.to_dict())
     with stage("compile OpenVINO engine"):
         records = compile_openvino(model, spec, root / "engines" / "openvino", options, root=root,
-                                   gather_block_size=config.block_size if gather else 0)
+                                   gather_block_size=config.block_size if gather else 0,
+                                   calibration_ids=calibration_ids)
     return BuiltEngines(records, KvLayout(**records[0]["kv_layout"]), reports)
 
 
 def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
                      options: OpenVinoOptions | None = None, root: Path | None = None,
-                     gather_block_size: int = 0) -> list[dict]:
+                     gather_block_size: int = 0, calibration_ids: list[int] | None = None) -> list[dict]:
     """Write engines/openvino/model.{xml,bin} and return the manifest's engine records.
 
     root: the artifact folder file paths are recorded relative to (default: out_dir/../..).
     gather_block_size: > 0 when `model` is the kv_io graph with kiln's paged gather (its pool's block
     size), 0 for the standard graph the paged rewrite takes.
+    calibration_ids: tokens whose activations smooth kiln's int8 linears (options.kernels); required
+    with them.
     The record's "kv_layout" is the layout the runtime must plan with (the plugin's block size).
     """
     options = options or OpenVinoOptions()
@@ -93,7 +98,15 @@ def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
         if not gather_block_size:
             mark_cuts(ov_model, model, spec)
         tied = share_tied_head(ov_model)
+        kernels = {}
+        if options.kernels:
+            # NOTE: before NNCF, which then finds only the embedding and the LM head to compress.
+            if not calibration_ids:
+                raise ValueError("kiln's int8 linears need calibration token ids (kiln/data/calibration.txt)")
+            ov_model, kernels = use_kiln_linears(ov_model, calibration_ids)
         compression = WeightCompression(options.weights).apply(ov_model) | {"tied_head_shared": tied}
+        if kernels:
+            compression["kernels"] = {"name": options.kernels, **kernels}
         if _already_quantized(model):
             compression["weights"] = "onnx MatMulNBits (kiln's quantize pass)"
         # NOTE: compress_to_fp16=False: save_model halves fp32 weights by default, which would
