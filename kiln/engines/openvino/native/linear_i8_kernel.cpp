@@ -10,7 +10,7 @@
 namespace kiln_ov {
 namespace {
 
-constexpr size_t ROWS = 4;      // rows per tile (tile() says why 4 x 3)
+constexpr size_t ROWS = 8;      // rows per tile (tile() says why 8 x 3)
 constexpr size_t COLS = 3;      // 16-column vectors per tile
 constexpr size_t FEW_ROWS = 64; // up to here every worker quantizes all rows itself (no second dispatch)
 
@@ -40,8 +40,9 @@ void quantize_rows(const float* x, const float* sm, size_t M, size_t K, size_t K
     for (size_t m = 0; m < M; ++m) scale[m] = quantize_row(x + m * K, sm, K, Kp, q + m * Kp);
 }
 
-// An R x (16 J) tile of y over all of K: int32 sums in 12 named accumulators (GCC keeps an array of
-// vectors on the stack), 3 weight vectors and a broadcast per step of 4 k.
+// An R x (16 J) tile of y over all of K: up to 8 x 3 int32 sums in named accumulators (GCC keeps an
+// array of vectors on the stack), 3 weight vectors and a broadcast per step of 4 k: 28 of the 32
+// registers. Each weight vector serves 8 rows, so a panel is read from cache M / 8 times per call.
 template <int R, int J>
 void tile(const uint8_t* q, size_t Kp, const float* qs, const int8_t* w, size_t panel, size_t K4,
           const float* ws, const float* comp, float* y, size_t ldy) {
@@ -54,8 +55,9 @@ void tile(const uint8_t* q, size_t Kp, const float* qs, const int8_t* w, size_t 
     __m512i c1 = c0, c2 = c0;
     if constexpr (J > 1) c1 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_cvtps_epi32(_mm512_loadu_ps(comp + 16)));
     if constexpr (J > 2) c2 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_cvtps_epi32(_mm512_loadu_ps(comp + 32)));
-    __m512i a00 = c0, a01 = c1, a02 = c2, a10 = c0, a11 = c1, a12 = c2,
-            a20 = c0, a21 = c1, a22 = c2, a30 = c0, a31 = c1, a32 = c2;
+    __m512i a00 = c0, a01 = c1, a02 = c2, a10 = c0, a11 = c1, a12 = c2, a20 = c0, a21 = c1, a22 = c2,
+            a30 = c0, a31 = c1, a32 = c2, a40 = c0, a41 = c1, a42 = c2, a50 = c0, a51 = c1, a52 = c2,
+            a60 = c0, a61 = c1, a62 = c2, a70 = c0, a71 = c1, a72 = c2;
 #define KILN_ROW(r)                                                                                  \
     if constexpr (R > r) {                                                                           \
         __m512i xb = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(q + r * Kp + k4 * 4));     \
@@ -67,10 +69,11 @@ void tile(const uint8_t* q, size_t Kp, const float* qs, const int8_t* w, size_t 
         __m512i w0 = _mm512_loadu_si512(w0p + k4 * 64), w1 = w0, w2 = w0;
         if constexpr (J > 1) w1 = _mm512_loadu_si512(w1p + k4 * 64);
         if constexpr (J > 2) w2 = _mm512_loadu_si512(w2p + k4 * 64);
-        KILN_ROW(0) KILN_ROW(1) KILN_ROW(2) KILN_ROW(3)
+        KILN_ROW(0) KILN_ROW(1) KILN_ROW(2) KILN_ROW(3) KILN_ROW(4) KILN_ROW(5) KILN_ROW(6) KILN_ROW(7)
     }
 #undef KILN_ROW
-    const __m512i a[4][3] = {{a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22}, {a30, a31, a32}};
+    const __m512i a[8][3] = {{a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22}, {a30, a31, a32},
+                             {a40, a41, a42}, {a50, a51, a52}, {a60, a61, a62}, {a70, a71, a72}};
     for (int j = 0; j < J; ++j) {
         const __m512 vs = _mm512_loadu_ps(ws + j * 16);
         for (int r = 0; r < R; ++r)
@@ -92,6 +95,10 @@ void tile_j(int J, const uint8_t* q, size_t Kp, const float* qs, const int8_t* w
 void tile_rj(size_t R, int J, const uint8_t* q, size_t Kp, const float* qs, const int8_t* w, size_t panel,
              size_t K4, const float* ws, const float* comp, float* y, size_t ldy) {
     switch (R) {
+        case 8: return tile_j<8>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
+        case 7: return tile_j<7>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
+        case 6: return tile_j<6>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
+        case 5: return tile_j<5>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
         case 4: return tile_j<4>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
         case 3: return tile_j<3>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
         case 2: return tile_j<2>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
