@@ -13,6 +13,7 @@ namespace {
 constexpr size_t ROWS = 8;      // rows per tile (tile() says why 8 x 3)
 constexpr size_t COLS = 3;      // 16-column vectors per tile
 constexpr size_t FEW_ROWS = 64; // up to here every worker quantizes all rows itself (no second dispatch)
+constexpr size_t PREFETCH_L1_BYTES = 16384;   // a row tile's share of the next panel that goes to L1
 
 // One row times its channels' smoothing factors, quantized: one scale (absmax / 127), codes shifted
 // by 128 into u8; padding codes 128 (their weights are zero).
@@ -45,7 +46,13 @@ void quantize_rows(const float* x, const float* sm, size_t M, size_t K, size_t K
 // registers. Each weight vector serves 8 rows, so a panel is read from cache M / 8 times per call.
 template <int R, int J>
 void tile(const uint8_t* q, size_t Kp, const float* qs, const int8_t* w, size_t panel, size_t K4,
-          const float* ws, const float* comp, float* y, size_t ldy) {
+          const float* ws, const float* comp, float* y, size_t ldy, const int8_t* pf, size_t pf_lines) {
+    // pf: pf_lines cache lines of the next panel, asked for a few per step of k, so the requests
+    // spread over the multiply instead of queueing at its start; into L1 where they fit beside the
+    // panel in use (at 32 rows, a quarter panel: 3 % faster calls than into L2), else into L2 (one
+    // row tile asks for a whole panel: into L1 it would evict the one being read)
+    const size_t per_step = (pf_lines + K4 - 1) / K4;
+    const bool into_l1 = pf_lines * 64 <= PREFETCH_L1_BYTES;
     const int8_t* w0p = w;
     const int8_t* w1p = w + panel;
     const int8_t* w2p = w + 2 * panel;
@@ -66,6 +73,12 @@ void tile(const uint8_t* q, size_t Kp, const float* qs, const int8_t* w, size_t 
         if constexpr (J > 2) a##r##2 = _mm512_dpbusd_epi32(a##r##2, xb, w2);                         \
     }
     for (size_t k4 = 0; k4 < K4; ++k4) {
+        for (size_t l = k4 * per_step, e = std::min(pf_lines, l + per_step); l < e; ++l) {
+            if (into_l1)
+                _mm_prefetch(reinterpret_cast<const char*>(pf + l * 64), _MM_HINT_T0);
+            else
+                _mm_prefetch(reinterpret_cast<const char*>(pf + l * 64), _MM_HINT_T1);
+        }
         __m512i w0 = _mm512_loadu_si512(w0p + k4 * 64), w1 = w0, w2 = w0;
         if constexpr (J > 1) w1 = _mm512_loadu_si512(w1p + k4 * 64);
         if constexpr (J > 2) w2 = _mm512_loadu_si512(w2p + k4 * 64);
@@ -84,25 +97,25 @@ void tile(const uint8_t* q, size_t Kp, const float* qs, const int8_t* w, size_t 
 
 template <int R>
 void tile_j(int J, const uint8_t* q, size_t Kp, const float* qs, const int8_t* w, size_t panel, size_t K4,
-            const float* ws, const float* comp, float* y, size_t ldy) {
+            const float* ws, const float* comp, float* y, size_t ldy, const int8_t* pf, size_t pf_lines) {
     switch (J) {
-        case 3: return tile<R, 3>(q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
-        case 2: return tile<R, 2>(q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
-        default: return tile<R, 1>(q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
+        case 3: return tile<R, 3>(q, Kp, qs, w, panel, K4, ws, comp, y, ldy, pf, pf_lines);
+        case 2: return tile<R, 2>(q, Kp, qs, w, panel, K4, ws, comp, y, ldy, pf, pf_lines);
+        default: return tile<R, 1>(q, Kp, qs, w, panel, K4, ws, comp, y, ldy, pf, pf_lines);
     }
 }
 
 void tile_rj(size_t R, int J, const uint8_t* q, size_t Kp, const float* qs, const int8_t* w, size_t panel,
-             size_t K4, const float* ws, const float* comp, float* y, size_t ldy) {
+             size_t K4, const float* ws, const float* comp, float* y, size_t ldy, const int8_t* pf, size_t pf_lines) {
     switch (R) {
-        case 8: return tile_j<8>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
-        case 7: return tile_j<7>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
-        case 6: return tile_j<6>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
-        case 5: return tile_j<5>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
-        case 4: return tile_j<4>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
-        case 3: return tile_j<3>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
-        case 2: return tile_j<2>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
-        default: return tile_j<1>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy);
+        case 8: return tile_j<8>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy, pf, pf_lines);
+        case 7: return tile_j<7>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy, pf, pf_lines);
+        case 6: return tile_j<6>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy, pf, pf_lines);
+        case 5: return tile_j<5>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy, pf, pf_lines);
+        case 4: return tile_j<4>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy, pf, pf_lines);
+        case 3: return tile_j<3>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy, pf, pf_lines);
+        case 2: return tile_j<2>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy, pf, pf_lines);
+        default: return tile_j<1>(J, q, Kp, qs, w, panel, K4, ws, comp, y, ldy, pf, pf_lines);
     }
 }
 
@@ -131,13 +144,18 @@ void swiglu(const float* g, const float* u, size_t R, int J, float* y, size_t ld
         }
 }
 
-// Part i of parts of the next panel, asked into L2 while this panel is multiplied: the weights come
-// from memory once per call (a model's linears exceed the caches), and the hardware prefetcher starts
-// over at each panel, since every row tile reads the panel again.
-void prefetch_part(const int8_t* next, size_t bytes, size_t i, size_t parts) {
-    if (next == nullptr) return;
+// Part i of parts of the next panel: the lines a row tile asks for while it multiplies this one. The
+// weights come from memory once per call (a model's linears exceed the caches), and the hardware
+// prefetcher starts over at every panel, since each row tile reads the panel again.
+struct Prefetch {
+    const int8_t* at;
+    size_t lines;
+};
+
+Prefetch next_part(const int8_t* next, size_t bytes, size_t i, size_t parts) {
+    if (next == nullptr) return {nullptr, 0};
     const size_t lines = (bytes + 63) / 64, first = lines * i / parts, last = lines * (i + 1) / parts;
-    for (size_t l = first; l < last; ++l) _mm_prefetch(reinterpret_cast<const char*>(next + l * 64), _MM_HINT_T1);
+    return {next + first * 64, last - first};
 }
 
 struct Rows {
@@ -198,9 +216,10 @@ void linear_i8(const float* x, const float* sm, size_t M, size_t K, PackedLinear
             const size_t b = t * COLS;
             const int8_t* next = t + 1 < end ? p.at(w.codes, t + 1) : nullptr;
             for (size_t m0 = 0; m0 < M; m0 += ROWS) {
-                prefetch_part(next, p.bytes(t + 1), m0 / ROWS, parts);
+                const Prefetch pf = next_part(next, p.bytes(t + 1), m0 / ROWS, parts);
                 tile_rj(std::min(ROWS, M - m0), p.columns(t), rows.q + m0 * p.Kp, p.Kp, rows.scale + m0,
-                        p.at(w.codes, t), p.panel, p.K4, w.scale + b * 16, w.comp + b * 16, y + m0 * N + b * 16, N);
+                        p.at(w.codes, t), p.panel, p.K4, w.scale + b * 16, w.comp + b * 16, y + m0 * N + b * 16, N,
+                        pf.at, pf.lines);
             }
         }
     });
@@ -217,12 +236,12 @@ void gate_up_i8(const float* x, const float* sm, size_t M, size_t K, PackedLinea
             const bool more = t + 1 < end;
             for (size_t m0 = 0; m0 < M; m0 += ROWS) {
                 const size_t R = std::min(ROWS, M - m0);
-                prefetch_part(more ? p.at(gate.codes, t + 1) : nullptr, p.bytes(t + 1), m0 / ROWS, parts);
-                prefetch_part(more ? p.at(up.codes, t + 1) : nullptr, p.bytes(t + 1), m0 / ROWS, parts);
+                const Prefetch pg = next_part(more ? p.at(gate.codes, t + 1) : nullptr, p.bytes(t + 1), m0 / ROWS, parts);
+                const Prefetch pu = next_part(more ? p.at(up.codes, t + 1) : nullptr, p.bytes(t + 1), m0 / ROWS, parts);
                 tile_rj(R, J, rows.q + m0 * p.Kp, p.Kp, rows.scale + m0, p.at(gate.codes, t), p.panel, p.K4,
-                        gate.scale + b * 16, gate.comp + b * 16, g, 16 * COLS);
+                        gate.scale + b * 16, gate.comp + b * 16, g, 16 * COLS, pg.at, pg.lines);
                 tile_rj(R, J, rows.q + m0 * p.Kp, p.Kp, rows.scale + m0, p.at(up.codes, t), p.panel, p.K4,
-                        up.scale + b * 16, up.comp + b * 16, u, 16 * COLS);
+                        up.scale + b * 16, up.comp + b * 16, u, 16 * COLS, pu.at, pu.lines);
                 swiglu(g, u, R, J, y + m0 * N + b * 16, N);
             }
         }
