@@ -176,8 +176,8 @@ def _build_quantizing_engines(backend: Backend, model: onnx.ModelProto, src: Mod
     from kiln.compiler.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
 
     build = backend.build_function()
-    calibration = _chat_sample(src.tokenizer_dir) + calibration_token_ids(
-        src.tokenizer_dir, min(CALIBRATION_TOKENS, src.spec.max_position_embeddings))
+    longest = min(CALIBRATION_TOKENS, src.spec.max_position_embeddings)
+    calibration = (_chat_sample(src.tokenizer_dir) + calibration_token_ids(src.tokenizer_dir, longest))[:longest]
     built = build(model, src.spec, config, root, stage, calibration_ids=calibration)
     if not config.verify:
         return built, []

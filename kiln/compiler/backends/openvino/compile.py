@@ -53,7 +53,9 @@ def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, s
                   calibration_ids: list[int] | None = None, kiln_kernels: bool | None = None) -> BuiltEngines:
     """OpenVINO's native paged attention replaces the attention core (its plugin picks the block size);
     for what that operation cannot compute (paged_graph.unsupported: soft-capped scores), kiln's paged
-    gather stays in the graph (gathered.py), checked against the dense graph like the ort backend's."""
+    gather stays in the graph (gathered.py), checked against the dense graph like the ort backend's.
+    calibration_ids: the tokens kiln's int8 linears are smoothed on (required where the recipe takes
+    them); kiln_kernels: False keeps OpenVINO's own linears (None: the recipe decides)."""
     reports = []
     options = options_for_quant(config.quant, kiln_kernels=kiln_kernels)
     layout, why = attention_core(spec)

@@ -77,12 +77,9 @@ LinearI8 = _op_class(native.LINEAR)
 GateUpI8 = _op_class(native.GATE_UP)
 
 
-def smoothing(x_absmax: np.ndarray | None, weights: list[np.ndarray]) -> np.ndarray:
+def smoothing(x_absmax: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
     """SmoothQuant's factor per input channel, s = max|x|^a / max|W|^(1-a) (a = SMOOTHING), for the
-    linears that read x: the kernel quantizes x / s per row and the weights hold W * s. Ones without
-    statistics."""
-    if x_absmax is None:
-        return np.ones(weights[0].shape[1], np.float32)
+    linears that read x: the kernel quantizes x / s per row and the weights hold W * s."""
     w = np.max([np.abs(wt).max(axis=0) for wt in weights], axis=0)
     s = np.maximum(x_absmax, 1e-5) ** SMOOTHING / np.maximum(w, 1e-5) ** (1 - SMOOTHING)
     return np.maximum(s, 1e-5).astype(np.float32)
