@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from functools import partial
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from kiln.bench.cli_options import bench_options
 from kiln.compiler.progress import console, rich_stage
@@ -45,10 +48,48 @@ def runtime_options(fn):
     return fn
 
 
-@click.group()
+class _KilnGroup(click.Group):
+    """Runs a command; one that needs an optional package that is not installed ends in one line
+    naming the extra that brings it, not in a traceback."""
+
+    def invoke(self, ctx):
+        from kiln.extras import extra_for, install_hint
+
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as e:
+            command = ctx.invoked_subcommand or ""
+            extra = extra_for(e.name or "", command)
+            if extra is None:
+                raise                  # kiln's own module or a base dependency: a bug, keep its traceback
+            _error(f"kiln {command} needs the {extra!r} extra ({e.name.partition('.')[0]} is not installed): "
+                   f"{install_hint(extra)}")
+
+
+@click.group(cls=_KilnGroup)
 @click.version_option(package_name="kiln")
 def main():
     """kiln: build LLM engines and serve them."""
+
+
+def _artifact_argument(fn):
+    """The ARTIFACT argument, checked as it is parsed, before any engine or server loads."""
+    return click.argument("artifact", type=click.Path(path_type=Path), callback=_check_artifact_argument)(fn)
+
+
+def _check_artifact_argument(ctx, _param, path: Path) -> Path:
+    """Refuse the two mistakes only the CLI can name in full: a preset's name (the presets are the
+    compiler's, which the artifact checks must not import), and a folder that holds one artifact
+    (the command to run on it). The artifact checks name the rest when the engine loads."""
+    from kiln.compiler.export.presets import PRESETS
+    from kiln.contract.checks import MANIFEST, artifacts_inside, build_first, not_an_artifact
+
+    if not path.exists() and str(path) in PRESETS:
+        _error(build_first(str(path), "model preset", str(path)))
+    inside = artifacts_inside(path) if not (path / MANIFEST).is_file() else []
+    if len(inside) == 1:
+        _error(f"{not_an_artifact(path)} — kiln {ctx.info_name} {shlex.quote(str(inside[0]))}")
+    return path
 
 
 @main.command()
@@ -98,7 +139,7 @@ def build(model, out, quant, prefill_engine, attention, kv_dtype, block_size, ba
 
 
 @main.command()
-@click.argument("artifact", type=click.Path(path_type=Path))
+@_artifact_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @click.option("--context", default=2048, show_default=True, help="Context length for the capacity line.")
 @click.option("--memory", default="4GiB", show_default=True, help="KV memory budget for the capacity line.")
@@ -117,7 +158,7 @@ def inspect(artifact, as_json, context, memory):
 
 
 @main.command()
-@click.argument("artifact", type=click.Path(path_type=Path))
+@_artifact_argument
 @click.option("--prompt", "prompts", multiple=True, help="A raw prompt (repeatable).")
 @click.option("--chat", "chats", multiple=True, help="A user message, wrapped in the chat template (repeatable).")
 @click.option("--prompt-file", type=click.Path(exists=True, path_type=Path), help="JSONL of prompts or {messages}.")
@@ -146,7 +187,7 @@ def generate(artifact, prompts, chats, prompt_file, max_tokens, temperature, top
 
 
 @main.command("triton-repo")
-@click.argument("artifact", type=click.Path(path_type=Path))
+@_artifact_argument
 @click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Model repository folder.")
 @click.option("--instances", default=1, show_default=True, help="Model instances (each its own engine).")
 @click.option("--max-queue", default=256, show_default=True, help="Waiting requests before new ones are refused.")
@@ -275,7 +316,7 @@ def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_t
 
 
 @main.command()
-@click.argument("artifact", type=click.Path(path_type=Path))
+@_artifact_argument
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
 @click.option("--port", default=8000, show_default=True)
 @click.option("--api-key", default=None, envvar="KILN_API_KEY",
@@ -367,13 +408,22 @@ def _guarded(fn):
     try:
         return fn()
     except (ArtifactError, UnsupportedModelError, PassCheckError, FileNotFoundError, ValueError) as e:
-        console.print(f"[bold red]error:[/] {e}")
-        raise SystemExit(1) from None
+        _error(str(e))
     except Exception as e:
         from kiln.compiler.disk_space import out_of_space
 
         if not out_of_space(e):
             raise
-        console.print(f"[bold red]error:[/] out of disk space (or over a file-size limit) while writing: {e}. "
-                      "Nothing was published; free space or write elsewhere and run it again.")
-        raise SystemExit(1) from None
+        _error(f"out of disk space (or over a file-size limit) while writing: {e}. "
+               "Nothing was published; free space or write elsewhere and run it again.")
+
+
+def _error(message: str) -> NoReturn:
+    """Every refusal the CLI reports: one line on stderr, exit code 1. The message is escaped, so the
+    brackets in `kiln[bench]` or a path print as they are instead of reading as rich markup."""
+    console.print(f"[bold red]error:[/] {escape(message)}")
+    raise SystemExit(1)
+
+
+if __name__ == "__main__":      # python -m kiln.cli, as the console script does
+    main()

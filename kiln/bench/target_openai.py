@@ -3,14 +3,14 @@ makes (streamed with usage, or whole replies), its errors turned into the load g
 
 The client never retries (max_retries=0): a retry inside it would hide a refusal, and backing off
 after a 429 is the load generator's to do (loadgen.RetryAfter). `openai` is a dev dependency, so it
-is imported when a target is made.
+is imported when a target is made. The timeout is `openai.Timeout`, the class of whichever HTTP
+library this release of the client runs on (httpx for 1.x/2.x, httpx2 for 3.x): another library's
+Timeout is refused by 3.x.
 """
 
 from __future__ import annotations
 
 from typing import AsyncIterator
-
-import httpx
 
 from kiln.bench import structured
 from kiln.bench.records import Chunk, TargetError
@@ -26,7 +26,7 @@ class OpenAITarget:
         self.name, self.model, self.endpoint, self.temperature = url, model, endpoint, temperature
         self.ignore_eos = ignore_eos
         self.client = openai.AsyncOpenAI(base_url=f"{url.rstrip('/')}/v1", api_key=api_key or "unused",
-                                         max_retries=0, timeout=httpx.Timeout(None, connect=10.0))
+                                         max_retries=0, timeout=openai.Timeout(None, connect=10.0))
 
     async def stream(self, prompt: Prompt, spec: RequestSpec) -> AsyncIterator[Chunk]:
         import openai

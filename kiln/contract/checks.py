@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from kiln.contract.manifest import MANIFEST, SCHEMA_VERSION, ArtifactError, Manifest, installed_version, sha256_file
@@ -43,15 +44,45 @@ def check_artifact_shape(path: Path) -> Manifest:
 
 
 def _read_manifest(path: Path) -> dict:
-    if not path.is_dir():
-        raise ArtifactError(f"{path} is not an artifact folder; build one with `kiln build MODEL --out {path}`")
     f = path / MANIFEST
     if not f.is_file():
-        raise ArtifactError(f"{path} has no {MANIFEST}: not a kiln artifact, or the build did not finish; {REBUILD}")
+        raise ArtifactError(not_an_artifact(path))
     try:
         return json.loads(f.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ArtifactError(f"{f} is corrupt ({e}); {REBUILD}") from None
+
+
+def not_an_artifact(path: Path) -> str:
+    """Why `path`, which holds no manifest, is not an artifact, and what to run instead."""
+    if path.is_file() and path.suffix == ".gguf":
+        return build_first(str(path), "model file", path.stem)
+    if (path / "config.json").is_file():
+        return build_first(str(path), "Hugging Face model folder", path.resolve().name)
+    if inside := artifacts_inside(path):
+        return f"{path} is not an artifact; it holds {_listing(inside)}"
+    if not path.is_dir():
+        return f"{path} is not an artifact folder; build one with `kiln build MODEL --out {path}`"
+    return f"{path} has no {MANIFEST}: not a kiln artifact, or the build did not finish; {REBUILD}"
+
+
+def build_first(source: str, kind: str, name: str) -> str:
+    """A model source given where an artifact belongs: the build that makes one from it."""
+    return (f"{source} is a {kind}, not a kiln artifact: build one first with "
+            f"`kiln build {shlex.quote(source)} --out {shlex.quote(f'engines/{name}')}`")
+
+
+def artifacts_inside(path: Path) -> list[Path]:
+    """The artifacts directly inside `path` (engines/ for engines/smollm2); hidden folders are a
+    build's temporary or replaced ones."""
+    if not path.is_dir():
+        return []
+    return sorted(p for p in path.iterdir() if not p.name.startswith(".") and (p / MANIFEST).is_file())
+
+
+def _listing(paths: list[Path], most: int = 4) -> str:
+    named = ", ".join(str(p) for p in paths[:most]) + (", …" if len(paths) > most else "")
+    return f"one: {named}" if len(paths) == 1 else f"{len(paths)}: {named}"
 
 
 def _check_schema(path: Path, raw: dict) -> None:

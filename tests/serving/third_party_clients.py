@@ -16,7 +16,7 @@ def client_tool(name: str) -> Path:
     path = CLIENTS_VENV / "bin" / name
     if not path.is_file():
         pytest.fail(f"{name} is not installed in {CLIENTS_VENV}: run bash scripts/setup.sh --clients "
-                    f"(it installs scripts/clients-requirements.txt there)")
+                    f"(it installs requirements/clients.lock there)")
     return path
 
 

@@ -5,10 +5,13 @@ merges, token types: control tokens become special added tokens, user-defined on
 tokens) and carries `tokenizer.chat_template`, the bos/eos/pad/unk tokens and add_bos_token into
 its config; kiln saves what it built.
 
-NOTE: AutoTokenizer would first rebuild the whole model config from the file with the `gguf`
-package's reader (10 s for SmolLM2's 49k-token vocabulary, and the loop that never ends on a hostile
-file) only to learn the model_type. kiln knows the model_type already, so it picks the class
-AutoTokenizer would pick for it (its registered class, else TokenizersBackend) and builds that.
+NOTE: transformers' own GGUF path (`from_pretrained(gguf_file=...)`) reads the file with a reader
+that imports torch, and rebuilds the whole model config only to learn the model_type. kiln reads
+the metadata with its own reader, groups it as transformers does, and hands it to transformers'
+torch-free converter (`convert_gguf_tokenizer`), so `kiln build` from a GGUF needs no torch. The
+class is the one AutoTokenizer would pick for the model_type (its registered class, else
+TokenizersBackend). tests/export/test_gguf_tokenizer_without_torch.py holds the result equal to
+transformers' own path.
 """
 
 from __future__ import annotations
@@ -25,10 +28,40 @@ def save_tokenizer(f: GGUFFile, model_type: str, out: Path) -> None:
     if not f.get("tokenizer.ggml.tokens") or not f.get("tokenizer.ggml.model"):
         raise GGUFError(f"{f.path.name} has no tokenizer (tokenizer.ggml.model / .tokens): kiln needs one")
     cls = tokenizer_class_from_name(TOKENIZER_MAPPING_NAMES.get(model_type) or "TokenizersBackend")
-    tok = cls.from_pretrained(str(f.path.parent), gguf_file=f.path.name)
+    tok = _from_metadata(cls, f)
     tok.save_pretrained(str(out))
     _portable_class(out)
     _check_specials(f, out)
+
+
+def _from_metadata(cls, f: GGUFFile):
+    """`cls` built as transformers' `from_pretrained(gguf_file=...)` builds it, from kiln's reader."""
+    from transformers.integrations.gguf import gguf_tokenizer_mapping as mapping
+
+    tokenizer_dict, tokenizer_config = _grouped_metadata(f, mapping.GGUF_TOKENIZER_MAPPING)
+    if tokenizer_dict.get("tokenizer_type") == "llama":
+        # As transformers: llama.cpp adds BOS to a sentencepiece vocabulary that does not say otherwise.
+        tokenizer_config.setdefault("add_bos_token", True)
+    elif tokenizer_dict.get("tokenizer_type") == "gemma4":
+        # As transformers: Gemma 4's chat template writes <bos> itself.
+        tokenizer_config["add_bos_token"] = False
+    for name, key in mapping._SPECIAL_TOKENS.items():
+        token_id = f.get(f"tokenizer.ggml.{key}")
+        tokenizer_config[name] = tokenizer_dict["tokens"][token_id] if token_id is not None else None
+    fast, extra = mapping.convert_gguf_tokenizer(str(f.get("general.architecture")), tokenizer_dict)
+    return cls(tokenizer_object=fast, **tokenizer_config, **extra)
+
+
+def _grouped_metadata(f: GGUFFile, groups: dict) -> tuple[dict, dict]:
+    """transformers' grouping of `tokenizer.*` keys, with numeric arrays as lists, as its reader gives them."""
+    grouped = {group: {name: _plain(f.get(f"tokenizer.{key}")) for key, name in renames.items()
+                       if f.get(f"tokenizer.{key}") is not None}
+               for group, renames in groups.items()}
+    return grouped["tokenizer"], grouped["tokenizer_config"]
+
+
+def _plain(value):
+    return value.tolist() if hasattr(value, "tolist") else value
 
 
 def _portable_class(out: Path) -> None:

@@ -6,7 +6,9 @@ Weights come back in Hugging Face naming and layout ([out, in] for linears), wha
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,10 +41,23 @@ def load_source(source: str) -> ModelSource:
         return load_gguf(path)
     if path.is_dir() and (path / "config.json").is_file():
         return load_hf_folder(path)
-    raise FileNotFoundError(
-        f"{source!r} is neither a preset ({', '.join(presets.PRESETS)}), a .gguf file, "
-        "nor a folder with config.json"
-    )
+    raise FileNotFoundError(_not_a_source(source, path))
+
+
+# `org/name`, as the Hugging Face hub names a model
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def _not_a_source(source: str, path: Path) -> str:
+    """Why `source` is none of the three kinds, with the likely intent: a hub id, or a misspelled preset."""
+    if HUB_ID.fullmatch(source) and path.suffix != ".gguf" and not path.exists():
+        name = source.split("/")[1]
+        return (f"{source} is no path here, and kiln does not download models: fetch them from the Hugging "
+                f"Face hub with `hf download {source} --local-dir models/{name}`, then "
+                f"`kiln build models/{name} --out engines/{name}` (or build from a .gguf file)")
+    close = difflib.get_close_matches(source, presets.PRESETS, n=1)
+    return (f"{source!r} is neither a preset ({', '.join(presets.PRESETS)}), a .gguf file, "
+            "nor a folder with config.json" + (f"; did you mean {close[0]!r}?" if close else ""))
 
 
 def _load_preset(files: presets.PresetFiles) -> ModelSource:
