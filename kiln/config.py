@@ -50,9 +50,17 @@ class SchedulingPolicy(enum.Enum):
     PRIORITY = "priority"       # lower SamplingParams.priority first, then arrival
 
 
+AUTO_BATCH_FLOOR = 32       # sequences the auto batch always allows (the batch cap before it grew)
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 32
+    # 0 = auto: the running set grows to the artifact's largest batch bucket while the KV pool has
+    # blocks and, past AUTO_BATCH_FLOOR sequences, while a decode step of one more sequence is
+    # predicted within target_itl (itl_bounds_batch; the engine core resolves it). A number: a
+    # fixed cap, bounded by the KV pool alone.
+    max_num_seqs: int = 0
+    itl_bounds_batch: bool = False
     max_num_batched_tokens: int = 512       # the per-step token budget
     max_model_len: int = 2048
     enable_prefix_caching: bool = True
@@ -76,9 +84,11 @@ class SchedulerConfig:
     batch_wait_batch: int = 0
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "min_prefill_chunk"):
+        for name in ("max_num_batched_tokens", "max_model_len", "min_prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_num_seqs < 0:
+            raise ValueError(f"max_num_seqs must be >= 0 (0 = auto), got {self.max_num_seqs}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0 = no cap)")
         if not 0 <= self.target_itl < float("inf"):

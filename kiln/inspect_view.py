@@ -6,6 +6,7 @@ from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
+from kiln.config import AUTO_BATCH_FLOOR
 from kiln.contract.artifact import EngineArtifact
 from kiln.units import format_bytes
 
@@ -32,6 +33,7 @@ def _summary(art: EngineArtifact, context_len: int, memory_bytes: int) -> Table:
                       f"{kv.block_size}, head_dim {kv.head_dim}] {kv.dtype}"),
         ("KV bytes / token", f"{kv.bytes_per_token:,} ({format_bytes(kv.bytes_per_token)})"),
         ("capacity", _capacity_line(kv, context_len, memory_bytes)),
+        ("batch", _batch_line(m.buckets.max_batch)),
         ("max context", str(m.generation.get("max_model_len"))),
         ("eos token ids", str(m.generation.get("eos_token_ids"))),
         ("toolchain", _toolchain_line(m)),
@@ -80,6 +82,15 @@ def _capacity_line(kv, context_len: int, memory_bytes: int) -> str:
     per_seq = -(-context_len // kv.block_size)
     return (f"{format_bytes(memory_bytes)} of KV = {blocks:,} blocks = {blocks * kv.block_size:,} tokens "
             f"= {blocks // per_seq:,} sequences at context {context_len}")
+
+
+def _batch_line(max_batch: int) -> str:
+    """The serving default (max_num_seqs auto), as the scheduler applies it."""
+    floor = min(AUTO_BATCH_FLOOR, max_batch)
+    if max_batch <= floor:
+        return f"up to {max_batch} sequences at once (the largest batch bucket), while the KV pool has blocks"
+    return (f"up to {max_batch} sequences at once (the largest batch bucket) while the KV pool has blocks; "
+            f"past {floor}, only while a decode step of one more is predicted within --target-itl")
 
 
 def _passes(art: EngineArtifact) -> Table:

@@ -51,8 +51,10 @@ class EngineCore:
         """The user's scheduler knobs, clipped to what the artifact can run."""
         m, cfg = self.artifact.manifest, self.config.scheduler
         threshold = cfg.long_prefill_token_threshold or m.buckets.max_seq
+        auto_batch = cfg.max_num_seqs == 0
         return replace(cfg, max_model_len=min(cfg.max_model_len, m.generation["max_model_len"]),
-                       max_num_seqs=min(cfg.max_num_seqs, m.buckets.max_batch),
+                       max_num_seqs=min(cfg.max_num_seqs or m.buckets.max_batch, m.buckets.max_batch),
+                       itl_bounds_batch=auto_batch,
                        long_prefill_token_threshold=min(threshold, m.buckets.max_seq))
 
     def add_request(self, request: Request) -> None:

@@ -122,7 +122,7 @@ def take_snapshot(core, counters: LoopCounters, prefix_cache: bool = False) -> E
         prefix_cache_queries=kv.prefix_queries, prefix_cache_hits=kv.prefix_hits,
         engine_failures=counters.engine_failures, finished=dict(counters.finished),
         speculative_proposed=spec.proposed if spec else 0, speculative_accepted=spec.accepted if spec else 0,
-        max_num_seqs=sched.config.max_num_seqs, step_costs=sched.step_costs.costs(),
+        max_num_seqs=sched.batch_limit, step_costs=sched.step_costs.costs(),
         prefill_budget=sched.last_step_stats.prefill_budget,
         remaining_tokens=tuple(sorted(r.max_tokens - r.num_output_tokens for r in sched.running)),
         prefilled_tokens=sum(r.num_computed_tokens for r in sched.running if r.num_output_tokens == 0),

@@ -9,8 +9,9 @@ ones' KV back (num_computed_tokens, and blocks that hold only rejected slots).""
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
-from kiln.config import SchedulerConfig, SchedulingPolicy
+from kiln.config import AUTO_BATCH_FLOOR, SchedulerConfig, SchedulingPolicy
 from kiln.runtime.batch_wait import BatchWaitWindow
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request, RequestStatus, kv_tokens_held
@@ -23,6 +24,8 @@ from kiln.runtime.step_io import (RequestDelta, RunnerOutput, ScheduledRequest, 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager,
                  speculator: Speculator | None = None):
+        if config.max_num_seqs == 0:     # auto, unresolved (the engine core resolves it from the artifact)
+            config = replace(config, max_num_seqs=AUTO_BATCH_FLOOR)
         self.config = config
         self.kv = kv_manager
         self.speculator = speculator
@@ -149,8 +152,22 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
+    @property
+    def batch_limit(self) -> int:
+        """The most sequences that may run now: max_num_seqs, and with itl_bounds_batch, past
+        AUTO_BATCH_FLOOR only as many as a decode step predicted within target_itl can carry."""
+        cap, c = self.config.max_num_seqs, self.config
+        if not c.itl_bounds_batch or not c.target_itl or cap <= AUTO_BATCH_FLOOR:
+            return cap
+        costs = self.step_costs.costs()
+        n = AUTO_BATCH_FLOOR
+        while n < cap and costs.decode_seconds(n + 1) <= c.target_itl:
+            n += 1
+        return n
+
     def _schedule_waiting(self, out: SchedulerOutput, budget: StepBudget) -> None:
-        while self.waiting and len(self.running) < self.config.max_num_seqs and budget.prefill > 0:
+        limit = self.batch_limit
+        while self.waiting and len(self.running) < limit and budget.prefill > 0:
             request = self._next_waiting()
             hits, num_hit = self._computed_blocks(request)
             n = self._chunk(request.num_tokens - num_hit, budget.prefill)

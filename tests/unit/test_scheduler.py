@@ -2,7 +2,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from kiln.config import SchedulerConfig, SchedulingPolicy
+from kiln.config import AUTO_BATCH_FLOOR, SchedulerConfig, SchedulingPolicy
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request, RequestStatus
 from kiln.runtime.sampling_params import SamplingParams
@@ -140,6 +140,34 @@ def test_max_num_seqs_caps_the_batch():
     assert {r.request_id for r in finished} == {"r0", "r1"}
     out, _ = step(sched)
     assert set(chunks(out)) == {"r2"}
+
+
+def _fill(sched, n):
+    for i in range(n):
+        sched.add_request(make_request(f"r{i}", n_prompt=1, max_tokens=50, start=1000 + i))
+    return step(sched)[0]
+
+
+@pytest.mark.parametrize("decode_step, expected", [(0.002, 64), (0.3, AUTO_BATCH_FLOOR)])
+def test_the_auto_batch_grows_past_the_floor_only_within_the_itl_target(decode_step, expected):
+    """max_num_seqs auto (resolved by the engine core to the largest bucket, 64): the running set
+    grows while a decode step of one more sequence is predicted within target_itl."""
+    sched = make_scheduler(num_blocks=1024, max_num_seqs=64, itl_bounds_batch=True, target_itl=0.1,
+                           max_num_batched_tokens=512)
+    for _ in range(3):
+        sched.step_costs.observe(32, 0, decode_step)
+    out = _fill(sched, 80)
+    assert len(chunks(out)) == expected == sched.batch_limit and out.num_waiting == 80 - expected
+
+
+def test_a_fixed_max_num_seqs_ignores_the_itl_target():
+    sched = make_scheduler(num_blocks=1024, max_num_seqs=64, target_itl=0.1, max_num_batched_tokens=512)
+    sched.step_costs.observe(32, 0, 0.3)
+    assert len(chunks(_fill(sched, 80))) == 64
+
+
+def test_an_unresolved_auto_batch_runs_the_floor():
+    assert SchedulerConfig().max_num_seqs == 0 and make_scheduler().config.max_num_seqs == AUTO_BATCH_FLOOR
 
 
 def admission_order(sched, requests):
