@@ -7,8 +7,8 @@ import asyncio
 from dataclasses import asdict, dataclass
 from typing import Awaitable, Callable
 
-from kiln.bench.scrape import (BATCH_SIZE, RUNNING, SPEC_ACCEPTED, SPEC_PROPOSED, TTFT, WAITING, Histogram,
-                               MetricsSnapshot, parse_metrics)
+from kiln.bench.scrape import (BATCH_SIZE, REFUSED, REFUSED_UNNEEDED, RUNNING, SPEC_ACCEPTED, SPEC_PROPOSED, TTFT,
+                               WAITING, Histogram, MetricsSnapshot, parse_metrics)
 from kiln.bench.stats import Distribution
 
 # NOTE: client TTFT includes HTTP and tokenization; a gap under this many seconds is not a disagreement.
@@ -25,6 +25,9 @@ class ServerView:
     # speculative decoding during the level: tokens proposed and accepted (None: not reported)
     speculative_proposed: float | None = None
     speculative_accepted: float | None = None
+    # kiln's admission during the level: TTFT refusals, and those it later found unneeded
+    admission_refused: float | None = None
+    admission_refused_unneeded: float | None = None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -97,7 +100,8 @@ class MetricsObserver(Observer):
         batch, ttft = self._delta(BATCH_SIZE), self._delta(TTFT)
         return ServerView(self.source, self._distribution(self.waiting), self._distribution(self.running),
                           batch.distribution() if batch and batch.count else None, ttft.mean if ttft else None,
-                          self._increase(SPEC_PROPOSED), self._increase(SPEC_ACCEPTED))
+                          self._increase(SPEC_PROPOSED), self._increase(SPEC_ACCEPTED),
+                          self._increase(REFUSED), self._increase(REFUSED_UNNEEDED))
 
     def _increase(self, names: tuple[str, ...]) -> float | None:
         after, before = self.last.value(names), self.first.value(names)

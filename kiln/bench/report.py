@@ -66,6 +66,10 @@ def _warnings(result: BenchResult) -> list[str]:
     lines = [f"[yellow]warning[/] {lv.level.label}: {w}" for lv in result.levels for w in lv.warnings]
     for lv in result.levels:
         lines += [f"[red]{lv.level.label}[/]: {n} × {msg}" for msg, n in lv.stats.top_errors.items()]
+        if lv.server and lv.server.admission_refused:
+            lines.append(f"{lv.level.label}: the server's admission refused {lv.server.admission_refused:.0f} "
+                         f"for their predicted TTFT, {lv.server.admission_refused_unneeded or 0:.0f} of them "
+                         "unneeded (the next admitted request's first token came within the bound)")
     if not result.exact_prompt_lengths:
         lines.append("[dim]prompt lengths are estimates (calibrated chars/token); --tokenizer makes them exact[/]")
     return lines

@@ -87,6 +87,21 @@ def _short(rng, ctx, seed) -> dict:
     return dict(prompt_tokens=rng.randint(16, 64), max_tokens=rng.randint(1, 4))
 
 
+SERVING_REPLY_TOKENS = 128
+
+
+def _serving(rng, ctx, seed) -> dict:
+    # The serving side-by-side's (bench/bench_serving.py): distinct chat prompts of about 250
+    # tokens, replies of a fixed length (with ignore_eos every server writes all of them).
+    return dict(prompt_tokens=rng.randint(200, 300), max_tokens=SERVING_REPLY_TOKENS)
+
+
+def _system_prompt(rng, ctx, seed) -> dict:
+    # Most chat products: a long system prompt (about 1,000 tokens) every request shares, then a
+    # short question; replies as in _serving.
+    return dict(_shared_prefix(rng, ctx, seed), max_tokens=SERVING_REPLY_TOKENS)
+
+
 def _max_context(rng, ctx, seed) -> dict:
     max_tokens = rng.randint(16, 32)
     return dict(prompt_tokens=ctx, max_tokens=max_tokens)      # clamped to fill the context exactly
@@ -102,6 +117,9 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("short", "short prompts, replies of 1-4 tokens (prefill-bound; the batch wait window's case)", _short),
     Workload("json", "chat-like; every reply constrained to a JSON Schema (structured output)", _json),
     Workload("json-mixed", "chat-like; half the replies constrained to a JSON Schema", _json_mixed),
+    Workload("serving", "distinct ~250-token chat prompts, 128-token replies (the serving side-by-side)", _serving),
+    Workload("system-prompt", "a ~1,000-token shared system prompt, short questions, 128-token replies",
+             _system_prompt),
 ]}
 
 

@@ -55,11 +55,15 @@ class Calibration:
     a mean: a mean-calibrated prediction is late half the time; fixed steps also shrug off an
     outlier (a request stuck behind a hiccup) that would drag a mean."""
 
-    QUANTILE, STEP, LOW, HIGH = 0.9, 0.05, 0.5, 4.0
+    QUANTILE, STEP, LOW, HIGH = 0.9, 0.05, 0.25, 4.0
+    RELAX = 0.9                 # the factor after a refusal proved unneeded (Audit)
     MIN_PREDICTED = 0.05        # seconds; shorter predictions are mostly noise to learn from
 
     def __init__(self):
         self.factor = 1.0
+
+    def relax(self) -> None:
+        self.factor = max(self.factor * self.RELAX, self.LOW)
 
     def observe(self, predicted: float, realised: float) -> None:
         if predicted < self.MIN_PREDICTED:
@@ -69,19 +73,56 @@ class Calibration:
         self.factor = min(max(self.factor, self.LOW), self.HIGH)
 
 
+class Audit:
+    """Each admission decision checked against what then happened (event-loop thread).
+
+    An admitted request is late when its first token came after the objective. A refused request
+    never runs, so what it would have waited is read off the request admitted next: it queued
+    behind the same work. A refusal is unneeded when that request's first token came within the
+    refusal's own bound; the calibration then relaxes (Calibration.relax): admitted requests alone
+    pull a pessimistic prediction down slowly, and each unneeded refusal is a user turned away."""
+
+    def __init__(self):
+        self.admitted_on_time = self.admitted_late = self.refused = self.refused_unneeded = 0
+        self._open: list[float] = []     # the bounds of refusals since the last admission
+
+    def refusal(self, bound: float) -> None:
+        self.refused += 1
+        self._open.append(bound)
+
+    def take_open(self) -> list[float]:
+        """At an admission: the refusals made since the previous one, for its first token to judge."""
+        taken, self._open = self._open, []
+        return taken
+
+    def judge(self, refusal_bounds: list[float], realised: float, objective: float, calibration: Calibration) -> None:
+        if objective:
+            late = realised > objective
+            self.admitted_late += late
+            self.admitted_on_time += not late
+        for bound in refusal_bounds:
+            if realised <= bound:
+                self.refused_unneeded += 1
+                calibration.relax()
+
+
 class Ticket:
     """An admitted request's place among the waiting, given back at its first token (which also
     teaches the calibration) or when it ends without one."""
 
-    def __init__(self, admission: Admission, num_tokens: int, num_cached: int, predicted: float):
+    def __init__(self, admission: Admission, num_tokens: int, num_cached: int, predicted: float,
+                 refusals_before: list[float]):
         self._admission, self.num_tokens, self.num_cached = admission, num_tokens, num_cached
         self.predicted, self.admitted_at = predicted, time.monotonic()
+        self._refusals_before = refusals_before     # the refusal bounds this request's first token judges
 
     def first_token(self) -> None:
-        if self._admission is not None:
+        admission = self._admission
+        if admission is not None:
             realised = time.monotonic() - self.admitted_at
             log.debug("first token: predicted %.3f s, realised %.3f s", self.predicted, realised)
-            self._admission.calibration.observe(self.predicted, realised)
+            admission.calibration.observe(self.predicted, realised)
+            admission.audit.judge(self._refusals_before, realised, admission.config.ttft_slo, admission.calibration)
         self.release()
 
     def release(self) -> None:
@@ -100,6 +141,7 @@ class Admission:
         # Admitted, no first token yet, in admission order (event-loop thread only).
         self.waiting: dict[Ticket, None] = {}
         self.calibration = Calibration()
+        self.audit = Audit()
 
     def _snapshot_prefix(self, token_ids: Sequence[int], salt: str | None = None) -> int:
         return self.client.snapshot.prefix_cache.cached_prefix_tokens(token_ids, salt)
@@ -141,7 +183,7 @@ class Admission:
     def admit(self, num_prompt_tokens: int, num_cached: int = 0) -> Ticket:
         """A ticket, or ApiError(429) naming the bound that refused the request."""
         predicted = self._check(num_prompt_tokens, num_cached)
-        ticket = Ticket(self, num_prompt_tokens, num_cached, predicted)
+        ticket = Ticket(self, num_prompt_tokens, num_cached, predicted, self.audit.take_open())
         self.waiting[ticket] = None
         return ticket
 
@@ -160,6 +202,7 @@ class Admission:
         if log.isEnabledFor(logging.DEBUG):
             self._trace(n, cached, ttft, refused)
         if refused:
+            self.audit.refusal(limit)
             bound = f"the {c.ttft_slo:g} s objective" if c.ttft_refuse_factor == 1 else \
                 f"{c.ttft_refuse_factor:g} x the {c.ttft_slo:g} s objective"
             raise _too_many(f"predicted time to first token {ttft:.2f} s exceeds {bound}", "ttft_slo", ttft - limit)

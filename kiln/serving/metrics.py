@@ -90,6 +90,7 @@ class _EngineCollector:
         yield _gauge("kiln_admission_waiting_requests", "Admitted requests without a first token.",
                      self.admission.pending)
         yield _gauge("kiln_admission_waiting_tokens", "Their prompt tokens.", self.admission.pending_tokens)
+        yield from _admission_audit(self.admission.audit)
         yield _gauge("kiln_admission_ttft_calibration", "Realised over modelled TTFT of admitted requests "
                      "(its 90th percentile); it scales the prediction.", self.admission.calibration.factor)
         yield _gauge("kiln_prefill_tokens_per_second", "Measured prefill rate with nothing decoding "
@@ -126,3 +127,14 @@ def _counter(name, doc, value):
     family = CounterMetricFamily(name, doc)
     family.add_metric([], value)
     return family
+
+
+def _admission_audit(audit):
+    """Admission's decisions against what happened (kiln/serving/admission.py, Audit)."""
+    checks = (("admitted_on_time", "Admitted requests whose first token came within the TTFT objective."),
+              ("admitted_late", "Admitted requests whose first token came after the TTFT objective."),
+              ("refused", "Requests refused (429) for their predicted TTFT."),
+              ("refused_unneeded", "Of those, refusals the next admitted request proved unneeded: its first "
+                                   "token came within the refusal's bound (an estimate of false refusals)."))
+    for name, help_text in checks:
+        yield _counter(f"kiln_admission_{name}", help_text, getattr(audit, name))

@@ -284,3 +284,39 @@ def test_admission_counts_only_the_blocks_the_request_s_salt_can_hit():
         with pytest.raises(ApiError) as refused:                # 512 tokens: 0.512 s > 0.3 s
             adm.admit_prompt(prompt, other)
         assert refused.value.code == "ttft_slo"
+
+
+def test_the_audit_counts_admitted_requests_late_or_on_time():
+    adm = Admission(strict(ttft_slo=1.0), engine())
+    on_time = adm.admit(100)
+    late = adm.admit(100)
+    on_time.first_token()                            # at once: within the objective
+    late.admitted_at -= 2.0                          # as if admitted two seconds ago
+    late.first_token()
+    assert (adm.audit.admitted_on_time, adm.audit.admitted_late) == (1, 1)
+
+
+def test_a_refusal_the_next_admitted_request_proves_unneeded_relaxes_the_calibration():
+    """Refused for a predicted TTFT past the bound, while the request admitted right after it got
+    its first token at once: an unneeded refusal, counted, and the prediction scaled down."""
+    adm = Admission(strict(ttft_slo=1.0), engine())
+    for _ in range(60):
+        adm.calibration.observe(predicted=0.3, realised=0.9)    # a model that learnt to be pessimistic
+    refusal(adm, 600)
+    assert (adm.audit.refused, adm.audit.refused_unneeded) == (1, 0)
+    before = adm.calibration.factor
+    ticket = adm.admit(10)
+    ticket.first_token()
+    assert adm.audit.refused_unneeded == 1
+    assert adm.calibration.factor < before * 0.95
+    adm.admit(10).first_token()                      # a refusal is judged once
+    assert adm.audit.refused_unneeded == 1
+
+
+def test_a_refusal_the_next_admitted_request_confirms_is_not_counted():
+    adm = Admission(strict(ttft_slo=1.0), engine())
+    refusal(adm, 2000)
+    ticket = adm.admit(10)
+    ticket.admitted_at -= 5.0                         # its first token took past the bound
+    ticket.first_token()
+    assert (adm.audit.refused, adm.audit.refused_unneeded) == (1, 0)
