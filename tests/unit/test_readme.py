@@ -11,7 +11,7 @@ import shlex
 
 import pytest
 
-from test_docs import ROOT, _api_routes, code_blocks, command_problems, kiln_invocations, shell_lines
+from test_docs import FENCE, ROOT, _api_routes, code_blocks, command_problems, kiln_invocations, shell_lines
 
 README = (ROOT / "README.md").read_text()
 MAX_LINES = 250
@@ -91,3 +91,52 @@ def test_the_quick_start_calls_what_the_server_serves():
     assert f'base_url="http://127.0.0.1:{port}/v1"' in client
     assert f'model="{model}"' in client
     assert "chat.completions.create" in client
+
+
+# -- the README's tables hold one-line answers; measurements live in docs/benchmarks.md ------------
+
+CELL_MAX = 160                      # characters of one table cell, markup included
+CELL_MAX_BY_SECTION = {"Documentation": 210}   # its Deployment row is 203 today; shorten it, then drop this
+RATIOS_PER_CELL = 4
+DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
+
+
+def _table_cells() -> list[tuple[str, str]]:
+    """(section title, cell text) of every table row in the README outside code blocks."""
+    cells, title = [], "(top)"
+    for line in FENCE.sub("", README).splitlines():
+        if line.startswith("## "):
+            title = line[3:].strip()
+        elif line.startswith("|") and not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", line.strip()):
+            # split on pipes outside inline code
+            parts = re.split(r"\|(?=(?:[^`]*`[^`]*`)*[^`]*$)", line.strip())[1:-1]
+            cells += [(title, c.strip()) for c in parts]
+    return cells
+
+
+def test_readme_table_cells_are_one_line_answers():
+    cells = _table_cells()
+    assert len(cells) > 20, "the table parser found no tables"
+    long = [f"{title}: {len(c)} characters: {c[:80]}…" for title, c in cells
+            if len(c) > CELL_MAX_BY_SECTION.get(title, CELL_MAX)]
+    assert not long, ("README table cells over the bound (move the measured detail to docs/benchmarks.md):\n"
+                      + "\n".join(long))
+    crowded = [c for _, c in cells if len(re.findall(r"\d(?:\.\d+)?x\b", c)) > RATIOS_PER_CELL]
+    assert not crowded, f"cells with more than {RATIOS_PER_CELL} ratios: {crowded}"
+
+
+def test_readme_has_no_dates_outside_links():
+    """Dates belong to measurements, and measurements to docs/benchmarks.md and its journal."""
+    text = re.sub(r"\]\([^)]*\)", "]()", FENCE.sub("", README))
+    assert not DATE.findall(text), f"the README states dates (keep them in docs/benchmarks.md): {DATE.findall(text)}"
+
+
+def test_which_build_to_choose_is_goal_flags_trade_off():
+    text = section("Which build to choose")
+    assert "| goal | build flags | trade-off |" in text
+    assert "(docs/benchmarks.md" in text, "the section links the measured detail in docs/benchmarks.md"
+
+
+def test_the_checks_catch_a_long_cell_and_a_date():
+    assert len(re.split(r"\|(?=(?:[^`]*`[^`]*`)*[^`]*$)", "| a | `x|y` | c |")[1:-1]) == 3
+    assert DATE.search("measured 2026-12-04") and not DATE.search(re.sub(r"\]\([^)]*\)", "]()", "[j](r/2026-12-04.md)"))

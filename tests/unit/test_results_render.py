@@ -1,0 +1,125 @@
+"""The current figures come from bench/results/*.json, and the journal keeps every run.
+
+docs/benchmarks.md's "Current figures" and the README's short table are rendered by
+bench/render_results.py between `<!-- results:begin -->` and `<!-- results:end -->`: re-rendered
+here in memory, they must equal what the documents hold, so a new or changed result JSON fails the
+suite until `python bench/render_results.py` has run. Every result says where, when and how it ran,
+and names its journal entry. The journal (docs/results/*.md, one file per study) is listed on the
+Benchmarks page, and its links resolve like the other documents' (test_docs.py reads docs/*.md only).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_docs import ROOT, link_problems, outside_problems
+
+sys.path.insert(0, str(ROOT / "bench"))
+import render_results as rr  # noqa: E402
+
+JOURNAL = sorted((ROOT / "docs" / "results").glob("*.md"))
+
+
+def test_the_rendered_figures_are_up_to_date_with_the_json():
+    for path, text in rr.rendered().items():
+        assert path.read_text() == text, (
+            f"{path.relative_to(ROOT)} differs from what bench/results/*.json gives: run python bench/render_results.py")
+    assert rr.main(["--check"]) == 0
+
+
+def test_every_result_says_where_when_and_how_it_ran():
+    results = rr.load()
+    assert {"runtime.json", "gguf_peers.json", "build.json"} <= set(results), sorted(results)
+    problems = [p for name, data in results.items() for p in rr.problems(name, data)]
+    assert not problems, "\n".join(problems)
+    for name, data in results.items():
+        m = rr.meta(data)
+        assert m["command"].startswith(("python bench/", "kiln ")), f"{name}: command {m['command']!r}"
+        for system in m.get("superseded") or {}:
+            assert system in _systems(data), f"{name}: superseded names {system!r}, which the run does not hold"
+
+
+def _systems(data) -> set[str]:
+    if rr.kind(data) == "runtime":
+        return set(rr._named(data))
+    if rr.kind(data) == "gguf":
+        return {s for model in data["models"].values() for s in model["systems"]}
+    return set()
+
+
+def test_a_new_result_changes_the_rendering_so_the_suite_notices():
+    results = rr.load()
+    before = rr.benchmarks_section(results), rr.readme_section(results)
+    amx = copy.deepcopy(results["runtime.json"])
+    amx.update(cpu="Intel Xeon with AMX", cpu_class="amx", date="2099-01-01", superseded={})
+    results["runtime-amx.json"] = amx
+    after = rr.benchmarks_section(results), rr.readme_section(results)
+    assert after[0] != before[0] and "Intel Xeon with AMX" in after[0]
+    assert after[1] != before[1] and "Intel Xeon" in after[1]
+    assert after[0].index("Intel Xeon with AMX") < after[0].index("(class `avx512-vnni`)"), "the newest run comes first"
+
+
+def test_a_result_it_cannot_render_fails_with_what_to_do():
+    results = rr.load()
+    bare = {k: v for k, v in results["runtime.json"].items() if k not in ("cpu", "command")}
+    with pytest.raises(rr.ResultError, match=r"runtime-new.json: add \['cpu', 'command'\]"):
+        rr.benchmarks_section({**results, "runtime-new.json": bare})
+    odd = {**{k: results["build.json"][0][k] for k in rr.REQUIRED}, "something": 1}
+    with pytest.raises(rr.ResultError, match="no renderer knows this shape"):
+        rr.benchmarks_section({**results, "odd.json": odd})
+    with pytest.raises(rr.ResultError, match="cpu_class"):
+        rr.benchmarks_section({**results, "runtime-x.json": {**results["runtime.json"], "cpu_class": "avx-9000"}})
+    with pytest.raises(rr.ResultError, match="needs one"):
+        rr.replace_between("no markers here", "body", "doc")
+
+
+def test_the_readme_leaves_out_superseded_builds_and_dates():
+    results = rr.load()
+    section = rr.readme_section(results)
+    assert "superseded" not in section
+    assert not re.search(r"\d{4}-\d{2}-\d{2}", section)
+    # runtime-avx2.json's no-flags build was replaced by `ort` int8 after that run: no README row for it
+    assert "| AMD EPYC, `avx2` | no flags" not in section
+    kept = {**results, "runtime-avx2.json": {**results["runtime-avx2.json"], "superseded": {}}}
+    assert "| AMD EPYC, `avx2` | no flags" in rr.readme_section(kept)
+
+
+def test_the_renderer_reads_the_real_runs_right():
+    """Spot checks against the figures the journal states for the same runs."""
+    section = rr.benchmarks_section(rr.load())
+    assert "| kiln defaults (no flags): openvino int8 | OpenVINO GenAI int8 | 0.72x | 1.36x |" in section
+    assert "| none | 136 s | 657 MB | 1.000 | 22.197 | — |" in section
+    assert "| fp32 | input-grounded | 1 | 35.2 | 81.0 | 2.30x | 914 / 1,076 (85 %) | 6 / 6 |" in section
+
+
+# -- the journal -------------------------------------------------------------------------------
+
+
+def test_the_journal_entries_are_dated_titled_and_listed_on_the_benchmarks_page():
+    assert JOURNAL, "docs/results/ holds no journal entry"
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    for entry in JOURNAL:
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}-[a-z0-9-]+\.md", entry.name), f"{entry.name}: name it YYYY-MM-DD-study.md"
+        lines = entry.read_text().splitlines()
+        assert lines[0].startswith("# ") and not lines[1].strip() and lines[2].strip(), f"{entry.name}: a title, a blank line, a purpose"
+        assert f"(results/{entry.name}" in page, f"docs/benchmarks.md's journal does not list {entry.name}"
+
+
+@pytest.mark.parametrize("entry", JOURNAL, ids=lambda p: p.name)
+def test_the_journal_links_resolve_inside_the_repository(entry):
+    text = entry.read_text()
+    problems = link_problems(entry, text) + outside_problems(entry, text)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_result_names_a_journal_entry_that_exists():
+    for name, data in rr.load().items():
+        journal = rr.meta(data)["journal"]
+        path, _, anchor = journal.partition("#")
+        assert (ROOT / path).is_file(), f"{name}: {path}"
+        assert not link_problems(ROOT / "README.md", f"[j]({journal})"), f"{name}: {journal} has no such heading"
