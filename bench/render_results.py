@@ -75,7 +75,8 @@ def problems(name: str, data: object) -> list[str]:
 
 
 def kind(data: object) -> str | None:
-    if isinstance(data, list) and data and all(isinstance(r, dict) and {"mode", "bytes", "perplexity"} <= r.keys() for r in data):
+    build_keys = {"mode", "bytes", "perplexity"}
+    if isinstance(data, list) and data and all(isinstance(r, dict) and build_keys <= r.keys() for r in data):
         return "build"
     if not isinstance(data, dict):
         return None
@@ -279,7 +280,8 @@ def render_kiln_bench(name: str, data: dict) -> list[str]:
     if data.get("ratios"):
         out += ["", "kiln / peer, from the same run (every ratio above 1 favours kiln):", ""]
         keys = [k for k in data["ratios"][0] if k not in ("level", "peer")]
-        out += table(["level", "peer", *keys], [[r["level"], r["peer"], *(ratio(r[k]) for k in keys)] for r in data["ratios"]])
+        out += table(["level", "peer", *keys],
+                     [[r["level"], r["peer"], *(ratio(r[k]) for k in keys)] for r in data["ratios"]])
     return out + [""] + footer(name, m, [])
 
 
