@@ -14,30 +14,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kiln.contract import cpu
+from kiln.contract.cpu import CPUINFO, VNNI_FLAGS
+
 FULL_RANGE, REDUCED_RANGE = 127, 63
-VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
-CPUINFO = Path("/proc/cpuinfo")
+__all__ = ["FULL_RANGE", "REDUCED_RANGE", "VNNI_FLAGS", "CPUINFO", "cpu_flags", "u8s8_saturates",
+           "weight_range_for_this_cpu"]
 
 
 def cpu_flags(cpuinfo: Path = CPUINFO) -> set[str] | None:
-    """The first processor's flags, or None where the kernel does not say (not Linux)."""
-    try:
-        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return None
+    """The first processor's flags as /proc/cpuinfo lists them (no KILN_MAX_ISA cap), or None where
+    the kernel does not say (not Linux). The host's capped flags: kiln.contract.cpu.host()."""
+    flags = cpu.read_flags(cpuinfo)
+    return None if flags is None else set(flags)
 
 
 def u8s8_saturates(flags: set[str] | None = None) -> bool | None:
     """True where the CPU has no VNNI (full-range weights would saturate), False where it has,
-    None where the flags cannot be read."""
-    flags = cpu_flags() if flags is None else flags
-    if flags is None:
-        return None
-    return not any(f in flags for f in VNNI_FLAGS)
+    None where the flags cannot be read. Default: this host (kiln.contract.cpu.host())."""
+    vnni = cpu.host().vnni if flags is None else cpu.describe(frozenset(flags)).vnni
+    return None if vnni is None else not vnni
 
 
 def weight_range_for_this_cpu() -> int:
