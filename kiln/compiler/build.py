@@ -13,61 +13,59 @@ import onnx
 
 from kiln.compiler.backends import ort
 from kiln.compiler.backends.built import BuiltEngines, StageFn
-from kiln.compiler.defaults import AUTO, choose_attention, choose_backend, choose_quant
+from kiln.compiler.plan import BuildHost, BuildPlan, QuantRecipe
+from kiln.compiler.resolve import apply_to_config, fallbacks, resolve
 from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.export.sources import ModelSource, load_source
 from kiln.compiler.passes.base import run_pass
+from kiln.compiler.passes.fusion import passes_for
 from kiln.compiler.passes.quantize import QuantizePass
 from kiln.compiler.passes.verify import compare_logits
 from kiln.config import BuildConfig
 from kiln.contract.artifact import TOKENIZER_DIR, ArtifactWriter, Manifest, current_versions, file_record
 from kiln.contract.backends import BACKEND_OPTIONS, BACKENDS, Backend, get_backend
+from kiln.compiler.defaults import AUTO
 from kiln.contract.quant import QuantMode
 from kiln.tokenizer import TEMPLATE_FILE, Tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", TEMPLATE_FILE)
-# The backends whose attention core depends on the build (ort: --attention; openvino: the model).
-ATTENTION_CHOOSERS = ("ort", "openvino")
 
 
-def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> Path:
-    """Build an artifact folder; `stage(name)` wraps each stage (progress display, timing)."""
+def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext(), host: BuildHost | None = None) -> Path:
+    """Build an artifact folder; `stage(name)` wraps each stage (progress display, timing). The build
+    host is read here, once (host: a given BuildHost instead, as the tests give one)."""
+    host = host or BuildHost.probe()
     if config.backend != AUTO and config.quant is not None:
         _refuse_unbuildable(config, get_backend(config.backend))      # before the slow stages
     with ArtifactWriter(config.out, config.force) as writer:
         with stage("load model source"):
             src = load_source(config.source)
-        config, choices = resolve_defaults(config, src.spec)
+        plan = resolve(config, src.spec, host)
+        config = apply_to_config(config, plan)
         backend = get_backend(config.backend)
         _refuse_unbuildable(config, backend)
-        attention = f"; attention: {choices['attention']['reason']}" if "attention" in choices else ""
-        with stage(f"chose {config.backend} {config.quant.value} ({choices['backend']['reason']}; "
-                   f"{choices['quant']['reason']}{attention})"):
+        with stage(f"chose {config.backend} {config.quant.value} ({_chosen(plan)})"):
             pass
-        if not _engine_quantizes(config):
-            from kiln.compiler.passes.quantize import kernel_note
-
-            note = kernel_note(config.quant, backend)
-            if note:
-                with stage(note):       # kiln's own kernel, or why not
-                    pass
+        if not _engine_quantizes(config) and plan.recipe.note:
+            with stage(plan.recipe.note):       # kiln's own kernel, or why not
+                pass
         with stage("export ONNX decoder graph"):
             model = build_decoder(src.spec, src.weights, _weights_workdir(writer))
         reports = []
         unquantized = model
-        for p, check in _passes(src, config):
+        for p, check in _passes(src, config, plan):
             if p.name == "quantize":
                 unquantized = model
             with stage(f"pass {p.name}"):
                 model, report = run_pass(p, model, check if config.verify else None)
                 reports.append(report.to_dict())
         if _engine_quantizes(config):
-            built, checked = _build_quantizing_engines(backend, model, src, config, writer.tmp, stage, choices)
+            built, checked, plan = _build_quantizing_engines(backend, model, src, config, writer.tmp, stage, plan)
             reports += checked
         else:
             built = backend.build_function()(model, src.spec, config, writer.tmp, stage)
         if config.prefill_engine:
-            built = _add_prefill_engine(built, unquantized, src, config, writer.tmp, stage)
+            built = _add_prefill_engine(built, unquantized, src, config, writer.tmp, stage, plan)
         reports += built.pass_reports
         with stage("write artifact"):
             tokenizer = _copy_tokenizer(src, writer.tmp / TOKENIZER_DIR)
@@ -76,24 +74,14 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext()) -> P
                 kv_layout=built.kv_layout, engines=built.engines,
                 generation=_generation_defaults(src, writer.tmp / TOKENIZER_DIR),
                 tokenizer=tokenizer, passes=reports, source=src.description, versions=current_versions(),
-                choices=choices)
+                choices=plan.choices(), plan=plan.to_dict())
             shutil.rmtree(_weights_workdir(writer), ignore_errors=True)
             return writer.commit(manifest)
 
 
-def resolve_defaults(config: BuildConfig, spec) -> tuple[BuildConfig, dict]:
-    """The config with `auto` backend and quant replaced by this machine's and model's choice, and
-    the choices with their reasons (the manifest records them)."""
-    modes = get_backend(config.backend).quant_modes if config.backend != AUTO else ()
-    quant = choose_quant(config.quant, spec, modes)
-    ort_options = tuple(o for o, neutral in BACKEND_OPTIONS.items() if getattr(config, o) != neutral)
-    backend = choose_backend(config.backend, QuantMode(quant.value), spec, ort_options)
-    attention = choose_attention(config.attention, backend.value, config.kv_dtype, spec)
-    resolved = replace(config, quant=QuantMode(quant.value), backend=backend.value, attention=attention.value)
-    choices = {"backend": backend.to_dict(), "quant": quant.to_dict()}
-    if backend.value in ATTENTION_CHOOSERS:
-        choices["attention"] = attention.to_dict()
-    return resolved, choices
+def _chosen(plan: BuildPlan) -> str:
+    attention = f"; attention: {plan.attention.reason}" if "attention" in plan.choices() else ""
+    return f"{plan.backend.reason}; {plan.quant.reason}{attention}"
 
 
 def _refuse_unbuildable(config: BuildConfig, backend: Backend) -> None:
@@ -122,7 +110,7 @@ PREFILL_MIN_TOKENS = 4
 
 
 def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelSource, config: BuildConfig,
-                        root: Path, stage: StageFn) -> BuiltEngines:
+                        root: Path, stage: StageFn, plan: BuildPlan) -> BuiltEngines:
     """Engines per bucket range: a second ORT engine, quantized `config.prefill_engine` from the same
     fused graph, for calls of PREFILL_MIN_TOKENS tokens or more (prefill chunks, decode batches).
     Both read and write the one KV pool; the manifest says which serves what. The prefill engine
@@ -131,7 +119,7 @@ def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelS
     this engine's calls, so with --attention gqa it gets the standard core; kiln's PagedAttention
     takes any batch and is kept."""
     mode = QuantMode(config.prefill_engine)        # the ort backend: _refuse_unbuildable checked
-    quantize, check = _checked_quantize(src, mode, config.backend)
+    quantize, check = _checked_quantize(src, plan.prefill_recipe)
     with stage(f"pass {quantize.name} ({mode.value}, prefill engine)"):
         model, report = run_pass(quantize, model, check if config.verify else None)
     core = "native" if config.attention == "native" else "standard"
@@ -143,20 +131,16 @@ def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelS
     return BuiltEngines([main, extra], built.kv_layout, built.pass_reports + reports)
 
 
-def _passes(src: ModelSource, config: BuildConfig) -> list:
+def _passes(src: ModelSource, config: BuildConfig, plan: BuildPlan) -> list:
     """The backend-neutral passes: the standard decoder graph (dense KV IO) in, fused and quantized out.
     The quantize pass runs in every mode: its check's perplexity on kiln/data/check.txt goes into
     the manifest, and a quantized graph that disagrees with fp32 fails the build."""
     from kiln.compiler.passes.cleanup import CleanupPass
 
     passes = [(CleanupPass(), compare_logits)]
-    if config.fuse:
-        from kiln.compiler.passes.fusion import fusion_passes
-
-        skipped = get_backend(config.backend).skipped_fusions
-        passes += [(p, compare_logits) for p in fusion_passes(src.spec, skipped, config.quant.value)]
+    passes += [(p, compare_logits) for p in passes_for(plan.fusions, src.spec)]    # none with --no-fuse
     if not _engine_quantizes(config):
-        passes.append(_checked_quantize(src, config.quant, config.backend))
+        passes.append(_checked_quantize(src, plan.recipe))
     return passes
 
 
@@ -167,33 +151,34 @@ def _engine_quantizes(config: BuildConfig) -> bool:
 
 
 def _build_quantizing_engines(backend: Backend, model: onnx.ModelProto, src: ModelSource, config: BuildConfig,
-                              root: Path, stage: StageFn, choices: dict) -> tuple[BuiltEngines, list[dict]]:
+                              root: Path, stage: StageFn,
+                              plan: BuildPlan) -> tuple[BuiltEngines, list[dict], BuildPlan]:
     """Engines of a backend that quantizes the fp32 graph itself (openvino), fed the calibration text,
-    and their check's report. Where kiln's int8 linears (options.kernels) fail the check, the engine is
-    built again on OpenVINO's own and the backend choice says so: a default build must not fail on
-    what the plugin's linears would pass."""
+    their check's report, and the plan they were built to. Where an engine fails the check, the next
+    plan of the ladder (resolve.fallbacks: kiln's int8 linears -> OpenVINO's own) is built, and its
+    backend choice says why: a default build must not fail on what a later rung would pass."""
     from kiln.compiler.passes.base import PassCheckError
     from kiln.compiler.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
 
     build = backend.build_function()
     longest = min(CALIBRATION_TOKENS, src.spec.max_position_embeddings)
     calibration = (_chat_sample(src.tokenizer_dir) + calibration_token_ids(src.tokenizer_dir, longest))[:longest]
-    built = build(model, src.spec, config, root, stage, calibration_ids=calibration)
-    if not config.verify:
-        return built, []
-    try:
-        with stage("check the engine's quantization"):
-            return built, [_check_engine_quant(built, model, src, config, root).to_dict()]
-    except PassCheckError as e:
-        if not built.engines[0]["options"].get("kernels"):
-            raise
-        failure = str(e)
-    with stage(f"kiln's int8 linears failed the check ({failure}): building on OpenVINO's own"):
-        pass
-    choices["backend"]["reason"] += f"; kiln's int8 linears failed the build's check ({failure}), so OpenVINO's own"
-    built = build(model, src.spec, config, root, stage, calibration_ids=calibration, kiln_kernels=False)
-    with stage("check the engine's quantization"):
-        return built, [_check_engine_quant(built, model, src, config, root).to_dict()]
+    ladder = list(fallbacks(plan))
+    while True:
+        built = build(model, src.spec, config, root, stage, calibration_ids=calibration, recipe=plan.recipe)
+        if not config.verify:
+            return built, [], plan
+        try:
+            with stage("check the engine's quantization"):
+                return built, [_check_engine_quant(built, model, src, config, root).to_dict()], plan
+        except PassCheckError as e:
+            if not ladder:
+                raise
+            failure = str(e)
+        step = ladder.pop(0)
+        with stage(step.stage.format(failure=failure)):
+            pass
+        plan = step.taken(failure)
 
 
 # A conversation in the model's own chat template, ahead of the calibration text: chat requests start
@@ -220,14 +205,15 @@ def _check_engine_quant(built: BuiltEngines, fp32_model: onnx.ModelProto, src: M
                                    tokens, config.quant)
 
 
-def _checked_quantize(src: ModelSource, mode: QuantMode, backend: str) -> tuple[QuantizePass, Callable]:
-    """The quantize pass for `mode` and its check against fp32 on the check text (passes/verify_quant.py)."""
+def _checked_quantize(src: ModelSource, recipe: QuantRecipe) -> tuple[QuantizePass, Callable]:
+    """The quantize pass for a plan's recipe and its check against fp32 on the check text (passes/verify_quant.py)."""
     from kiln.compiler.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
-    from kiln.compiler.passes.quantize import MIN_TOP1, recipe_options
+    from kiln.compiler.passes.quantize import MIN_TOP1
     from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
 
+    mode = QuantMode(recipe.mode)
     calibration = calibration_token_ids(src.tokenizer_dir, min(CALIBRATION_TOKENS, src.spec.max_position_embeddings))
-    quantize = QuantizePass(mode, calibration_ids=calibration, **recipe_options(mode, get_backend(backend)))
+    quantize = QuantizePass.for_recipe(recipe, calibration_ids=calibration)
     tokens = check_token_ids(src.tokenizer_dir, min(512, src.spec.max_position_embeddings))
     return quantize, QuantCheck(quantize.name, tokens, MIN_TOP1[mode])
 

@@ -15,32 +15,23 @@ The rules follow the side-by-side measurements (docs/benchmarks.md, `python benc
   32 streams ~1.2-1.5x, TTFT 512 level).
 - on ort, the attention core: kiln's PagedAttention op (reads the KV pool in place) where kiln's op
   library is built and the KV cache is fp32; the standard core (a paged gather in the graph) otherwise.
-Each choice carries its reason; the build prints it and the manifest records it.
+Each choice carries its reason; the build prints it and the manifest records it. The rules are pure:
+the machine comes in as a BuildHost (kiln.compiler.plan), so a test can ask them about any CPU.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import platform
-from dataclasses import dataclass
-
+from kiln.compiler.plan import BuildHost, Choice
 from kiln.contract.model_spec import ModelSpec
 from kiln.contract.quant import QuantMode
+from kiln.engines.ort import native as ort_native
 
 AUTO = "auto"
 SMALL_MODEL_PARAMS = 20_000_000
-X86 = ("x86_64", "amd64", "i686", "x86")
 OPENVINO_FASTEST_FOR = (QuantMode.INT8,)
 
-
-@dataclass(frozen=True)
-class Choice:
-    value: str
-    chosen_by: str          # "auto" | "user"
-    reason: str
-
-    def to_dict(self) -> dict:
-        return {"value": self.value, "chosen_by": self.chosen_by, "reason": self.reason}
+__all__ = ["AUTO", "Choice", "choose_quant", "choose_backend", "choose_attention", "openvino_blocker",
+           "kiln_int8_is_faster_here", "openvino_int8_runs_kiln_linears", "parameter_count"]
 
 
 def choose_quant(requested: QuantMode | None, spec: ModelSpec, backend_modes: tuple[str, ...] = ()) -> Choice:
@@ -58,30 +49,28 @@ def choose_quant(requested: QuantMode | None, spec: ModelSpec, backend_modes: tu
                   "the build's check, a quarter of fp32's bytes per token)")
 
 
-def choose_backend(requested: str, quant: QuantMode, spec: ModelSpec, ort_options: tuple[str, ...] = ()) -> Choice:
+def choose_backend(requested: str, quant: QuantMode, spec: ModelSpec, host: BuildHost,
+                   ort_options: tuple[str, ...] = ()) -> Choice:
     """ort_options: the ort-only build options the user set (they narrow auto to the ort backend)."""
     if requested != AUTO:
         return Choice(requested, "user", "--backend " + requested)
     if ort_options:
         return Choice("ort", AUTO, "ONNX Runtime: " + ", ".join(f"--{o.replace('_', '-')}" for o in ort_options)
                       + " is an ort backend option")
-    blocker = openvino_blocker(quant, spec)
+    blocker = openvino_blocker(quant, spec, host)
     if blocker:
         return Choice("ort", AUTO, f"ONNX Runtime: {blocker}")
-    if quant is QuantMode.INT8:
-        from kiln.engines.openvino import native
-
-        if native.usable():
-            return Choice("openvino", AUTO, "OpenVINO with kiln's int8 linears (activations smoothed and "
-                          f"quantized per row, AVX-512 VNNI): the fastest int8 engine on this {platform.machine()} CPU")
-    return Choice("openvino", AUTO, f"OpenVINO: the fastest {quant.value} engine on this {platform.machine()} CPU")
+    if quant is QuantMode.INT8 and openvino_int8_runs_kiln_linears(host):
+        return Choice("openvino", AUTO, "OpenVINO with kiln's int8 linears (activations smoothed and quantized "
+                      f"per row, AVX-512 VNNI): the fastest int8 engine on this {host.cpu.machine} CPU")
+    return Choice("openvino", AUTO, f"OpenVINO: the fastest {quant.value} engine on this {host.cpu.machine} CPU")
 
 
-def openvino_blocker(quant: QuantMode, spec: ModelSpec) -> str:
+def openvino_blocker(quant: QuantMode, spec: ModelSpec, host: BuildHost) -> str:
     """Why the openvino backend is not the auto choice here; "" when it is."""
-    if platform.machine().lower() not in X86:
-        return f"OpenVINO's CPU paged attention is chosen only on x86 (this is {platform.machine()})"
-    if importlib.util.find_spec("openvino") is None:
+    if not host.cpu.x86:
+        return f"OpenVINO's CPU paged attention is chosen only on x86 (this is {host.cpu.machine})"
+    if not host.openvino:
         return "openvino is not installed (it comes with `pip install kiln`)"
     if quant not in OPENVINO_FASTEST_FOR:
         return (f"kiln picks openvino at {', '.join(m.value for m in OPENVINO_FASTEST_FOR)}, where it measured "
@@ -91,22 +80,25 @@ def openvino_blocker(quant: QuantMode, spec: ModelSpec) -> str:
     missing = uncovered(spec)
     if missing:
         return f"the openvino backend does not cover {missing} yet"
-    if quant is QuantMode.INT8 and kiln_int8_is_faster_here():
+    if quant is QuantMode.INT8 and kiln_int8_is_faster_here(host):
         return ("kiln's MatMulQ8 kernel (int16 activations) is the fastest int8 engine on a CPU with AVX2 but "
                 "neither AVX-512 nor VNNI (OpenVINO runs int8 weights as f32 there)")
     return ""
 
 
-def kiln_int8_is_faster_here(flags: set[str] | None = None) -> bool:
+def kiln_int8_is_faster_here(host: BuildHost) -> bool:
     """Whether this CPU is one where ort's int8 on kiln's op library beats OpenVINO's: AVX2 and FMA,
     no AVX-512 (OpenVINO's f32 FMAs would be twice as wide) and no VNNI (its int8 dot products)."""
-    from kiln.engines.ort import native
-    from kiln.engines.ort.int8_dot import VNNI_FLAGS, cpu_flags
+    cpu = host.cpu
+    return host.ort_ops and cpu.has("avx2", "fma") and not cpu.has("avx512f") and cpu.vnni is False
 
-    flags = cpu_flags() if flags is None else flags
-    if not flags or not native.available():
-        return False
-    return {"avx2", "fma"} <= flags and "avx512f" not in flags and not any(f in flags for f in VNNI_FLAGS)
+
+def openvino_int8_runs_kiln_linears(host: BuildHost) -> bool:
+    """Whether an openvino int8 build here takes kiln's linears (kiln/engines/openvino/native): the
+    library is built, the CPU runs its AVX-512 VNNI kernel, and it has no AMX (the plugin's tiles are faster)."""
+    from kiln.engines.openvino import native
+
+    return host.openvino_ops and native.cpu_runs_kernels(host.cpu.flags or frozenset())
 
 
 def parameter_count(spec: ModelSpec) -> int:
@@ -117,7 +109,7 @@ def parameter_count(spec: ModelSpec) -> int:
     return head + spec.num_layers * (attn + mlp)
 
 
-def choose_attention(requested: str, backend: str, kv_dtype: str, spec: ModelSpec | None = None) -> Choice:
+def choose_attention(requested: str, backend: str, kv_dtype: str, host: BuildHost, spec: ModelSpec | None = None) -> Choice:
     """The ort backend's attention core; other backends have their own (the choice says which)."""
     if requested != AUTO:
         return Choice(requested, "user", "--attention " + requested)
@@ -127,11 +119,9 @@ def choose_attention(requested: str, backend: str, kv_dtype: str, spec: ModelSpe
         return Choice(AUTO, AUTO, attention_core(spec)[1])
     if backend != "ort":
         return Choice(AUTO, AUTO, f"the {backend} backend has its own paged attention")
-    from kiln.engines.ort import native
-
-    if not native.available():
+    if not host.ort_ops:
         return Choice("standard", AUTO, "the standard core (paged gather in the graph): kiln's op library is "
-                      f"not built here (`{native.BUILD_COMMAND}`)")
+                      f"not built here (`{ort_native.BUILD_COMMAND}`)")
     if kv_dtype != "float32":
         return Choice("standard", AUTO, f"the standard core: kiln's PagedAttention reads an fp32 KV cache, not {kv_dtype}")
     return Choice("native", AUTO, "kiln's PagedAttention: reads the KV cache in place (no gather), any batch")

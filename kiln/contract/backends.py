@@ -26,7 +26,7 @@ class Backend:
     # QuantMode values whose weights the backend compresses itself from the fp32 graph (kiln's
     # quantize pass then does not run; the check runs on the compiled engine).
     compresses_weights: tuple[str, ...] = ()
-    skipped_fusions: tuple[str, ...] = ()    # fusion passes (or "pass:part") it does better without
+    skipped_fusions: tuple["SkippedFusion", ...] = ()    # fusion passes (or parts) it does better without
     # int4 on ORT's CPU kernels takes kiln's searched recipe (MatMulNBits with integer zero points,
     # 8-bit MLP); elsewhere the block-offset recipe, exact on a Q4_1 source.
     cpu_int4_recipe: bool = False
@@ -38,22 +38,42 @@ class Backend:
         return _resolve(self.loader)
 
 
+@dataclass(frozen=True)
+class SkippedFusion:
+    """A fusion pass, or one part of it, that a backend does better without."""
+    fusion: str                      # the pass's name
+    part: str = ""                   # one part of the pass ("" the whole pass)
+    quant: str = ""                  # only at this QuantMode value ("" at every mode)
+    reason: str = ""
+
+    def applies_at(self, quant: str | None) -> bool:
+        return not self.quant or self.quant == quant
+
+
 def _resolve(path: str) -> Any:
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
+_ORT_CONTRIB = "com.microsoft.SkipSimplifiedLayerNormalization is an ONNX Runtime contrib op"
 # OpenVINO's CPU plugin fuses the plain rotary pattern into its RoPE kernel (kiln's fused rotary
 # reaches it as a Transpose/Reshape chain), and it splits a merged gate/up output with a reference
 # copy of [tokens, 2 x intermediate]: at int8 two FullyConnected nodes run a 512-token prefill in
 # 0.93-0.95x the time, decodes within 0.97-1.02x (bench/bench_openvino_calls.py, docs/benchmarks.md).
 # NOTE: int4 keeps gate/up merged: apart, SmolLM2's Q4_1 build went from +0.03 % to +0.58 % check
 # perplexity and its chat answer changed (not investigated).
-OPENVINO_SKIPPED_FUSIONS = ("fuse_rotary", "merge_projections:mlp@int8", "fuse_skip_rms_norm")
-# com.microsoft.SkipSimplifiedLayerNormalization is an ONNX Runtime contrib op: OpenVINO's ONNX
-# reader and TensorRT's parser take the residual Add and the norm as they are, and the ort-cuda
-# build is checked against the CPU graph it rewrites (never run on a GPU here).
-GPU_SKIPPED_FUSIONS = ("fuse_skip_rms_norm",)
+OPENVINO_SKIPPED_FUSIONS = (
+    SkippedFusion("fuse_rotary", reason="OpenVINO's CPU plugin fuses the plain rotary pattern into its RoPE kernel "
+                  "(kiln's fused rotary reaches it as a Transpose/Reshape chain)"),
+    SkippedFusion("merge_projections", part="mlp", quant="int8",
+                  reason="the plugin splits a merged gate/up output with a reference copy: two FullyConnected "
+                         "nodes run faster at int8"),
+    SkippedFusion("fuse_skip_rms_norm", reason=f"{_ORT_CONTRIB}: OpenVINO's ONNX reader takes the residual Add and the "
+                  "norm as they are"),
+)
+# The ort-cuda build is checked against the CPU graph it rewrites (never run on a GPU here).
+GPU_SKIPPED_FUSIONS = (SkippedFusion("fuse_skip_rms_norm", reason=f"{_ORT_CONTRIB}: TensorRT's parser takes the "
+                                     "residual Add and the norm as they are"),)
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("ort", "kiln.compiler.backends.ort:build_engines", "kiln.engines.ort.loader:load_ort_engine", "cpu",

@@ -35,6 +35,9 @@ class Manifest:
     source: str = ""
     versions: dict = field(default_factory=dict)
     choices: dict = field(default_factory=dict)   # backend / quant: value, chosen_by (auto | user), reason
+    # The build plan, verbatim (kiln.compiler.plan.BuildPlan.to_dict): every choice with its reason.
+    # Optional: artifacts built before it have none ({}), and load as they did.
+    plan: dict = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:
@@ -45,6 +48,7 @@ class Manifest:
             "quant": self.quant, "buckets": self.buckets.to_dict(), "kv_layout": self.kv_layout.to_dict(),
             "engines": self.engines, "generation": self.generation, "tokenizer": self.tokenizer,
             "passes": self.passes, "versions": self.versions, "choices": self.choices,
+            **({"plan": self.plan} if self.plan else {}),
         }
 
     @classmethod
@@ -53,7 +57,7 @@ class Manifest:
                    buckets=BucketGrid.from_dict(d["buckets"]), kv_layout=KvLayout(**d["kv_layout"]),
                    engines=d["engines"], generation=d["generation"], tokenizer=d["tokenizer"],
                    passes=d["passes"], source=d["model"].get("source", ""), versions=d["versions"],
-                   choices=d.get("choices", {}), schema_version=d["schema_version"])
+                   choices=d.get("choices", {}), plan=d.get("plan", {}), schema_version=d["schema_version"])
 
 
 def current_versions() -> dict:

@@ -69,11 +69,13 @@ def test_tensorrt_graph_and_profiles_are_prepared_on_a_cpu(tmp_path, precision, 
     from kiln.compiler.export.decoder_graph import build_decoder
     from kiln.compiler.export.sources import load_source
     from kiln.contract.quant import QuantMode
-    from kiln.compiler.passes.quantize import QuantizePass, recipe_options
+    from kiln.compiler.passes.quantize import QuantizePass
+    from kiln.compiler.plan import BuildHost
+    from kiln.compiler.recipes import quant_recipe
 
     src = load_source("tiny-llama")
-    options = recipe_options(QuantMode(quant), get_backend("tensorrt"))        # as the build makes it for this backend
-    model = QuantizePass(QuantMode(quant), **options).run(build_decoder(src.spec, src.weights))
+    recipe = quant_recipe(get_backend("tensorrt"), QuantMode(quant), src.spec, BuildHost.probe())  # as the build's plan
+    model = QuantizePass.for_recipe(recipe).run(build_decoder(src.spec, src.weights))
     config = BuildConfig(source="tiny-llama", out=tmp_path / "unused", fuse=False, precision=precision,
                          quant=QuantMode(quant))
     check_graph_for_tensorrt(model, config)

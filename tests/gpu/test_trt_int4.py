@@ -17,7 +17,9 @@ from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.export.sources import load_source
 from kiln.compiler.passes.kv_io import KvIoPass
 from kiln.contract.quant import QuantMode
-from kiln.compiler.passes.quantize import QuantizePass, recipe_options
+from kiln.compiler.passes.quantize import QuantizePass
+from kiln.compiler.plan import BuildHost
+from kiln.compiler.recipes import quant_recipe
 from kiln.compiler.passes.verify_paged import fp32_activations
 
 
@@ -25,7 +27,8 @@ from kiln.compiler.passes.verify_paged import fp32_activations
 def int4_paged():
     src = load_source("tiny-llama")
     return src.spec, KvIoPass(src.spec, 16).run(
-        QuantizePass(QuantMode.INT4, **recipe_options(QuantMode.INT4, get_backend("tensorrt"))).run(build_decoder(src.spec, src.weights)))
+        QuantizePass.for_recipe(quant_recipe(get_backend("tensorrt"), QuantMode.INT4, src.spec, BuildHost.probe()))
+        .run(build_decoder(src.spec, src.weights)))
 
 
 def test_rewrite_leaves_only_standard_ops(int4_paged):

@@ -22,6 +22,7 @@ pytest.importorskip("openvino")
 
 from kiln.compiler.build import build  # noqa: E402
 from kiln.compiler.defaults import openvino_blocker  # noqa: E402
+from kiln.compiler.plan import BuildHost  # noqa: E402
 from kiln.compiler.export.families import spec_from_hf_config  # noqa: E402
 from kiln.config import BuildConfig  # noqa: E402
 from kiln.contract.artifact import EngineArtifact  # noqa: E402
@@ -57,7 +58,7 @@ def test_variant_matches_transformers_alone_and_batched(variant, variant_checkpo
     assert record["layout"] == ("paged-gather" if variant in GATHERED else "openvino-paged")
     saved = json.loads((variant_checkpoint(variant) / "config.json").read_text())
     assert manifest.spec == spec_from_hf_config(saved)
-    assert "does not cover" not in openvino_blocker(QuantMode.INT8, manifest.spec)   # --backend auto takes it
+    assert "does not cover" not in openvino_blocker(QuantMode.INT8, manifest.spec, BuildHost.probe())   # --backend auto takes it
     refs = [hf_reference(model, p) for p in _prompts()]
     alone = max(worst_difference(run_alone(artifact, p, toks), ref) for p, (ref, toks) in zip(_prompts(), refs))
     batched = run_batched(artifact, _prompts(), [toks for _, toks in refs])

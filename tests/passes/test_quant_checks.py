@@ -105,7 +105,11 @@ def test_a_build_with_a_broken_quantizer_fails(monkeypatch, tmp_path):
     import kiln.compiler.build
     from kiln.config import BuildConfig
 
-    monkeypatch.setattr(kiln.compiler.build, "QuantizePass", lambda mode, **kw: BrokenQuantize(mode, scrambled_scales, **kw))
+    class ScrambledQuantize(BrokenQuantize):       # what the build makes from its plan's recipe, broken
+        def __init__(self, mode: QuantMode, **options):
+            super().__init__(mode, scrambled_scales, **options)
+
+    monkeypatch.setattr(kiln.compiler.build, "QuantizePass", ScrambledQuantize)
     with pytest.raises(PassCheckError, match="'quantize'.*top-1 agreement with fp32"):
         kiln.compiler.build.build(BuildConfig(source="tiny-llama", out=tmp_path / "art", quant=QuantMode.INT4))
     assert not (tmp_path / "art").exists()

@@ -9,8 +9,10 @@ import pytest
 from kiln.compiler.build import build
 from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.passes.base import run_pass
-from kiln.compiler.passes.quantize import (MIN_TOP1, Q8_ACCURACY_LEVELS, QuantizePass, int4_kernel_note, kernel_note,
-                                          recipe_options)
+from kiln.compiler.passes.quant_recipe import pass_options
+from kiln.compiler.passes.quantize import MIN_TOP1, Q8_ACCURACY_LEVELS, QuantizePass
+from kiln.compiler.plan import BuildHost
+from kiln.compiler.recipes import q8_activations, quant_recipe
 from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
 from kiln.config import BuildConfig
 from kiln.contract.artifact import ArtifactError, EngineArtifact
@@ -36,7 +38,7 @@ def no_library(monkeypatch, tmp_path):
 def test_every_linear_but_the_head_runs_on_the_kernel(tiny_sources, name):
     src = tiny_sources[name]
     model = build_decoder(src.spec, src.weights)
-    options = recipe_options(QuantMode.INT4, get_backend("ort"))
+    options = pass_options(quant_recipe(get_backend("ort"), QuantMode.INT4, src.spec, BuildHost.probe()))
     assert options == {"int4_rounding": "q4min", "int8_linears": (), "head_kernel": "q8"}
     check = QuantCheck("quantize", check_token_ids(src.tokenizer_dir, 512), MIN_TOP1[QuantMode.INT4])
     out, report = run_pass(QuantizePass(QuantMode.INT4, **options), model, check)
@@ -56,8 +58,11 @@ def test_every_linear_but_the_head_runs_on_the_kernel(tiny_sources, name):
 def test_int8_puts_every_linear_and_the_head_on_the_q8_kernel(tiny_sources):
     src = tiny_sources["tiny-llama"]
     model = build_decoder(src.spec, src.weights)
-    options = recipe_options(QuantMode.INT8, get_backend("ort"))
-    activations = "int8" if native.isa() == "avx512vnni" else "int16"         # what the CPU multiplies fastest
+    host = BuildHost.probe()
+    recipe = quant_recipe(get_backend("ort"), QuantMode.INT8, src.spec, host)
+    options = pass_options(recipe)
+    activations = "int8" if host.cpu.isa in ("avx512vnni", "amx") else "int16"    # what the CPU multiplies fastest
+    assert q8_activations(host.cpu) == activations
     assert options == {"int8_kernel": "q8", "head_kernel": "q8", "q8_activations": activations}
     check = QuantCheck("quantize", check_token_ids(src.tokenizer_dir, 512), MIN_TOP1[QuantMode.INT8])
     out, report = run_pass(QuantizePass(QuantMode.INT8, **options), model, check)
@@ -70,8 +75,9 @@ def test_int8_puts_every_linear_and_the_head_on_the_q8_kernel(tiny_sources):
     assert levels == {Q8_ACCURACY_LEVELS[activations]} and report.details["q8_activations"] == activations
     assert report.details["lm_head"] == "MatMulQ8 8-bit"
     assert report.details["top1_agreement"] >= MIN_TOP1[QuantMode.INT8]       # the check ran it through ORT
-    assert f"MatMulQ8 kernel with {activations} activations" in kernel_note(QuantMode.INT8, get_backend("ort"))
-    assert kernel_note(QuantMode.INT8, get_backend("openvino")) is None      # openvino compresses its own weights
+    assert f"MatMulQ8 kernel with {activations} activations" in recipe.note
+    openvino = quant_recipe(get_backend("openvino"), QuantMode.INT8, src.spec, host)
+    assert openvino.applied_by == "backend" and not openvino.note           # openvino compresses its own weights
 
 
 def test_an_artifact_records_the_op_and_refuses_to_load_without_the_library(tmp_path, monkeypatch):
@@ -87,11 +93,13 @@ def test_an_artifact_records_the_op_and_refuses_to_load_without_the_library(tmp_
         LLM(art, RuntimeConfig(kv_cache_memory=16 << 20))
 
 
-def test_without_the_library_the_build_keeps_matmul_nbits_and_says_so(no_library, tmp_path):
-    backend = get_backend("ort")
-    assert recipe_options(QuantMode.INT4, backend) == {} and recipe_options(QuantMode.INT8, backend) == {}
-    assert native.BUILD_COMMAND in int4_kernel_note(backend)
-    assert native.BUILD_COMMAND in kernel_note(QuantMode.INT8, backend)
+def test_without_the_library_the_build_keeps_matmul_nbits_and_says_so(no_library, tmp_path, tiny_sources):
+    backend, spec, host = get_backend("ort"), tiny_sources["tiny-llama"].spec, BuildHost.probe()
+    int4, int8 = (quant_recipe(backend, mode, spec, host) for mode in (QuantMode.INT4, QuantMode.INT8))
+    assert pass_options(int4) == {"int4_rounding": "search", "int8_linears": ("gate_up_proj", "gate_proj", "up_proj",
+                                                                              "down_proj")}     # the mode's defaults
+    assert pass_options(int8) == {}
+    assert native.BUILD_COMMAND in int4.note and native.BUILD_COMMAND in int8.note
     stages = []
 
     def stage(name):

@@ -38,16 +38,23 @@ def test_openvino_refuses_w8a8_with_what_to_use(tmp_path):
 
 def test_full_range_w8a8_is_refused_where_the_cpu_would_saturate_it(tmp_path, monkeypatch):
     """A w8a8 artifact built on a CPU with VNNI (full-range weights) is refused at load on one
-    without it; built without VNNI (7-bit weights) it loads anywhere. NOTE: the CPU probe is
-    patched: which CPU this test runs on decides nothing."""
+    without it; built without VNNI (7-bit weights) it loads anywhere. NOTE: the build host and the
+    load-time probe are given: which CPU this test runs on decides nothing."""
+    import dataclasses
+
+    from kiln.compiler.plan import BuildHost
     from kiln.contract.artifact import ArtifactError
+    from kiln.contract.cpu import describe
     from kiln.engines.ort import int8_dot
 
     for saturates in (False, True):     # the build CPU: with VNNI, then without
-        monkeypatch.setattr(int8_dot, "u8s8_saturates", lambda flags=None, s=saturates: s)
-        out = build(BuildConfig(source="tiny-llama", out=tmp_path / f"vnni-{not saturates}", quant=QuantMode.W8A8))
+        flags = {"avx2", "fma", "f16c"} | (set() if saturates else {"avx_vnni"})
+        host = dataclasses.replace(BuildHost.probe(), cpu=describe(flags))
+        out = build(BuildConfig(source="tiny-llama", out=tmp_path / f"vnni-{not saturates}", quant=QuantMode.W8A8),
+                    host=host)
         needs = [e.get("requires_cpu", []) for e in EngineArtifact.load(out).manifest.engines]
         assert needs == ([[]] if saturates else [["vnni"]])
+    monkeypatch.setattr(int8_dot, "u8s8_saturates", lambda flags=None: True)       # loaded on a CPU without VNNI
     with pytest.raises(ArtifactError, match="no VNNI.*rebuild the artifact with `kiln build` on this machine"):
         LLM(tmp_path / "vnni-True", RuntimeConfig(kv_cache_memory=16 << 20))
     llm = LLM(tmp_path / "vnni-False", RuntimeConfig(kv_cache_memory=16 << 20))

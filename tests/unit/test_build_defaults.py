@@ -1,19 +1,31 @@
-"""--backend auto / --quant auto: the choice rules, on model specs (no build)."""
+"""The build plan (kiln.compiler.resolve): --backend / --quant / --attention auto and the quantization
+recipe, resolved for CPU classes given as flags (kiln.contract.cpu.describe), on model specs (no build)."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import platform
+import json
 
 import pytest
 
-from kiln.compiler import defaults
-from kiln.compiler.defaults import choose_backend, choose_quant, parameter_count
+from kiln.compiler.defaults import choose_quant, kiln_int8_is_faster_here, parameter_count
+from kiln.compiler.plan import BuildHost, BuildPlan
+from kiln.compiler.resolve import fallbacks, resolve
+from kiln.config import BuildConfig
+from kiln.contract.cpu import describe
 from kiln.contract.model_spec import ModelSpec
 from kiln.contract.quant import QuantMode
+from kiln.engines.ort import native
 
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
+needs_openvino = pytest.mark.skipif(not HAS_OPENVINO, reason="the openvino rows ask its coverage of the model")
+
+AVX2 = {"avx", "avx2", "fma", "f16c"}
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
+VNNI = AVX512 | {"avx512_vnni", "avx512_bf16"}               # AMD EPYC Zen 4, Intel Ice Lake / Cooper Lake
+AMX = VNNI | {"amx_tile", "amx_int8", "amx_bf16"}            # Intel Sapphire Rapids
+CPUS = {"avx2": AVX2, "avx512-vnni": VNNI, "amx": AMX}
 
 
 def spec(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int) -> ModelSpec:
@@ -21,87 +33,188 @@ def spec(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
                      2048, tie_word_embeddings=True, attention_bias=False)
 
 
-def preset_spec(name: str) -> ModelSpec:
-    return {"smollm2-135m": spec(576, 30, 9, 3, 1536, 49152), "tiny-llama": spec(64, 2, 4, 2, 128, 256)}[name]
+SMOLLM2 = spec(576, 30, 9, 3, 1536, 49152)
+TINY = spec(64, 2, 4, 2, 128, 256)
 
 
-@pytest.fixture
-def smollm2():
-    return preset_spec("smollm2-135m")
+def host(cpu: str, libraries: bool = True, machine: str = "x86_64") -> BuildHost:
+    return BuildHost(describe(CPUS[cpu], machine), ort_ops=libraries, openvino_ops=libraries, openvino=True)
 
 
-def test_parameter_count_of_smollm2_is_its_135m(smollm2):
-    assert 134e6 < parameter_count(smollm2) < 136e6
+def plan_for(cpu: str, backend: str = "auto", quant: str | None = None, libraries: bool = True, **config) -> BuildPlan:
+    mode = None if quant is None else QuantMode(quant)
+    config = BuildConfig(source="x", out="x", backend=backend, quant=mode, **config)
+    return resolve(config, SMOLLM2, host(cpu, libraries))
 
 
-def test_quant_auto_is_int8_for_a_real_model_and_fp32_for_a_tiny_one(smollm2):
-    assert choose_quant(None, smollm2).value == "int8"
-    assert choose_quant(None, preset_spec("tiny-llama")).value == "none"
-    assert choose_quant(QuantMode.INT4, smollm2).chosen_by == "user"
+def ops(plan: BuildPlan) -> dict[str, str]:
+    return {r.role: r.kernel.op for r in plan.recipe.roles}
 
 
-@pytest.mark.skipif(not HAS_OPENVINO or platform.machine().lower() not in defaults.X86, reason="needs openvino on x86")
-def test_backend_auto_picks_openvino_for_int8_where_it_covers_the_model(smollm2, monkeypatch):
-    monkeypatch.setattr(defaults, "kiln_int8_is_faster_here", lambda: False)     # a CPU with AVX-512 or VNNI
-    assert choose_backend("auto", QuantMode.INT8, smollm2).value == "openvino"
-    assert choose_backend("auto", QuantMode.INT4, smollm2).value == "ort"      # ort measured faster at int4
-    assert choose_backend("auto", QuantMode.W8A8, smollm2).value == "ort"      # only ort builds w8a8
+Q8 = {"qkv": "kiln.MatMulQ8", "o": "kiln.MatMulQ8", "gate_up": "kiln.MatMulQ8", "down": "kiln.MatMulQ8",
+      "lm_head": "kiln.MatMulQ8", "embedding": "GatherBlockQuantized"}
+Q4 = {**Q8, **dict.fromkeys(("qkv", "o", "gate_up", "down"), "kiln.MatMulQ4Min")}
+W8A8 = {"qkv": "DynamicQuantizeMatMul", "o": "DynamicQuantizeMatMul", "gate_up": "DynamicQuantizeMatMul",
+        "down": "MatMulNBits", "lm_head": "MatMulNBits", "embedding": "GatherBlockQuantized"}
+FP32 = dict.fromkeys(Q8, "fp32")
+OV_INT8 = dict.fromkeys(Q8, "openvino")
+KILN_OV = {"qkv": "kiln.LinearI8", "o": "kiln.LinearI8", "gate_up": "kiln.GateUpI8", "down": "kiln.LinearI8",
+           "lm_head": "kiln.LinearI8", "embedding": "openvino"}
+
+# cpu class, --backend, --quant (None: auto) -> backend, each role's op, the attention core, extra details.
+TABLE = [
+    ("avx2", "auto", None, "ort", Q8, "native", {"activations": "int16"}),
+    ("avx2", "auto", "int8", "ort", Q8, "native", {"activations": "int16"}),
+    ("avx2", "auto", "int4", "ort", Q4, "native", {}),
+    ("avx2", "auto", "w8a8", "ort", W8A8, "native", {"weight_range": 63}),
+    ("avx2", "auto", "none", "ort", FP32, "native", {}),
+    ("avx2", "openvino", "int8", "openvino", OV_INT8, "auto", {"compute": "f32"}),
+    ("avx2", "openvino", "int4", "openvino", OV_INT8, "auto", {"compute": "bf16"}),
+    ("avx512-vnni", "auto", None, "openvino", KILN_OV, "auto", {"compute": "f32"}),
+    ("avx512-vnni", "auto", "int4", "ort", Q4, "native", {}),
+    ("avx512-vnni", "auto", "w8a8", "ort", W8A8, "native", {"weight_range": 127}),
+    ("avx512-vnni", "auto", "none", "ort", FP32, "native", {}),
+    ("avx512-vnni", "ort", "int8", "ort", Q8, "native", {"activations": "int8"}),
+    ("avx512-vnni", "openvino", "none", "openvino", FP32, "auto", {}),
+    ("amx", "auto", None, "openvino", OV_INT8, "auto", {"compute": "bf16"}),
+    ("amx", "auto", "int4", "ort", Q4, "native", {}),
+    ("amx", "auto", "w8a8", "ort", W8A8, "native", {"weight_range": 127}),
+    ("amx", "ort", "int8", "ort", Q8, "native", {"activations": "int8"}),
+]
 
 
-@pytest.mark.skipif(not HAS_OPENVINO or platform.machine().lower() not in defaults.X86, reason="needs openvino on x86")
-def test_backend_auto_picks_kilns_int8_kernel_on_an_avx2_cpu_without_vnni(smollm2, monkeypatch):
-    monkeypatch.setattr(defaults, "kiln_int8_is_faster_here", lambda: True)
-    choice = choose_backend("auto", QuantMode.INT8, smollm2)
-    assert choice.value == "ort" and "MatMulQ8" in choice.reason and "neither AVX-512 nor VNNI" in choice.reason
+@needs_openvino
+@pytest.mark.parametrize("cpu, backend, quant, chosen, roles, attention, details", TABLE)
+def test_the_plan_per_cpu_class_backend_and_quant(cpu, backend, quant, chosen, roles, attention, details):
+    plan = plan_for(cpu, backend, quant)
+    assert plan.backend.value == chosen
+    assert ops(plan) == roles
+    assert plan.attention.value == attention
+    if "activations" in details:
+        assert plan.recipe.role("qkv").kernel.activations == details["activations"]
+        assert f"with {details['activations']} activations" in plan.recipe.note
+    if "weight_range" in details:
+        assert plan.recipe.role("qkv").kernel.weight_range == details["weight_range"]
+    if "compute" in details:
+        assert plan.recipe.compute == details["compute"]
+
+
+@needs_openvino
+def test_each_auto_backend_choice_says_why():
+    assert "neither AVX-512 nor VNNI" in plan_for("avx2").backend.reason
+    assert "MatMulQ8" in plan_for("avx2").backend.reason
+    assert "kiln's int8 linears" in plan_for("avx512-vnni").backend.reason
+    assert plan_for("amx").backend.reason == "OpenVINO: the fastest int8 engine on this x86_64 CPU"
+    assert "ort" == plan_for("avx512-vnni", quant="int4").backend.value       # ort measured faster at int4
+    assert "where it measured fastest" in plan_for("avx512-vnni", quant="int4").backend.reason
+
+
+def test_without_kilns_libraries_the_ort_recipes_run_on_matmulnbits():
+    int8 = plan_for("avx2", "ort", "int8", libraries=False)
+    assert set(ops(int8).values()) == {"MatMulNBits", "GatherBlockQuantized"}
+    assert native.BUILD_COMMAND in int8.recipe.note and "for its faster MatMulQ8" in int8.recipe.note
+    int4 = plan_for("avx2", "ort", "int4", libraries=False)
+    assert [int4.recipe.role(r).kernel.bits for r in ("qkv", "o", "gate_up", "down", "lm_head")] == [4, 4, 8, 8, 8]
+    assert int4.recipe.role("qkv").kernel.rounding == "search" and "attention 4-bit, MLP 8-bit" in int4.recipe.note
+    assert int4.attention.value == "standard" and native.BUILD_COMMAND in int4.attention.reason
+
+
+@needs_openvino
+def test_without_kilns_libraries_int8_goes_to_openvinos_own_linears():
+    """On AVX2 ort's int8 is faster only on kiln's kernel; without the library, OpenVINO again."""
+    assert plan_for("avx2", libraries=False).backend.value == "openvino"
+    assert ops(plan_for("avx512-vnni", libraries=False)) == OV_INT8
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "ort-cuda"])
+def test_gpu_backends_take_the_block_offset_int4_recipe(backend):
+    plan = plan_for("avx512-vnni", backend, "int4")
+    assert {plan.recipe.role(r).kernel.rounding for r in ("qkv", "o", "gate_up", "down")} == {"block_offsets"}
+    assert plan.recipe.note == "4-bit linears: MatMulNBits with block offsets"
+    assert plan.attention.value == "auto" and "its own paged attention" in plan.attention.reason
+
+
+@needs_openvino
+def test_openvino_skips_its_fusions_with_their_reasons():
+    fusions = {f.name: f for f in plan_for("amx").fusions}
+    assert not fusions["fuse_rotary"].applies and "RoPE" in fusions["fuse_rotary"].reason
+    assert fusions["merge_projections"].applies and fusions["merge_projections"].without == ("mlp",)
+    int4 = {f.name: f for f in plan_for("amx", "openvino", "int4").fusions}
+    assert int4["merge_projections"].without == ()                       # gate/up split at int8 only
+    assert all(f.applies for f in plan_for("amx", "ort", "int8").fusions)
+    assert not any(f.applies for f in plan_for("amx", "ort", "int8", fuse=False).fusions)
+
+
+@needs_openvino
+def test_the_fallback_ladder_after_kilns_int8_linears_is_openvinos_own():
+    plan = plan_for("avx512-vnni")
+    (step,) = fallbacks(plan)
+    taken = step.taken("top-1 0.5 < 0.9")
+    assert ops(taken) == OV_INT8 and taken.recipe.compute == "bf16" and taken.kv_dtype.value == "u8"
+    assert taken.backend.reason.endswith("; kiln's int8 linears failed the build's check (top-1 0.5 < 0.9), "
+                                         "so OpenVINO's own")
+    assert "building on OpenVINO's own" in step.stage
+    assert fallbacks(plan_for("amx")) == () and fallbacks(plan_for("avx2", "ort", "int8")) == ()
+
+
+@needs_openvino
+@pytest.mark.parametrize("cpu, backend, quant", [(c, b, q) for c, b, q, *_ in TABLE])
+def test_a_plan_round_trips_through_its_dict(cpu, backend, quant):
+    plan = plan_for(cpu, backend, quant, prefill_engine="w8a8" if backend == "ort" else "")
+    assert BuildPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+
+
+def test_the_prefill_engine_has_its_recipe_in_the_plan():
+    plan = plan_for("avx512-vnni", "ort", "int8", prefill_engine="w8a8")
+    assert plan.prefill_recipe.mode == "w8a8" and plan.prefill_recipe.role("down").kernel.op == "MatMulNBits"
+    assert plan_for("avx512-vnni", "ort", "int8").prefill_recipe is None
+
+
+def test_parameter_count_of_smollm2_is_its_135m():
+    assert 134e6 < parameter_count(SMOLLM2) < 136e6
+
+
+def test_quant_auto_is_int8_for_a_real_model_and_fp32_for_a_tiny_one():
+    assert choose_quant(None, SMOLLM2).value == "int8"
+    assert choose_quant(None, TINY).value == "none"
+    assert choose_quant(QuantMode.INT4, SMOLLM2).chosen_by == "user"
 
 
 @pytest.mark.parametrize("flags,faster", [({"avx2", "fma"}, True), ({"avx2", "fma", "avx512f"}, False),
-                                          ({"avx2", "fma", "avx_vnni"}, False), ({"sse4_2"}, False), (set(), False)])
-def test_which_cpus_run_int8_fastest_on_kilns_kernel(flags, faster, monkeypatch):
-    from kiln.engines.ort import native
-
-    monkeypatch.setattr(native, "available", lambda: True)
-    assert defaults.kiln_int8_is_faster_here(flags) is faster
-    monkeypatch.setattr(native, "available", lambda: False)                      # no op library: no kernel
-    assert defaults.kiln_int8_is_faster_here(flags) is False
+                                          ({"avx2", "fma", "avx_vnni"}, False), ({"sse4_2"}, False), (set(), False),
+                                          (None, False)])
+def test_which_cpus_run_int8_fastest_on_kilns_kernel(flags, faster):
+    cpu = describe(flags)
+    assert kiln_int8_is_faster_here(BuildHost(cpu, ort_ops=True)) is faster
+    assert kiln_int8_is_faster_here(BuildHost(cpu, ort_ops=False)) is False       # no op library: no kernel
 
 
-def test_backend_auto_falls_back_to_ort_and_says_why(smollm2, monkeypatch):
-    windowed = dataclasses.replace(smollm2, sliding_window=4096)
+def test_backend_auto_falls_back_to_ort_and_says_why(monkeypatch):
     monkeypatch.setattr("kiln.compiler.backends.openvino.coverage.uncovered", lambda spec: "sliding-window attention")
-    choice = choose_backend("auto", QuantMode.INT8, windowed)
-    assert choice.value == "ort" and "sliding-window" in choice.reason
-    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    assert "only on x86" in choose_backend("auto", QuantMode.INT8, smollm2).reason
+    windowed = dataclasses.replace(SMOLLM2, sliding_window=4096)
+    plan = resolve(BuildConfig(source="x", out="x", quant=QuantMode.INT8), windowed, host("amx"))
+    assert plan.backend.value == "ort" and "sliding-window" in plan.backend.reason
+    arm = resolve(BuildConfig(source="x", out="x", quant=QuantMode.INT8), SMOLLM2, host("avx2", machine="aarch64"))
+    assert arm.backend.value == "ort" and "only on x86 (this is aarch64)" in arm.backend.reason
+    missing = resolve(BuildConfig(source="x", out="x", quant=QuantMode.INT8), SMOLLM2,
+                      dataclasses.replace(host("amx"), openvino=False))
+    assert "openvino is not installed" in missing.backend.reason
 
 
-def test_ort_only_options_narrow_auto_to_ort(smollm2):
-    choice = choose_backend("auto", QuantMode.INT8, smollm2, ort_options=("kv_dtype",))
-    assert choice.value == "ort" and "--kv-dtype" in choice.reason
+def test_ort_only_options_narrow_auto_to_ort():
+    plan = plan_for("amx", quant="int8", kv_dtype="float16")
+    assert plan.backend.value == "ort" and "--kv-dtype" in plan.backend.reason
+    assert plan.attention.value == "standard" and "fp32" in plan.attention.reason
+    assert (plan.kv_dtype.value, plan.kv_dtype.chosen_by) == ("float16", "user")
 
 
-def test_an_explicit_backend_wins(smollm2):
-    choice = choose_backend("ort", QuantMode.INT8, smollm2)
-    assert (choice.value, choice.chosen_by) == ("ort", "user")
+def test_an_explicit_choice_wins():
+    plan = plan_for("avx2", "ort", "int8", attention="gqa")
+    assert (plan.backend.value, plan.backend.chosen_by) == ("ort", "user")
+    assert plan.attention.to_dict() == {"value": "gqa", "chosen_by": "user", "reason": "--attention gqa"}
 
 
-def test_quant_auto_respects_a_named_backends_modes(smollm2):
+def test_quant_auto_respects_a_named_backends_modes():
     """tensorrt has no int8 weight-only path: auto gives it unquantized weights, not a refusal."""
-    choice = choose_quant(None, smollm2, backend_modes=("none", "int4"))
-    assert choice.value == "none" and "no int8" in choice.reason
-
-
-def test_auto_attention_is_kilns_op_on_ort_where_the_library_is_built(monkeypatch):
-    from kiln.compiler.defaults import choose_attention
-    from kiln.engines.ort import native
-
-    monkeypatch.setattr(native, "available", lambda: True)
-    assert choose_attention("auto", "ort", "float32").value == "native"
-    narrow = choose_attention("auto", "ort", "float16")
-    assert narrow.value == "standard" and "fp32" in narrow.reason
-    assert choose_attention("gqa", "ort", "float32").to_dict() == {"value": "gqa", "chosen_by": "user",
-                                                                   "reason": "--attention gqa"}
-    assert choose_attention("auto", "openvino", "float32").value == "auto"      # not an ort engine
-    monkeypatch.setattr(native, "available", lambda: False)
-    missing = choose_attention("auto", "ort", "float32")
-    assert missing.value == "standard" and native.BUILD_COMMAND in missing.reason
+    plan = plan_for("amx", "tensorrt")
+    assert plan.quant.value == "none" and "no int8" in plan.quant.reason

@@ -188,6 +188,9 @@ def test_a_build_whose_kiln_linears_fail_the_check_takes_the_plugins(tmp_path, m
     assert checked == [native.KERNELS, ""]
     assert manifest["engines"][0]["options"]["kernels"] == "" and "kernels" not in manifest["quant"]
     assert "kiln's int8 linears failed the build's check" in manifest["choices"]["backend"]["reason"]
+    plan = manifest["plan"]                                     # the plan recorded is the rung that was built
+    assert plan["rung"] == "openvino's own int8 linears" and plan["backend"] == manifest["choices"]["backend"]
+    assert {r["kernel"]["op"] for r in plan["recipe"]["roles"]} == {"openvino"}
 
 
 @needs_kernel

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from kiln.compiler.backends.openvino.recipe import options_for_quant
+from kiln.compiler.backends.openvino.recipe import options_for_quant, options_for_recipe
 from kiln.contract.quant import QuantMode
 from kiln.engines.openvino import options as ov_options
 
@@ -33,9 +33,13 @@ def test_fp32_keeps_f32_whatever_the_cpu():
         assert (options.inference_precision, options.kv_cache_precision) == ("f32", "f32")
 
 
-def test_the_build_asks_the_plugin_when_not_told():
-    options = options_for_quant(QuantMode.INT8)
-    assert options == options_for_quant(QuantMode.INT8, native_bf16=ov_options.cpu_computes_bf16())
+def test_the_plans_bf16_reading_of_the_cpu_agrees_with_the_plugin():
+    """The plan reads native bf16 from the CPU's flags (openvino_recipes.computes_bf16); the loader asks
+    the plugin (OpenVinoOptions.on_this_cpu): on this machine they must agree."""
+    from kiln.compiler.openvino_recipes import computes_bf16
+    from kiln.contract.cpu import host
+
+    assert computes_bf16(host()) == ov_options.cpu_computes_bf16()
 
 
 def test_int8_takes_kiln_linears_where_they_run():
@@ -47,12 +51,22 @@ def test_int8_takes_kiln_linears_where_they_run():
     assert options_for_quant(QuantMode.INT4, kiln_kernels=True).kernels == ""      # int4 keeps its own recipe
 
 
-def test_the_build_asks_for_kiln_linears_when_not_told(monkeypatch):
-    from kiln.engines.openvino import native
+def test_the_build_asks_the_plan_for_kiln_linears_when_not_told(monkeypatch):
+    from kiln.compiler.defaults import openvino_int8_runs_kiln_linears
+    from kiln.compiler.plan import BuildHost
 
-    for usable in (True, False):
-        monkeypatch.setattr(native, "usable", lambda: usable)
-        assert (options_for_quant(QuantMode.INT8).kernels == "kiln-int8") is usable
+    usable = openvino_int8_runs_kiln_linears(BuildHost.probe())
+    assert (options_for_quant(QuantMode.INT8).kernels == "kiln-int8") is usable
+
+
+@pytest.mark.parametrize("mode", [QuantMode.NONE, QuantMode.INT8, QuantMode.INT4])
+@pytest.mark.parametrize("bf16", [True, False])
+@pytest.mark.parametrize("kiln_linears", [True, False])
+def test_the_plans_kv_cache_is_the_one_the_options_ask(mode, bf16, kiln_linears):
+    from kiln.compiler.openvino_recipes import openvino_recipe
+
+    recipe = openvino_recipe(mode, bf16, kiln_linears)
+    assert options_for_recipe(recipe).kv_cache_precision == recipe.kv_cache
 
 
 def test_bf16_record_loads_as_f32_on_a_cpu_without_native_bf16(monkeypatch):

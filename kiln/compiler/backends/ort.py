@@ -17,7 +17,8 @@ from kiln.contract.artifact import file_record
 from kiln.contract.engine import KvLayout
 from kiln.contract.model_spec import ModelSpec
 from kiln.engines.ort import native
-from kiln.compiler.defaults import choose_attention
+from kiln.compiler.defaults import AUTO, choose_attention
+from kiln.compiler.plan import BuildHost
 from kiln.engines.ort.session import cpu_session, session_options
 
 MODEL_FILE = "model.onnx"
@@ -49,8 +50,10 @@ def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
                stage: StageFn, folder: str = "ort") -> BuiltEngines:
     """Paged IO in the graph (a gather from the runtime's pool), then ORT's offline optimization."""
     # NOTE: checked at fp32 activations (passes/verify_paged.py)
-    # NOTE: "auto" here only when called without the build's resolve_defaults (which records the choice)
-    attention = choose_attention(config.attention, "ort", config.kv_dtype).value
+    # NOTE: "auto" here only when called without the build's plan (which records the choice)
+    attention = config.attention
+    if attention == AUTO:
+        attention = choose_attention(attention, "ort", config.kv_dtype, BuildHost.probe()).value
     kv_io = KvIoPass(spec, config.block_size, attention=attention, kv_dtype=config.kv_dtype)
     with stage(f"pass {kv_io.name}"):
         check = ((lambda a, b: compare_paged(a, b, spec.num_layers, config.block_size, kv_dtype=config.kv_dtype))

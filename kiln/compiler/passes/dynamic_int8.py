@@ -7,9 +7,10 @@ Measured on one linear, 1 thread, process CPU time (AMD EPYC with AVX-512 VNNI; 
 rows 1: 41 vs 43 us; 8: 219 vs 90; 32: 803 vs 293; 512: 12.7 vs 4.6 ms (MatMulNBits 8-bit vs this),
 so decode batches and prefill both run ~2.7x faster and a single decode no slower.
 
-The weights' range follows the build CPU (kiln/engines/ort/int8_dot.py): full int8 with VNNI, 7 bits
-without (full-range weights saturate the kernel's 16-bit sums there); the weight initializer's name
-says which (`_s8` / `_s7`), and the engine record carries it to the loader.
+The weights' range follows the build CPU (the build plan's recipe: kiln/compiler/recipes.py, and
+kiln/engines/ort/int8_dot.py for why): full int8 with VNNI, 7 bits without (full-range weights
+saturate the kernel's 16-bit sums there); the weight initializer's name says which (`_s8` / `_s7`),
+and the engine record carries it to the loader.
 
     x ─ DynamicQuantizeMatMul(W_s8 [K, N], scales [N], zero points [N] = 0) ─ y
 """
@@ -24,7 +25,7 @@ from onnx import TensorProto, helper
 
 from kiln.compiler.graph_utils import MS_DOMAIN
 from kiln.compiler.export.external import fill_tensor, tensor_array
-from kiln.engines.ort.int8_dot import FULL_RANGE, weight_range_for_this_cpu
+from kiln.engines.ort.int8_dot import FULL_RANGE
 
 
 
@@ -47,11 +48,10 @@ def full_range_weights(graph: onnx.GraphProto) -> bool:
 
 
 def dynamic_int8_linear(graph: onnx.GraphProto, w: TensorProto, node: onnx.NodeProto,
-                        weights_dir: Path | None = None, limit: int | None = None) -> onnx.NodeProto:
+                        weights_dir: Path | None = None, limit: int = FULL_RANGE) -> onnx.NodeProto:
     """The node that replaces MatMul(x, w); its initializers are appended to `graph` (large ones as
-    external data in weights_dir: export.external). limit: the weights' magnitude (None: what
-    the build CPU runs right)."""
-    limit = weight_range_for_this_cpu() if limit is None else limit
+    external data in weights_dir: export.external). limit: the weights' magnitude (the build plan's,
+    kiln/compiler/recipes.py w8a8_weight_range: what the build CPU runs right)."""
     q, scale = per_channel_int8(np.asarray(tensor_array(w, weights_dir), np.float32), limit)
     base = w.name + weight_suffix(limit)
     names = (base, f"{base}_scales", f"{base}_zero_points")

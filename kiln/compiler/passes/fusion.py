@@ -22,6 +22,8 @@ A native paged kernel that reads the pool without the gather is the real answer 
 
 from __future__ import annotations
 
+from kiln.compiler.plan import Fusion
+from kiln.contract.backends import SkippedFusion
 from kiln.compiler.passes.fuse_norm import FuseRMSNorm, FuseSkipRMSNorm
 from kiln.compiler.passes.fuse_projections import MergeProjections
 from kiln.compiler.passes.fuse_rotary import FuseRotary
@@ -33,24 +35,41 @@ FUSION_PASSES = [FuseRMSNorm, FuseSkipRMSNorm, FuseRotary, MergeProjections]
 ALL_FUSIONS = [FuseRMSNorm, FuseSkipRMSNorm, FuseRotary, MergeProjections]
 
 
-def fusion_passes(spec, skipped: tuple[str, ...] = (), quant: str | None = None) -> list:
-    """The winning fusions but the `skipped` ones (a backend's Backend.skipped_fusions), configured
-    for a model (the rotary caches need its max positions). A skipped name is a pass ("fuse_rotary":
-    OpenVINO's CPU plugin fuses the plain rotary pattern into its own RoPE kernel, while
-    com.microsoft.RotaryEmbedding reaches it as a Transpose/Reshape chain) or a pass's part
-    ("merge_projections:mlp": a pass with a without(parts) method), either for one quant mode only
-    ("...@int8": skipped when `quant` is that mode)."""
-    skipped = tuple(name.partition("@")[0] for name in skipped
-                    if "@" not in name or name.partition("@")[2] == quant)
-    passes = []
+def planned_fusions(skipped: tuple[SkippedFusion, ...] = (), quant: str | None = None,
+                    fuse: bool = True) -> tuple[Fusion, ...]:
+    """Each winning fusion as the build plan records it: applied, applied without some parts, or off,
+    with the reason. skipped: a backend's Backend.skipped_fusions (those for `quant` count)."""
+    if not fuse:
+        return tuple(Fusion(cls.name, False, reason="--no-fuse") for cls in FUSION_PASSES)
+    fusions = []
     for cls in FUSION_PASSES:
-        if cls.name in skipped:
-            continue
-        p = cls.for_spec(spec)
-        parts = [name.partition(":")[2] for name in skipped if name.startswith(cls.name + ":")]
-        passes.append(p.without(parts) if parts else p)
+        mine = [s for s in skipped if s.fusion == cls.name and s.applies_at(quant)]
+        whole = [s for s in mine if not s.part]
+        if whole:
+            fusions.append(Fusion(cls.name, False, reason=whole[0].reason))
+        else:
+            fusions.append(Fusion(cls.name, True, tuple(s.part for s in mine), "; ".join(s.reason for s in mine)))
+    return tuple(fusions)
+
+
+def passes_for(fusions: tuple[Fusion, ...], spec) -> list:
+    """The fusion passes a plan applies, in the build's order, configured for a model (the rotary
+    caches need its max positions)."""
+    by_name = {cls.name: cls for cls in FUSION_PASSES}
+    passes = []
+    for fusion in fusions:
+        if fusion.applies:
+            p = by_name[fusion.name].for_spec(spec)
+            passes.append(p.without(list(fusion.without)) if fusion.without else p)
     return passes
 
 
-__all__ = ["FUSION_PASSES", "ALL_FUSIONS", "fusion_passes", "FuseRMSNorm", "FuseSkipRMSNorm",
+def fusion_passes(spec, skipped: tuple[SkippedFusion, ...] = (), quant: str | None = None) -> list:
+    """The winning fusions but the `skipped` ones (a backend's Backend.skipped_fusions, a part of a
+    pass through its without(parts) method, some for one quant mode only), configured for a model."""
+    return passes_for(planned_fusions(skipped, quant), spec)
+
+
+__all__ = ["FUSION_PASSES", "ALL_FUSIONS", "fusion_passes", "planned_fusions", "passes_for", "FuseRMSNorm",
+           "FuseSkipRMSNorm",
            "FuseRotary", "MergeProjections"]

@@ -33,6 +33,8 @@ from kiln.compiler.passes.dynamic_int8 import dynamic_int8_linear
 from kiln.compiler.passes.q4min_linear import ensure_kiln_opset, q4min_linear, q8_linear
 from kiln.compiler.passes.quant_tables import QuantizedTable, embedding_node, lm_head_node, quantize_embedding
 from kiln.compiler.passes.quant_tables import weight_quantizer
+from kiln.compiler.passes.quant_recipe import pass_options
+from kiln.compiler.plan import QuantRecipe
 from kiln.contract.quant import QuantMode
 from kiln.compiler.graph_utils import MS_DOMAIN, ensure_ms_opset
 from kiln.engines.ort import native
@@ -53,9 +55,9 @@ REL_TOLERANCE = {QuantMode.NONE: 0.0, QuantMode.INT8: 0.15, QuantMode.INT4: 0.25
 MIN_TOP1 = {QuantMode.NONE: 1.0, QuantMode.INT8: 0.90, QuantMode.INT4: 0.70, QuantMode.W8A8: 0.80}
 
 
-# The INT4 recipe (on the ort backend: recipe_options below): MatMulNBits alone, no side path. The
-# attention's linears (qkv, o) 4-bit with integer zero points from a calibrated search, the MLP
-# (gate_up, down) and the embedding / LM head 8-bit. SmolLM2 perplexity over fp32 +2.73% (the
+# The INT4 defaults, the ort backend's recipe without kiln's op library (kiln/compiler/recipes.py):
+# MatMulNBits alone, no side path. The attention's linears (qkv, o) 4-bit with integer zero points
+# from a calibrated search, the MLP (gate_up, down) and the embedding / LM head 8-bit. SmolLM2 perplexity over fp32 +2.73% (the
 # all-4-bit block-offset recipe before it: +1.61% with 360 more nodes; all 4-bit searched: +7.90%),
 # answers Paris; the measured splits and the same-run speed A/B are in int4_search.py.
 _TABLE_BITS = {QuantMode.INT8: 8, QuantMode.INT4: 8, QuantMode.W8A8: 8}
@@ -69,59 +71,8 @@ _INT8_LINEARS: dict[QuantMode, tuple[str, ...]] = {
 # q4min_linear.py; needs the op library, kiln/engines/ort/native).
 INT4_ROUNDINGS = ("block_offsets", "min_max", "search", "q4min")
 _INT4_ROUNDING = {QuantMode.INT4: "search"}
-# Backends other than ONNX Runtime on CPU keep the all-4-bit block-offset recipe: TensorRT's
-# weight-only path takes 4-bit blocks only (compiler/backends/tensorrt/weights.py turns an 8-bit MatMulNBits
-# into a dense MatMul), and what the CPU recipe avoids (MatMulNBits' slow float zero point, one
-# dispatch per node) was measured on the ORT CPU kernels.
-# With kiln's op library built (kiln/engines/ort/native), the ort backend's INT4 is every linear
-# but the LM head 4-bit with a float minimum per block on kiln.MatMulQ4Min (Q4_1 exactly), and the
-# LM head 8-bit on kiln.MatMulQ8 (Q8_0 exactly; the embedding keeps a GatherBlockQuantized table of
-# its own). SmolLM2 perplexity over fp32 (bench/bench_quant_ppl.py --fuse): +1.50 % with the head on
-# MatMulNBits 8-bit; the head 4-bit on MatMulQ4Min: +6.54 % and the answer loses Paris. Without the
-# library, the MatMulNBits recipe above, and the build says so (int4_kernel_note).
-# The ort backend's INT8 with the library: every linear and the LM head on kiln.MatMulQ8 (Q8_0 codes,
-# activations per block of 32 as q8_activations_for_this_cpu says). With int8 activations, SmolLM2 against 8-bit MatMulNBits, built the same day
-# (bench/bench_engine_modes.py, AVX2 EPYC): 512-token TTFT 0.80x the time, one stream 1.25x, 32
-# streams 1.33x; perplexity over fp32 +0.68 % against +0.82 %, top-1 agreement 0.961 against 0.951.
-def recipe_options(mode: QuantMode, backend) -> dict:
-    """QuantizePass options for `mode` on `backend` (a kiln.contract.backends.Backend) beyond the mode's defaults."""
-    if mode is QuantMode.INT4 and not backend.cpu_int4_recipe:
-        return {"int4_rounding": "block_offsets", "int8_linears": ()}
-    if mode is QuantMode.INT4 and native.available():
-        return {"int4_rounding": "q4min", "int8_linears": (), "head_kernel": "q8"}
-    if mode is QuantMode.INT8 and backend.cpu_int4_recipe and native.available():
-        return {"int8_kernel": "q8", "head_kernel": "q8", "q8_activations": q8_activations_for_this_cpu()}
-    return {}
-
-
-def q8_activations_for_this_cpu() -> str:
-    """MatMulQ8's activations for an INT8 build here: int8 where the CPU has VNNI (vpdpbusd: four
-    products per lane per instruction), int16 where it has not (pmaddwd: twice an f32 FMA's products,
-    where int8 gains little), which also keeps ~15 bits of each activation instead of 7."""
-    return "int8" if native.isa() == "avx512vnni" else "int16"
-
-
-def kernel_note(mode: QuantMode, backend) -> str | None:
-    """What the build's linears run on at `mode` on `backend`, and why (None: nothing to say)."""
-    if mode is QuantMode.INT4:
-        return int4_kernel_note(backend)
-    if mode is not QuantMode.INT8 or not backend.cpu_int4_recipe:
-        return None
-    if native.available():
-        return (f"8-bit linears: kiln's MatMulQ8 kernel with {q8_activations_for_this_cpu()} activations "
-                f"on this CPU ({native.isa()}), the LM head too ({native.LIBRARY.name})")
-    return (f"8-bit linears: MatMulNBits: kiln's op library is not built, run `{native.BUILD_COMMAND}` "
-            "for its faster MatMulQ8")
-
-
-def int4_kernel_note(backend) -> str:
-    """What the INT4 build on `backend` runs its 4-bit linears on, and why."""
-    if not backend.cpu_int4_recipe:
-        return "4-bit linears: MatMulNBits with block offsets"
-    if native.available():
-        return f"4-bit linears: kiln's MatMulQ4Min kernel, the LM head on its MatMulQ8 ({native.LIBRARY.name})"
-    return (f"4-bit linears: MatMulNBits (attention 4-bit, MLP 8-bit): kiln's op library is not built, "
-            f"run `{native.BUILD_COMMAND}` for the faster all-4-bit kernel")
+# Which of these a build takes, per backend, mode and CPU, is the build plan's quantization recipe
+# (kiln/compiler/recipes.py, with why); QuantizePass.for_recipe applies one.
 
 
 # How 8-bit linears run (not the LM head): "dynamic" (the w8a8 mode) = DynamicQuantizeMatMul, int8 per output channel with
@@ -153,7 +104,8 @@ class QuantizePass:
                  int8_linears: tuple[str, ...] | None = None, block_offsets: bool | None = None,
                  int8_kernel: str | None = None, nbits_linears: tuple[str, ...] = NBITS_LINEARS,
                  int4_rounding: str | None = None, calibration_ids: list[int] | None = None,
-                 offset_linears: tuple[str, ...] = (), head_kernel: str = "nbits", q8_activations: str = "int8"):
+                 offset_linears: tuple[str, ...] = (), head_kernel: str = "nbits", q8_activations: str = "int8",
+                 weight_range: int | None = None):
         """table_bits: bits of the embedding and LM head; int8_linears: node-name segments (e.g.
         "down_proj") of linears kept at 8 bits. None takes the mode's recipe; (4, ()) is pure int4.
         block_offsets: 4-bit linears keep a float minimum per block (passes/block_offsets.py).
@@ -164,7 +116,9 @@ class QuantizePass:
         whatever int4_rounding says (a mixed split). head_kernel: "nbits" (the LM head MatMulNBits at
         table_bits, sharing its table with the embedding), "q8" (8-bit on kiln.MatMulQ8) or "q4min"
         (4-bit on kiln.MatMulQ4Min); with either of kiln's, the embedding keeps a table of its own.
-        q8_activations: what every kiln.MatMulQ8 quantizes its activations to, "int8" or "int16"."""
+        q8_activations: what every kiln.MatMulQ8 quantizes its activations to, "int8" or "int16".
+        weight_range: the "dynamic" linears' largest weight magnitude (None: what this CPU runs right,
+        kiln/compiler/recipes.py w8a8_weight_range). A build passes none of these: for_recipe sets them."""
         if q8_activations not in Q8_ACCURACY_LEVELS:
             raise ValueError(f"q8_activations must be one of {tuple(Q8_ACCURACY_LEVELS)}, not {q8_activations!r}")
         self.q8_activations = q8_activations
@@ -188,7 +142,13 @@ class QuantizePass:
         self.table_bits = table_bits or _TABLE_BITS.get(mode)
         self.int8_linears = tuple(_INT8_LINEARS.get(mode, ()) if int8_linears is None else int8_linears)
         self.rel_tolerance = REL_TOLERANCE[mode]
+        self.weight_range = weight_range
         self._details: dict = {"mode": mode.value}
+
+    @classmethod
+    def for_recipe(cls, recipe: QuantRecipe, calibration_ids: list[int] | None = None) -> "QuantizePass":
+        """The pass that applies a build plan's recipe (kiln.compiler.plan.QuantRecipe)."""
+        return cls(QuantMode(recipe.mode), calibration_ids=calibration_ids, **pass_options(recipe))
 
     def run(self, model: onnx.ModelProto) -> onnx.ModelProto:
         if self.mode is QuantMode.NONE:
@@ -209,6 +169,14 @@ class QuantizePass:
 
     def details(self) -> dict:
         return dict(self._details)
+
+    def dynamic_weight_range(self) -> int:
+        if self.weight_range is None:
+            from kiln.compiler.recipes import w8a8_weight_range
+            from kiln.contract.cpu import host
+
+            self.weight_range = w8a8_weight_range(host())
+        return self.weight_range
 
     def _moments(self, model: onnx.ModelProto, inputs: list[str]) -> dict[str, InputMoments]:
         """Calibration moments of the searched linears' inputs only (the rest need none)."""
@@ -289,7 +257,7 @@ class _Rewrite:
         elif rounding == "block_offsets":
             group = offset_linear(self.graph, self.inits[b], node, bits, self.p.block_size, self.wdir)
         elif bits == 8 and self.p.int8_kernel == "dynamic" and not is_head and self._dynamic(node):
-            group = [dynamic_int8_linear(self.graph, self.inits[b], node, self.wdir)]
+            group = [dynamic_int8_linear(self.graph, self.inits[b], node, self.wdir, self.p.dynamic_weight_range())]
         elif bits == 8 and self.p.int8_kernel == "q8" and not is_head:
             group = [self._kiln_linear("q8", node)]
         else:

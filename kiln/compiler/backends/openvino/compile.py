@@ -31,7 +31,8 @@ from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.compiler.backends.built import BuiltEngines, StageFn
 from kiln.compiler.backends.openvino.cuts import mark_cuts
 from kiln.compiler.backends.openvino.int8_linears import use_kiln_linears
-from kiln.compiler.backends.openvino.recipe import options_for_quant
+from kiln.compiler.backends.openvino.recipe import options_for_quant, options_for_recipe
+from kiln.compiler.plan import QuantRecipe
 from kiln.compiler.backends.openvino.tied_head import share_tied_head
 from kiln.compiler.backends.openvino.weights import WeightCompression
 from kiln.compiler.export.external import weights_dir
@@ -50,14 +51,14 @@ PROTOBUF_LIMIT = 2**31 - 1
 
 
 def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, stage: StageFn,
-                  calibration_ids: list[int] | None = None, kiln_kernels: bool | None = None) -> BuiltEngines:
+                  calibration_ids: list[int] | None = None, recipe: QuantRecipe | None = None) -> BuiltEngines:
     """OpenVINO's native paged attention replaces the attention core (its plugin picks the block size);
     for what that operation cannot compute (paged_graph.unsupported: soft-capped scores), kiln's paged
     gather stays in the graph (gathered.py), checked against the dense graph like the ort backend's.
     calibration_ids: the tokens kiln's int8 linears are smoothed on (required where the recipe takes
-    them); kiln_kernels: False keeps OpenVINO's own linears (None: the recipe decides)."""
+    them); recipe: the build plan's quantization recipe (None: the one this host's plan has for config.quant)."""
     reports = []
-    options = options_for_quant(config.quant, kiln_kernels=kiln_kernels)
+    options = options_for_recipe(recipe) if recipe is not None else options_for_quant(config.quant)
     layout, why = attention_core(spec)
     gather = layout == GATHER_LAYOUT
     if gather:
