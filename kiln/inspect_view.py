@@ -12,7 +12,8 @@ from kiln.units import format_bytes
 
 
 def render_manifest(art: EngineArtifact, context_len: int, memory_bytes: int) -> Group:
-    return Group(_summary(art, context_len, memory_bytes), _passes(art), _files(art))
+    plan = [_plan(art.manifest.plan)] if art.manifest.plan else []
+    return Group(_summary(art, context_len, memory_bytes), *plan, _passes(art), _files(art))
 
 
 def _summary(art: EngineArtifact, context_len: int, memory_bytes: int) -> Table:
@@ -91,6 +92,39 @@ def _batch_line(max_batch: int) -> str:
         return f"up to {max_batch} sequences at once (the largest batch bucket), while the KV pool has blocks"
     return (f"up to {max_batch} sequences at once (the largest batch bucket) while the KV pool has blocks; "
             f"past {floor}, only while a decode step of one more is predicted within --target-itl")
+
+
+def _plan(plan: dict) -> Table:
+    """The build plan (kiln/compiler/plan.py), each choice with its reason; read from the manifest's
+    dict so that inspecting needs none of the build code."""
+    t = Table(title=f"build plan ({plan.get('rung', 'primary')})")
+    for col in ("what", "choice", "why"):
+        t.add_column(col)
+    for what in ("backend", "quant", "attention", "kv_dtype"):
+        c = plan[what]
+        t.add_row(what.replace("_", " "), f"{c['value']} ({c['chosen_by']})", escape(c["reason"]))
+    for f in plan["fusions"]:
+        state = ("on" + (f" without {', '.join(f['without'])}" if f["without"] else "")) if f["applies"] else "off"
+        t.add_row(f"fusion {f['name']}", state, escape(f["reason"]))
+    recipe = plan["recipe"]
+    compute = f", {recipe['compute']} compute" if recipe.get("compute") else ""
+    t.add_row("weights", f"{recipe['mode']} by {recipe['applied_by']}{compute}", escape(recipe.get("note", "")))
+    for r in recipe["roles"]:
+        t.add_row(f"  {r['role']}", escape(kernel_label(r["kernel"])), escape(r["reason"]))
+    host = plan["host"]
+    libraries = [name for name, key in (("ort ops", "ort_ops"), ("openvino ops", "openvino_ops")) if host[key]]
+    t.add_row("build host", f"{host['machine']} {host['cpu_class']}", "kiln libraries built: "
+              + (", ".join(libraries) or "none"))
+    return t
+
+
+def kernel_label(k: dict) -> str:
+    """A recipe's kernel (kiln.compiler.plan.Kernel, as a dict) in one line."""
+    parts = [f"{k['bits']}-bit" if k["bits"] < 32 else "", f"blocks of {k['block_size']}" if k["block_size"] else "",
+             k["rounding"], k["weights"], f"{k['activations']} activations" if k["activations"] else "",
+             f"|w| <= {k['weight_range']}" if k["weight_range"] else "", "the LM head's table" if k["shared"] else ""]
+    extras = ", ".join(p for p in parts if p)
+    return k["op"] + (f" ({extras})" if extras else "")
 
 
 def _passes(art: EngineArtifact) -> Table:

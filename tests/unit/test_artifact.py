@@ -40,6 +40,17 @@ def test_round_trip(tiny_llama_artifact):
     assert m.generation["eos_token_ids"] == [258]
 
 
+def test_an_artifact_from_before_the_build_plan_loads(artifact_copy):
+    """The manifest's plan is optional: an artifact without one loads and inspects as before."""
+    from kiln.inspect_view import render_manifest
+
+    assert EngineArtifact.load(artifact_copy).manifest.plan["recipe"]["mode"] == "none"
+    _edit_manifest(artifact_copy, lambda m: m.pop("plan"))
+    art = EngineArtifact.load(artifact_copy)
+    assert art.manifest.plan == {} and "plan" not in art.manifest.to_json()
+    render_manifest(art, 1024, 1 << 20)
+
+
 def test_corrupt_engine_refused(artifact_copy):
     engine = next((artifact_copy / "engines" / "ort").glob("*.onnx"))
     data = bytearray(engine.read_bytes())

@@ -22,9 +22,14 @@ def test_build_inspect_generate(tmp_path):
     # 2 layers x k/v x 2 kv heads x 16 dims x 4 bytes = 512 B/token; 1 MiB = 128 blocks of 16
     assert "128 blocks = 2,048 tokens = 2 sequences at context 1024" in res.output
 
+    assert "build plan" in res.output and "gate_up" in res.output          # each role's kernel, with its reason
+
     res = runner.invoke(main, ["inspect", str(out), "--json"])
     manifest = json.loads(res.output)
     assert manifest["quant"]["mode"] == "int8" and manifest["schema_version"] == 1
+    plan = manifest["plan"]                                                   # the build plan, verbatim
+    assert plan["backend"]["value"] == "ort" and plan["recipe"]["mode"] == "int8"
+    assert {r["role"] for r in plan["recipe"]["roles"]} == {"qkv", "o", "gate_up", "down", "lm_head", "embedding"}
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('"hello"\n{"messages": [{"role": "user", "content": "hi"}]}\n')
