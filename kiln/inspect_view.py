@@ -106,16 +106,21 @@ def _plan(plan: dict) -> Table:
     for f in plan["fusions"]:
         state = ("on" + (f" without {', '.join(f['without'])}" if f["without"] else "")) if f["applies"] else "off"
         t.add_row(f"fusion {f['name']}", state, escape(f["reason"]))
-    recipe = plan["recipe"]
-    compute = f", {recipe['compute']} compute" if recipe.get("compute") else ""
-    t.add_row("weights", f"{recipe['mode']} by {recipe['applied_by']}{compute}", escape(recipe.get("note", "")))
-    for r in recipe["roles"]:
-        t.add_row(f"  {r['role']}", escape(kernel_label(r["kernel"])), escape(r["reason"]))
+    _recipe_rows(t, "weights", plan["recipe"])
+    if plan.get("prefill_recipe"):
+        _recipe_rows(t, "prefill engine weights", plan["prefill_recipe"])
     host = plan["host"]
     libraries = [name for name, key in (("ort ops", "ort_ops"), ("openvino ops", "openvino_ops")) if host[key]]
     t.add_row("build host", f"{host['machine']} {host['cpu_class']}", "kiln libraries built: "
               + (", ".join(libraries) or "none"))
     return t
+
+
+def _recipe_rows(t: Table, title: str, recipe: dict) -> None:
+    compute = f", {recipe['compute']} compute" if recipe.get("compute") else ""
+    t.add_row(title, f"{recipe['mode']} by {recipe['applied_by']}{compute}", escape(recipe.get("note", "")))
+    for r in recipe["roles"]:
+        t.add_row(f"  {r['role']}", escape(kernel_label(r["kernel"])), escape(r["reason"]))
 
 
 def kernel_label(k: dict) -> str:

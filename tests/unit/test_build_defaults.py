@@ -218,3 +218,19 @@ def test_quant_auto_respects_a_named_backends_modes():
     """tensorrt has no int8 weight-only path: auto gives it unquantized weights, not a refusal."""
     plan = plan_for("amx", "tensorrt")
     assert plan.quant.value == "none" and "no int8" in plan.quant.reason
+
+
+@needs_openvino
+def test_resolving_reads_nothing_of_this_machine(monkeypatch):
+    """The plan is a function of its inputs: the host probes fail here, and every row still resolves."""
+    from kiln.contract import cpu
+    from kiln.engines.openvino import native as ov_native
+
+    def probed(*args):
+        raise AssertionError("resolve read the machine")
+
+    for target, name in ((cpu, "host"), (cpu, "read_flags"), (BuildHost, "probe"), (native, "available"),
+                         (native, "isa"), (ov_native, "available"), (ov_native, "cpu_flags")):
+        monkeypatch.setattr(target, name, probed)
+    for cpu_class, backend, quant, *_ in TABLE:
+        plan_for(cpu_class, backend, quant)
