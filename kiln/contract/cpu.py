@@ -2,7 +2,7 @@
 
 KILN_MAX_ISA (scalar | avx2 | avx512 | avx512vnni | amx) hides every instruction set above the one it
 names, as oneDNN's ONEDNN_MAX_CPU_ISA does: the build's choices and the C++ kernels' dispatch (the
-kernel library reads the same variable, kiln/native/isa.h) then act as on a smaller CPU. It can
+kernel library reads the same variable, kiln/kernels/isa.h) then act as on a smaller CPU. It can
 lower what a CPU does, never raise it.
 
 The machine classes kiln's defaults tell apart (`HostCPU.cpu_class`):

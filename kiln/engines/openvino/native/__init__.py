@@ -3,7 +3,8 @@
 The library (built by `python -m kiln.engines.openvino.native.build`, which scripts/setup.sh runs)
 holds two operations the CPU plugin runs through evaluate(): `kiln.LinearI8` (y = x W^T) and
 `kiln.GateUpI8` (silu(x Wg^T) * x Wu^T, Llama's gated MLP input), each over int8 codes per output
-channel (kiln/compiler/backends/openvino/int8_linears.py packs them). Each row of x, times its
+channel (kiln/compiler/backends/openvino/int8_linears.py packs them; the layout is kiln/kernels/formats.h's
+I8PerChannel, the arithmetic kiln's kernel library). Each row of x, times its
 channels' SmoothQuant factors, is quantized to u8 with its own scale (absmax / 127) as the call runs. Why: the plugin runs an int8-weight linear as a
 bf16 product (its int8 path needs a static activation range, and the graph that would compute one per
 row costs more than it saves); vpdpbusd does 64 multiply-adds where the bf16 dot product does 32.

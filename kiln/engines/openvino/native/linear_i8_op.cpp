@@ -1,107 +1,162 @@
-// The OpenVINO operations kiln.LinearI8 and kiln.GateUpI8 (linear_i8_kernel.h), registered as an
-// extension library the CPU plugin runs through evaluate(). Built without AVX-512 flags: loading it
-// is safe on any x86-64; only a model that uses the operations reaches the kernel.
+// The OpenVINO operations kiln.LinearI8 and kiln.GateUpI8, registered as an extension library the CPU
+// plugin runs through evaluate(); their arithmetic is the kernel library's (kiln/kernels/kernels.h:
+// I8PerChannel, u8 activations on AVX-512 VNNI). This file holds the operations and OpenVINO's
+// threading; it is built for plain x86-64, so loading the library is safe on any x86-64: only a model
+// that uses the operations reaches the kernels, and a CPU below avx512vnni (or KILN_MAX_ISA) is told so.
+//
+//     y[M, N] = LinearI8(x [..., K], codes, scale, comp, sm)      y = (x * sm) W^T
+//     y[M, N] = GateUpI8(x, (codes, scale, comp) x 2, sm)         y = silu(x Wg^T) * (x Wu^T)
+//
+// Each row of x, times its channels' smoothing factors sm (SmoothQuant's 1/s: an outlier channel's
+// range moves into the weight, where it costs no row scale), is quantized to u8 with one scale.
 #include <openvino/core/extension.hpp>
 #include <openvino/core/op_extension.hpp>
+#include <openvino/core/parallel.hpp>
 #include <openvino/op/op.hpp>
 
-#include "linear_i8_kernel.h"
+#include <algorithm>
+#include <vector>
 
-namespace kiln_ov {
+#include "kernels.h"
 
-// Inputs: x [..., K] f32, then (codes, scale, comp) per linear, then sm [K] f32 (linear_i8_kernel.h);
-// output [..., N] f32, N = scale's length.
-template <typename Derived>
+namespace kiln {
+namespace ov_ops {
+namespace {
+
+constexpr size_t kFewRows = 64;       // up to here every worker quantizes all rows itself (no second dispatch)
+constexpr size_t kStepTiles = 3;      // 16-column tiles a worker's share is counted in (the micro-kernel's step)
+
+const Kernels& I8Kernels() {
+  const Kernels& k = KernelsFor(HostIsa());
+  OPENVINO_ASSERT(k.i8_linear != nullptr, "kiln's int8 linears need AVX-512 VNNI; this CPU (or KILN_MAX_ISA) gives ",
+                  kiln_isa(), ": rebuild the artifact here, and the build keeps the plugin's linears");
+  return k;
+}
+
+// Runs body(rows, first tile, end tile) on each worker over its share of the tiles, in steps of
+// three. Many rows are quantized once; few are quantized by each worker for itself (a second
+// parallel dispatch would cost more than quantizing 64 rows twice).
+template <typename Body>
+void ForTiles(const Kernels& run, const float* x, const float* sm, size_t m, size_t k, size_t n, Body body) {
+  const size_t kp = static_cast<size_t>(I8PerChannel::PaddedK(static_cast<int>(k)));
+  const size_t tiles = n / kTileColumns, steps = (tiles + kStepTiles - 1) / kStepTiles;
+  const auto quantize = [&](size_t row, uint8_t* q, float* s) {
+    s[row] = run.quantize_u8(x + row * k, sm, static_cast<int>(k), static_cast<int>(kp), q + row * kp);
+  };
+  thread_local std::vector<uint8_t> shared_q;
+  thread_local std::vector<float> shared_s;
+  const bool shared = m > kFewRows;
+  if (shared) {
+    shared_q.resize(m * kp);
+    shared_s.resize(m);
+    uint8_t* q = shared_q.data();
+    float* s = shared_s.data();
+    ov::parallel_for(m, [&](size_t row) { quantize(row, q, s); });
+  }
+  const uint8_t* q = shared_q.data();
+  const float* s = shared_s.data();
+  ov::parallel_nt(0, [&](int ithr, int nthr) {
+    size_t start = 0, end = 0;
+    ov::splitter(steps, nthr, ithr, start, end);
+    if (start >= end) return;
+    U8Rows rows{q, s, kp, static_cast<int>(k)};
+    thread_local std::vector<uint8_t> own_q;
+    thread_local std::vector<float> own_s;
+    if (!shared) {
+      own_q.resize(m * kp);
+      own_s.resize(m);
+      for (size_t row = 0; row < m; ++row) quantize(row, own_q.data(), own_s.data());
+      rows = {own_q.data(), own_s.data(), kp, static_cast<int>(k)};
+    }
+    body(rows, static_cast<int>(start * kStepTiles), static_cast<int>(std::min(end * kStepTiles, tiles)));
+  });
+}
+
+// y for one call: the linear's (one) or silu(gate) * up (two linears).
+void Forward(const float* x, const float* sm, size_t m, size_t k, const I8Linear* linears, size_t count, size_t n,
+             float* y) {
+  const Kernels& run = I8Kernels();
+  ForTiles(run, x, sm, m, k, n, [&](const U8Rows& rows, int t0, int t1) {
+    if (count == 1) run.i8_linear(rows, static_cast<int>(m), linears[0], t0, t1, y, n);
+    else run.i8_gate_up(rows, static_cast<int>(m), linears[0], linears[1], t0, t1, y, n);
+  });
+}
+
+}  // namespace
+
+// Inputs: x [..., K] f32, then (codes, scale, comp) per linear, then sm [K] f32 (kiln/kernels/formats.h:
+// I8PerChannel); output [..., N] f32, N = scale's length. kLinears 1: kiln.LinearI8; 2: kiln.GateUpI8.
+template <size_t kLinears>
 class PackedOp : public ov::op::Op {
-public:
-    PackedOp() = default;
-    explicit PackedOp(const ov::OutputVector& args) : ov::op::Op(args) {}
-    void validate_and_infer_types() override {
-        // NOTE: a graph packed another way (another kiln's layout) is refused here, when it is read,
-        // not run past the ends of its constants.
-        const size_t linears = Derived::LINEARS;
-        NODE_VALIDATION_CHECK(this, get_input_size() == 2 + 3 * linears, "expects x, (codes, scale, comp) x ",
-                              linears, " and sm: kiln's int8 linears of another layout; rebuild the artifact");
-        const auto& x = get_input_partial_shape(0);
-        if (x.rank().is_static() && x[x.rank().get_length() - 1].is_static()) {
-            const auto K = x[x.rank().get_length() - 1].get_length();
-            for (size_t i = 0; i < linears; ++i) {
-                const auto& scale = get_input_partial_shape(2 + 3 * i);
-                const auto N = scale.rank().is_static() && scale.rank().get_length() == 1 && scale[0].is_static()
-                                   ? scale[0].get_length() : 0;
-                NODE_VALIDATION_CHECK(this, N > 0 && N % 16 == 0 &&
-                                      get_input_partial_shape(1 + 3 * i) == ov::PartialShape{N * ((K + 3) / 4) * 4} &&
-                                      get_input_partial_shape(3 + 3 * i) == ov::PartialShape{N},
-                                      "a linear's codes, scale and comp do not fit x's ", K,
-                                      " channels as kiln packs them; rebuild the artifact");
-            }
-            NODE_VALIDATION_CHECK(this, get_input_partial_shape(get_input_size() - 1) == ov::PartialShape{K},
-                                  "the smoothing factors do not have x's ", K, " channels; rebuild the artifact");
-        }
-        auto shape = get_input_partial_shape(0);
-        if (shape.rank().is_static()) shape[shape.rank().get_length() - 1] = get_input_partial_shape(2)[0];
-        set_output_type(0, ov::element::f32, shape);
+ public:
+  OPENVINO_OP(kLinears == 1 ? "LinearI8" : "GateUpI8", "kiln");
+  PackedOp() = default;
+  explicit PackedOp(const ov::OutputVector& args) : ov::op::Op(args) { constructor_validate_and_infer_types(); }
+  void validate_and_infer_types() override {
+    // NOTE: a graph packed another way (another kiln's layout) is refused here, when it is read,
+    // not run past the ends of its constants.
+    NODE_VALIDATION_CHECK(this, get_input_size() == 2 + 3 * kLinears, "expects x, (codes, scale, comp) x ", kLinears,
+                          " and sm: kiln's int8 linears of another layout; rebuild the artifact");
+    const auto& x = get_input_partial_shape(0);
+    if (x.rank().is_static() && x[x.rank().get_length() - 1].is_static()) {
+      const auto k = x[x.rank().get_length() - 1].get_length();
+      for (size_t i = 0; i < kLinears; ++i) {
+        const auto& scale = get_input_partial_shape(2 + 3 * i);
+        const auto n = scale.rank().is_static() && scale.rank().get_length() == 1 && scale[0].is_static()
+                           ? scale[0].get_length()
+                           : 0;
+        NODE_VALIDATION_CHECK(this,
+                              n > 0 && n % kTileColumns == 0 &&
+                                  get_input_partial_shape(1 + 3 * i) ==
+                                      ov::PartialShape{n * I8PerChannel::PaddedK(static_cast<int>(k))} &&
+                                  get_input_partial_shape(3 + 3 * i) == ov::PartialShape{n},
+                              "a linear's codes, scale and comp do not fit x's ", k,
+                              " channels as kiln packs them; rebuild the artifact");
+      }
+      NODE_VALIDATION_CHECK(this, get_input_partial_shape(get_input_size() - 1) == ov::PartialShape{k},
+                            "the smoothing factors do not have x's ", k, " channels; rebuild the artifact");
     }
-    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override {
-        return std::make_shared<Derived>(args);
-    }
-    bool visit_attributes(ov::AttributeVisitor&) override { return true; }
-    bool has_evaluate() const override { return true; }
-
-protected:
-    static PackedLinear linear(const ov::TensorVector& in, size_t first) {
-        return {static_cast<const int8_t*>(in[first].data()), in[first + 1].data<const float>(),
-                in[first + 2].data<const float>()};
-    }
-    // (M, K, N) of this call; the output shaped [..., N]
-    static void shape_output(ov::TensorVector& out, const ov::TensorVector& in, size_t& M, size_t& K, size_t& N) {
-        const auto& xs = in[0].get_shape();
-        K = xs.back();
-        M = K ? ov::shape_size(xs) / K : 0;
-        N = in[2].get_shape()[0];
-        auto ys = xs;
-        ys.back() = N;
-        out[0].set_shape(ys);
-    }
+    auto shape = get_input_partial_shape(0);
+    if (shape.rank().is_static()) shape[shape.rank().get_length() - 1] = get_input_partial_shape(2)[0];
+    set_output_type(0, ov::element::f32, shape);
+  }
+  std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override {
+    return std::make_shared<PackedOp>(args);
+  }
+  bool visit_attributes(ov::AttributeVisitor&) override { return true; }
+  bool has_evaluate() const override { return true; }
+  bool evaluate(ov::TensorVector& out, const ov::TensorVector& in) const override {
+    const auto& xs = in[0].get_shape();
+    const size_t k = xs.back(), m = k ? ov::shape_size(xs) / k : 0, n = in[2].get_shape()[0];
+    auto ys = xs;
+    ys.back() = n;
+    out[0].set_shape(ys);
+    I8Linear linears[kLinears];
+    for (size_t i = 0; i < kLinears; ++i)
+      linears[i] = {static_cast<const int8_t*>(in[1 + 3 * i].data()), in[2 + 3 * i].data<const float>(),
+                    in[3 + 3 * i].data<const float>()};
+    Forward(in[0].data<const float>(), in[1 + 3 * kLinears].data<const float>(), m, k, linears, kLinears, n,
+            out[0].data<float>());
+    return true;
+  }
 };
 
-class LinearI8 : public PackedOp<LinearI8> {
-public:
-    OPENVINO_OP("LinearI8", "kiln");
-    static constexpr size_t LINEARS = 1;
-    LinearI8() = default;
-    explicit LinearI8(const ov::OutputVector& args) : PackedOp(args) { constructor_validate_and_infer_types(); }
-    bool evaluate(ov::TensorVector& out, const ov::TensorVector& in) const override {
-        size_t M, K, N;
-        shape_output(out, in, M, K, N);
-        linear_i8(in[0].data<const float>(), in[4].data<const float>(), M, K, linear(in, 1), N, out[0].data<float>());
-        return true;
-    }
-};
+using LinearI8 = PackedOp<1>;
+using GateUpI8 = PackedOp<2>;
 
-class GateUpI8 : public PackedOp<GateUpI8> {
-public:
-    OPENVINO_OP("GateUpI8", "kiln");
-    static constexpr size_t LINEARS = 2;
-    GateUpI8() = default;
-    explicit GateUpI8(const ov::OutputVector& args) : PackedOp(args) { constructor_validate_and_infer_types(); }
-    bool evaluate(ov::TensorVector& out, const ov::TensorVector& in) const override {
-        size_t M, K, N;
-        shape_output(out, in, M, K, N);
-        gate_up_i8(in[0].data<const float>(), in[7].data<const float>(), M, K, linear(in, 1), linear(in, 4), N, out[0].data<float>());
-        return true;
-    }
-};
-
-}  // namespace kiln_ov
+}  // namespace ov_ops
+}  // namespace kiln
 
 // For tests: the kernel without OpenVINO's graph around it.
-extern "C" __attribute__((visibility("default"))) void kiln_ov_linear_i8(
-        const float* x, const float* sm, size_t M, size_t K, const int8_t* codes, const float* scale, const float* comp, size_t N, float* y) {
-    kiln_ov::linear_i8(x, sm, M, K, {codes, scale, comp}, N, y);
+extern "C" __attribute__((visibility("default"))) void kiln_ov_linear_i8(const float* x, const float* sm, size_t m,
+                                                                         size_t k, const int8_t* codes,
+                                                                         const float* scale, const float* comp,
+                                                                         size_t n, float* y) {
+  const kiln::I8Linear linear{codes, scale, comp};
+  kiln::ov_ops::Forward(x, sm, m, k, &linear, 1, n, y);
 }
 
 OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
-    std::make_shared<ov::OpExtension<kiln_ov::LinearI8>>(),
-    std::make_shared<ov::OpExtension<kiln_ov::GateUpI8>>(),
+    std::make_shared<ov::OpExtension<kiln::ov_ops::LinearI8>>(),
+    std::make_shared<ov::OpExtension<kiln::ov_ops::GateUpI8>>(),
 }));

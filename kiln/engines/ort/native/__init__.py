@@ -1,9 +1,11 @@
 """kiln's ONNX Runtime custom-op library: find it, register it on session options, say what it runs.
 
 The library (built by `python -m kiln.engines.ort.native.build`, which scripts/setup.sh runs) holds
-two operators: `kiln.MatMulQ4Min`, a linear over 4-bit codes with a float scale and a float minimum
-per block of 32, and `kiln.MatMulQ8`, 8-bit codes with a float scale per block (q4min_kernel.h). An
-engine graph that uses them cannot load without it.
+the linears `kiln.MatMulQ4Min`, 4-bit codes with a float scale and a float minimum per block of 32
+(llama.cpp's Q4_1), and `kiln.MatMulQ8`, 8-bit codes with a float scale per block (Q8_0), and
+`kiln.PagedAttention`; their registrations are here, their arithmetic is kiln's kernel library
+(kiln/kernels; the layouts in kiln/kernels/formats.h). An engine graph that uses them cannot load
+without it.
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ def _library() -> ctypes.CDLL:
 
 
 def isa() -> str:
-    """The vector path MatMulQ4Min takes on this CPU now (KILN_Q4_ISA may cap it): avx512vnni | avx2 | scalar."""
-    fn = _library().KilnQ4Isa
+    """The instruction-set level the library's kernels run at on this CPU now, KILN_MAX_ISA applied
+    (kiln/kernels/isa.h): scalar | avx2 | avx512 | avx512vnni | amx, as kiln.contract.cpu.host().isa."""
+    fn = _library().kiln_isa
     fn.restype = ctypes.c_char_p
     return fn().decode()
 

@@ -9,7 +9,8 @@
 
 #include "ort_abi.h"
 
-namespace kiln_ops {
+namespace kiln {
+namespace ort {
 
 using ort_abi::Status;
 
@@ -103,4 +104,5 @@ inline NamedOp MakeOp(const char* name, const OpParts& parts) {
 
 NamedOp PagedAttentionOp();      // paged_attention_op.cc
 
-}  // namespace kiln_ops
+}  // namespace ort
+}  // namespace kiln

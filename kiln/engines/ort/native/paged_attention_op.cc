@@ -1,24 +1,27 @@
-// kiln.PagedAttention as an ONNX Runtime operator (the arithmetic: paged_attention.h).
+// kiln.PagedAttention as an ONNX Runtime operator (the arithmetic: kiln/kernels/paged_attention.h).
 //
 //   out = PagedAttention(q, k, v, key_cache, value_cache, block_tables, past_lens)
 //   attributes: num_heads, kv_num_heads, scale (float), softcap (float, 0: none), local_window_size (0: none)
 //
 // The pools are read where they are (the runtime binds them zero-copy); the new tokens' K/V come in
 // as inputs, because the runtime scatters them into the pool only after the call.
+#include "kernels.h"
 #include "op_library.h"
-#include "paged_attention.h"
 
-namespace kiln_ops {
+namespace kiln {
+namespace ort {
 namespace {
 
 struct AttentionKernel {
   int64_t heads = 0, kv_heads = 0, window = 0;
-  kiln_attn::Params params;
+  AttentionParams params;
+  AttendFn attend = nullptr;
 };
 
 struct AttentionJob {
-  kiln_attn::Shape shape;
-  kiln_attn::Params params;
+  AttendFn attend;
+  AttentionShape shape;
+  AttentionParams params;
   const float *q, *k, *v, *key_pool, *value_pool;
   const int64_t *tables, *past_lens;
   int chunks;                  // query chunks per (row, head)
@@ -33,7 +36,7 @@ void AttendOne(void* data, size_t index) {
   const int head = static_cast<int>(index / j.chunks % j.shape.heads);
   const int row = static_cast<int>(index / j.chunks / j.shape.heads);
   const int s0 = chunk * kQueriesPerTask, s1 = s0 + kQueriesPerTask < j.shape.seq ? s0 + kQueriesPerTask : j.shape.seq;
-  kiln_attn::AttendTask(j.shape, j.params, j.q, j.k, j.v, j.key_pool, j.value_pool, j.tables, j.past_lens,
+  j.attend(j.shape, j.params, j.q, j.k, j.v, j.key_pool, j.value_pool, j.tables, j.past_lens,
                         row, head, s0, s1, j.out);
 }
 
@@ -56,15 +59,15 @@ Status* Compute(void* op_kernel, ort_abi::KernelContext* context) {
       dims[5].size() != 2 || dims[6].size() != 1)
     return Fail("PagedAttention wants q, k, v [B, S, heads*hd], pools [kv_heads, blocks, block, hd], "
                 "block_tables [B, max_blocks], past_lens [B]");
-  kiln_attn::Shape s{static_cast<int>(q[0]), static_cast<int>(q[1]), static_cast<int>(kernel.heads),
+  AttentionShape s{static_cast<int>(q[0]), static_cast<int>(q[1]), static_cast<int>(kernel.heads),
                      static_cast<int>(kernel.kv_heads), static_cast<int>(pool[3]), static_cast<int>(pool[1]),
                      static_cast<int>(pool[2]), static_cast<int>(dims[5][1])};
   if (pool[0] != kernel.kv_heads || q[2] != kernel.heads * s.head_dim || dims[1] != dims[2] ||
       dims[1][0] != q[0] || dims[1][1] != q[1] || dims[1][2] != kernel.kv_heads * s.head_dim ||
       dims[5][0] != q[0] || dims[6][0] != q[0])
     return Fail("PagedAttention: the inputs' shapes disagree with each other or with num_heads/kv_num_heads");
-  if (s.head_dim <= 0 || s.head_dim > kiln_attn::kMaxHeadDim || s.block_size <= 0)
-    return Fail("PagedAttention: head_dim must be 1.." + std::to_string(kiln_attn::kMaxHeadDim));
+  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim || s.block_size <= 0)
+    return Fail("PagedAttention: head_dim must be 1.." + std::to_string(kMaxHeadDim));
   const float *qd, *kd, *vd, *kp, *vp;
   const int64_t *tables, *past;
   RETURN_IF_ERROR(Data(in[0], &qd));
@@ -74,7 +77,7 @@ Status* Compute(void* op_kernel, ort_abi::KernelContext* context) {
   RETURN_IF_ERROR(Data(in[4], &vp));
   RETURN_IF_ERROR(Data(in[5], &tables));
   RETURN_IF_ERROR(Data(in[6], &past));
-  const char* bad = kiln_attn::CheckTables(s, tables, past);
+  const char* bad = CheckTables(s, tables, past);
   if (bad != nullptr) return Fail(std::string("PagedAttention: ") + bad);
   ort_abi::Value* out_value = nullptr;
   RETURN_IF_ERROR(g_api->GetOutput(context, 0, q.data(), q.size(), &out_value));
@@ -82,7 +85,7 @@ Status* Compute(void* op_kernel, ort_abi::KernelContext* context) {
   float* out = nullptr;
   RETURN_IF_ERROR(g_api->GetTensorData(out_value, reinterpret_cast<void**>(&out)));
   const int chunks = (s.seq + kQueriesPerTask - 1) / kQueriesPerTask;
-  AttentionJob job{s, kernel.params, qd, kd, vd, kp, vp, tables, past, chunks, out};
+  AttentionJob job{kernel.attend, s, kernel.params, qd, kd, vd, kp, vp, tables, past, chunks, out};
   return g_api->ParallelFor(context, AttendOne, static_cast<size_t>(s.batch) * s.heads * chunks, 0, &job);
 }
 
@@ -104,6 +107,7 @@ Status* CreateKernel(const ort_abi::CustomOp*, const void*, const ort_abi::Kerne
     delete kernel;
     return status;
   }
+  kernel->attend = KernelsFor(HostIsa()).attend;
   *out = kernel;
   return nullptr;
 }
@@ -118,4 +122,5 @@ size_t InputCount(const ort_abi::CustomOp*) { return 7; }
 
 NamedOp PagedAttentionOp() { return MakeOp("PagedAttention", {InputType, InputCount, CreateKernel, Compute, DestroyKernel}); }
 
-}  // namespace kiln_ops
+}  // namespace ort
+}  // namespace kiln

@@ -1,20 +1,25 @@
-// kiln.PagedAttention's arithmetic (paged_attention.h). A task is compiled for AVX-512, AVX2 and
-// plain x86-64 and picked at load time (GCC's target_clones), like the q4 kernel's run-time
-// dispatch; its inner loops (dot products, the softmax's exponentials, the weighted sum of values)
-// are inlined into each copy, so they vectorize for that copy's instructions with no call between.
-#include "paged_attention.h"
-
-#include <algorithm>
+// kiln.PagedAttention's arithmetic (paged_attention.h). build.py compiles this file once per level
+// with that level's flags (scalar, avx2, avx512) and -DKILN_ATTEND_TASK=AttendTask<Level>, the one
+// name each copy exports; the kernel table (kernels.h) picks the copy for the CPU. Its inner loops
+// (dot products, the softmax's exponentials, the weighted sum of values) are inlined into each copy,
+// so they vectorize for that copy's instructions with no call between. NOTE: like every per-level
+// file it instantiates no std:: template (its scratch is kernels.h's ScratchMemory).
 #include <cmath>
 #include <cstring>
-#include <vector>
 
-namespace kiln_attn {
+#include "kernels.h"
+
+#ifndef KILN_ATTEND_TASK
+#error "compiled per level by kiln/kernels/build.py, which names the copy (-DKILN_ATTEND_TASK=AttendTaskAvx2)"
+#endif
+
+namespace kiln {
 namespace {
 
-// NOTE: whole architecture levels: a list entry "avx2,fma" makes two clones, an AVX2 one without FMA.
-#define KILN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #define KILN_INLINE inline __attribute__((always_inline))
+
+using Shape = AttentionShape;
+using Params = AttentionParams;
 
 // 16 floats as one value: one AVX-512 register in that copy, two AVX2 or four SSE ones in the others.
 typedef float Lanes __attribute__((vector_size(64)));
@@ -129,24 +134,6 @@ KILN_INLINE float ExpAndSum(float* x, int n, float shift) {
 
 KILN_INLINE float Cap(float score, const Params& p) { return p.softcap > 0.f ? p.softcap * std::tanh(score / p.softcap) : score; }
 
-}  // namespace
-
-const char* CheckTables(const Shape& s, const int64_t* tables, const int64_t* past_lens) {
-  for (int b = 0; b < s.batch; ++b) {
-    const int64_t past = past_lens[b];
-    if (past < 0 || (past + s.block_size - 1) / s.block_size > s.max_blocks)
-      return "a past length is negative or longer than its row of block_tables holds";
-    const int64_t used = (past + s.block_size - 1) / s.block_size;
-    for (int64_t i = 0; i < used; ++i) {
-      const int64_t block = tables[static_cast<int64_t>(b) * s.max_blocks + i];
-      if (block < 0 || block >= s.num_blocks) return "a block id in block_tables is outside the KV pool";
-    }
-  }
-  return nullptr;
-}
-
-namespace {
-
 // Where a task reads: key index t of its row is a past token (t < past, in the pool through the
 // row's block table) or the call's new token t - past.
 struct RowView {
@@ -169,7 +156,9 @@ struct RowView {
     int64_t t = first;
     while (t <= last && t < past) {
       const int64_t block = table[t / s.block_size], offset = t % s.block_size;
-      const int64_t run = std::min<int64_t>({s.block_size - offset, past - t, last - t + 1});
+      int64_t run = s.block_size - offset;
+      run = past - t < run ? past - t : run;
+      run = last - t + 1 < run ? last - t + 1 : run;
       const float* base = pool + (static_cast<size_t>(block) * s.block_size + offset) * s.head_dim;
       for (int64_t i = 0; i < run; ++i) fn(static_cast<int>(t + i - first), base + i * s.head_dim);
       t += run;
@@ -271,13 +260,15 @@ KILN_INLINE void AttendChunk(const Shape& s, const Params& p, const RowView& row
   const int64_t lo = FirstKey(p, row.past + s0), hi = row.past + s1 - 1;
   // NOTE: where a 16-float vector is one register (AVX-512) the loop below compiles well; without,
   // GCC spilled its sums and rebuilt the key pointers every pass (8 GFLOP/s on one AVX2 thread)
-  static const bool wide = __builtin_cpu_supports("avx512f");
+#ifdef __AVX512F__
+  constexpr bool wide = true;
+#else
+  constexpr bool wide = false;
+#endif
   const int width = static_cast<int>(hi - lo + 1);
   // scores[t - lo]: key t against every query. NOTE: floats, aligned by hand: a std::vector of
   // 64-byte vectors was not allocated 64-byte aligned, and the stores into it are aligned ones.
-  thread_local std::vector<float> storage;
-  storage.resize(static_cast<size_t>(width + 1) * kLanes);
-  Lanes* scores = reinterpret_cast<Lanes*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+  Lanes* scores = static_cast<Lanes*>(ScratchMemory(Scratch::kAttentionChunk, static_cast<size_t>(width) * sizeof(Lanes)));
   Lanes top = Lanes{} - INFINITY;
   // NOTE: kKeys keys per pass: their sums are independent chains (one chain waits out each
   // multiply-add's latency) and share each load of the transposed queries.
@@ -335,9 +326,9 @@ KILN_INLINE void AttendChunk(const Shape& s, const Params& p, const RowView& row
 
 }  // namespace
 
-KILN_CLONES void AttendTask(const Shape& s, const Params& p, const float* q, const float* k, const float* v,
-                            const float* key_pool, const float* value_pool, const int64_t* tables,
-                            const int64_t* past_lens, int b, int h, int s0, int s1, float* out) {
+void KILN_ATTEND_TASK(const Shape& s, const Params& p, const float* q, const float* k, const float* v,
+                      const float* key_pool, const float* value_pool, const int64_t* tables,
+                      const int64_t* past_lens, int b, int h, int s0, int s1, float* out) {
   const int hd = s.head_dim, g = h / (s.heads / s.kv_heads);
   const size_t head_rows = static_cast<size_t>(s.num_blocks) * s.block_size;      // one kv head's rows in the pool
   const size_t kv_stride = static_cast<size_t>(s.kv_heads) * hd;
@@ -347,18 +338,17 @@ KILN_CLONES void AttendTask(const Shape& s, const Params& p, const float* q, con
   const auto query = [&](int qs) { return q + ((static_cast<size_t>(b) * s.seq + qs) * s.heads + h) * hd; };
   const auto result = [&](int qs) { return out + ((static_cast<size_t>(b) * s.seq + qs) * s.heads + h) * hd; };
   if (s1 - s0 >= kMinChunk) return AttendChunk(s, p, row, query, result, s0, s1);
-  thread_local std::vector<float> scores;
   for (int qs = s0; qs < s1; ++qs) {
     const int64_t position = row.past + qs, first = FirstKey(p, position);
     const int n = static_cast<int>(position - first + 1);
-    scores.resize(static_cast<size_t>(n));
+    float* scores = static_cast<float*>(ScratchMemory(Scratch::kAttention, sizeof(float) * n));
     const float* qv = query(qs);
     row.Walk(row.pool_keys, row.new_keys, first, position,
              [&](int t, const float* key) { scores[t] = p.scale * Dot(qv, key, hd); });
     if (p.softcap > 0.f)
       for (int t = 0; t < n; ++t) scores[t] = Cap(scores[t], p);
-    Finish(row, scores.data(), n, first, hd, result(qs));
+    Finish(row, scores, n, first, hd, result(qs));
   }
 }
 
-}  // namespace kiln_attn
+}  // namespace kiln

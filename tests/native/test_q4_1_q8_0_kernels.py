@@ -1,5 +1,6 @@
-"""kiln.MatMulQ4Min (kiln/engines/ort/native/) against numpy, through ONNX Runtime, on every vector path
-this CPU runs (KILN_Q4_ISA caps the path; it is read when a session creates the kernel).
+"""kiln.MatMulQ4Min (Q4_1) and kiln.MatMulQ8 (Q8_0) of kiln's op library (kiln/engines/ort/native/,
+its arithmetic in kiln/kernels/) against numpy, through ONNX Runtime, at every instruction-set level
+this CPU runs (KILN_MAX_ISA caps the level; the library reads it when a session creates the kernel).
 
 The reference repeats the kernel's scheme in numpy from the unpacked codes, not from the packed bytes,
 so a layout error fails it: each row of x quantized per block of 32 to int8 (scale amax/127, the same
@@ -19,18 +20,10 @@ from onnx import TensorProto, helper
 from kiln.compiler.passes.q4min_linear import (Q4MinBlocks, ensure_kiln_opset, pack_tiles, pack_tiles_q8, q4min_blocks,
                                                q4min_node, q8_blocks)
 from kiln.engines.ort import native
-from kiln.engines.ort.native.build import build
 
-ISAS = ("scalar", "avx2", "avx512vnni")
+ISAS = ("scalar", "avx2", "avx512vnni")     # the levels with micro-kernels of their own (avx512: avx2's)
 
 
-@pytest.fixture(scope="module")
-def library():
-    path, message = build()
-    if path is None and "no C++ compiler" in message:
-        pytest.skip(message)
-    assert path is not None, message       # a compiler is here: the library must build
-    return path
 
 
 def model(k: int, n: int, packed: np.ndarray, rank: int = 3, accuracy_level: int = 4, op_type: str = native.OP_TYPE) -> bytes:
@@ -91,7 +84,7 @@ def reference(x: np.ndarray, q: Q4MinBlocks) -> tuple[np.ndarray, np.ndarray]:
 
 
 def runnable(isa: str, monkeypatch) -> None:
-    monkeypatch.setenv("KILN_Q4_ISA", isa)
+    monkeypatch.setenv("KILN_MAX_ISA", isa)
     if native.isa() != isa:
         pytest.skip(f"this CPU does not run the {isa} path (it takes {native.isa()})")
 
@@ -202,7 +195,7 @@ def test_q8_int16_rows_are_bit_for_bit_the_same_whatever_path_or_neighbours(libr
         np.testing.assert_array_equal(s.run(None, {"x": x[m:m + 1]})[0][0], y[m])
     for few in (2, 3, 5, 7):
         np.testing.assert_array_equal(s.run(None, {"x": x[:few]})[0], y[:few])
-    monkeypatch.setenv("KILN_Q4_ISA", "scalar")
+    monkeypatch.setenv("KILN_MAX_ISA", "scalar")
     scalar = session(k, n, pack_tiles_q8(q), rank=2, accuracy_level=2, op_type=native.OP_TYPE_Q8)
     np.testing.assert_array_equal(scalar.run(None, {"x": x})[0], y)
 
@@ -285,24 +278,32 @@ def test_empty_batch(library):
 def test_without_a_compiler_the_build_says_int4_keeps_matmulnbits(monkeypatch):
     """No C++ compiler on the machine: no library, and the message says what int4 builds fall back to."""
     from kiln.engines.ort.native import build as native_build
+    from kiln.kernels import build as kernels_build
 
-    monkeypatch.setattr(native_build.shutil, "which", lambda name: None)
-    monkeypatch.setattr(native_build, "up_to_date", lambda: False)
+    monkeypatch.setattr(kernels_build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(kernels_build.OpLibrary, "up_to_date", lambda self: False)
     library, message = native_build.build()
     assert library is None and "no C++ compiler" in message and "MatMulNBits" in message
 
 
 def test_the_library_builds_from_its_own_sources_alone(library, tmp_path, monkeypatch):
-    """The compile is given no include folder and no onnxruntime headers: everything it declares of
-    ONNX Runtime's ABI is in the library's own files."""
-    from kiln.engines.ort.native import build as native_build
+    """No compile is given an include folder outside kiln's own sources, and no onnxruntime headers:
+    everything it declares of ONNX Runtime's ABI is in the library's own files."""
+    import dataclasses
 
-    monkeypatch.setattr(native_build, "OUT_DIR", tmp_path)
-    monkeypatch.setattr(native_build, "LIBRARY", tmp_path / "lib.so")
-    monkeypatch.setattr(native_build, "STAMP", tmp_path / "stamp")
+    from kiln.engines.ort.native import build as native_build
+    from kiln.kernels import build as kernels_build
+
+    ort_library = kernels_build.ort_library
+    monkeypatch.setattr(kernels_build, "ort_library",
+                        lambda: dataclasses.replace(ort_library(), library=tmp_path / "ort" / "lib.so"))
+    monkeypatch.setattr(kernels_build, "OUT_DIR", tmp_path / "kernels")
     seen = []
-    real_run = native_build.subprocess.run
-    monkeypatch.setattr(native_build.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or real_run(cmd, **kw))
+    real_run = kernels_build.subprocess.run
+    monkeypatch.setattr(kernels_build.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or real_run(cmd, **kw))
     library, message = native_build.build(force=True)
-    assert library == tmp_path / "lib.so" and library.stat().st_size > 0, message
-    assert not any(arg.startswith("-I") for arg in seen[0])
+    assert library == tmp_path / "ort" / "lib.so" and library.stat().st_size > 0, message
+    compiles = [cmd for cmd in seen if "-c" in cmd]
+    assert len(compiles) == len(kernels_build.kernel_units()) + 2
+    includes = {arg[2:] for cmd in compiles for arg in cmd if arg.startswith("-I")}
+    assert includes == {str(kernels_build.KERNELS)}

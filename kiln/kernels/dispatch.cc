@@ -1,0 +1,65 @@
+// Which micro-kernels a level runs, and what the per-level files must not build themselves (scratch
+// memory). Compiled for plain x86-64.
+#include <cstdlib>
+#include <memory>
+
+#include "kernels.h"
+
+namespace kiln {
+
+// NOTE: an AMX micro-kernel is one file, microkernels_amx.cc (build.py compiles each
+// microkernels_<level>.cc with that level's flags, amx's among them): it defines AmxKernels, setting the
+// entries it does better (say q8_0_i8 on tiles), and the table below takes it up by itself. Weak, so
+// the library links without the file. (Linux lets a thread use AMX tiles once it has asked for them:
+// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), which that file would do.)
+__attribute__((weak)) void AmxKernels(Kernels* k);
+
+namespace {
+
+Kernels Build(Isa isa) {
+  Kernels k;
+  ScalarKernels(&k);
+  k.attend = AttendTaskScalar;
+  if (isa >= Isa::kAvx2) {
+    Avx2Kernels(&k);
+    k.attend = AttendTaskAvx2;
+  }
+  // avx512 without VNNI: the avx2 linears (their vpdpbusd is the gain), AVX-512 attention
+  if (isa >= Isa::kAvx512) k.attend = AttendTaskAvx512;
+  if (isa >= Isa::kAvx512Vnni) Avx512VnniKernels(&k);
+  if (isa >= Isa::kAmx && AmxKernels != nullptr) AmxKernels(&k);
+  return k;
+}
+
+}  // namespace
+
+const Kernels& KernelsFor(Isa isa) {
+  static const Kernels tables[] = {Build(Isa::kScalar), Build(Isa::kAvx2), Build(Isa::kAvx512),
+                                   Build(Isa::kAvx512Vnni), Build(Isa::kAmx)};
+  return tables[static_cast<int>(isa)];
+}
+
+void BlockSums(const int8_t* xq, size_t blocks, int32_t* qsum) {
+  for (size_t i = 0; i < blocks; ++i) {
+    int32_t sum = 0;
+    for (int e = 0; e < kBlock; ++e) sum += xq[i * kBlock + e];
+    qsum[i] = sum;
+  }
+}
+
+void* ScratchMemory(Scratch slot, size_t bytes) {
+  struct Region {
+    std::unique_ptr<void, decltype(&std::free)> memory{nullptr, &std::free};
+    size_t bytes = 0;
+  };
+  thread_local Region regions[static_cast<int>(Scratch::kCount)];
+  Region& r = regions[static_cast<int>(slot)];
+  if (bytes > r.bytes || r.memory == nullptr) {
+    const size_t rounded = (bytes + 63) / 64 * 64 + 64;
+    r.memory.reset(std::aligned_alloc(64, rounded));
+    r.bytes = rounded;
+  }
+  return r.memory.get();
+}
+
+}  // namespace kiln
