@@ -26,8 +26,9 @@ namespace {
 constexpr size_t kFewRows = 64;       // up to here every worker quantizes all rows itself (no second dispatch)
 constexpr size_t kStepTiles = 3;      // 16-column tiles a worker's share is counted in (the micro-kernel's step)
 
-const Kernels& I8Kernels() {
-  const Kernels& k = KernelsFor(HostIsa());
+// The table of a level, which must have the I8PerChannel kernels. Taken when a node is made, as ONNX
+// Runtime's kernels take theirs when created: a node keeps the level it was made with.
+const Kernels& I8Kernels(const Kernels& k) {
   OPENVINO_ASSERT(k.i8_linear != nullptr, "kiln's int8 linears need AVX-512 VNNI; this CPU (or KILN_MAX_ISA) gives ",
                   kiln_isa(), ": rebuild the artifact here, and the build keeps the plugin's linears");
   return k;
@@ -73,9 +74,8 @@ void ForTiles(const Kernels& run, const float* x, const float* sm, size_t m, siz
 }
 
 // y for one call: the linear's (one) or silu(gate) * up (two linears).
-void Forward(const float* x, const float* sm, size_t m, size_t k, const I8Linear* linears, size_t count, size_t n,
-             float* y) {
-  const Kernels& run = I8Kernels();
+void Forward(const Kernels& run, const float* x, const float* sm, size_t m, size_t k, const I8Linear* linears,
+             size_t count, size_t n, float* y) {
   ForTiles(run, x, sm, m, k, n, [&](const U8Rows& rows, int t0, int t1) {
     if (count == 1) run.i8_linear(rows, static_cast<int>(m), linears[0], t0, t1, y, n);
     else run.i8_gate_up(rows, static_cast<int>(m), linears[0], linears[1], t0, t1, y, n);
@@ -135,10 +135,13 @@ class PackedOp : public ov::op::Op {
     for (size_t i = 0; i < kLinears; ++i)
       linears[i] = {static_cast<const int8_t*>(in[1 + 3 * i].data()), in[2 + 3 * i].data<const float>(),
                     in[3 + 3 * i].data<const float>()};
-    Forward(in[0].data<const float>(), in[1 + 3 * kLinears].data<const float>(), m, k, linears, kLinears, n,
-            out[0].data<float>());
+    Forward(I8Kernels(kernels_), in[0].data<const float>(), in[1 + 3 * kLinears].data<const float>(), m, k, linears,
+            kLinears, n, out[0].data<float>());
     return true;
   }
+
+ private:
+  const Kernels& kernels_ = KernelsFor(HostIsa());       // the level when the node is made
 };
 
 using LinearI8 = PackedOp<1>;
@@ -153,7 +156,8 @@ extern "C" __attribute__((visibility("default"))) void kiln_ov_linear_i8(const f
                                                                          const float* scale, const float* comp,
                                                                          size_t n, float* y) {
   const kiln::I8Linear linear{codes, scale, comp};
-  kiln::ov_ops::Forward(x, sm, m, k, &linear, 1, n, y);
+  static const kiln::Kernels& kernels = kiln::KernelsFor(kiln::HostIsa());       // the level when first called
+  kiln::ov_ops::Forward(kiln::ov_ops::I8Kernels(kernels), x, sm, m, k, &linear, 1, n, y);
 }
 
 OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
