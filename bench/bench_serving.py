@@ -164,8 +164,8 @@ def plot(doc: dict, path: Path) -> None:
             ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
             ax.legend()
             ax.grid(alpha=0.3)
-    fig.suptitle(f"kiln serve vs vLLM CPU, SmolLM2-135M, {doc['machine']['cpu']} ({doc['machine']['cores']} cores), "
-                 f"{doc['date'][:10]}", fontsize=10)
+    fig.suptitle(f"kiln serve vs vLLM CPU, SmolLM2-135M, {doc['cpu']} ({doc['machine']['cores']} cores), "
+                 f"{doc['date']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -179,12 +179,16 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=ROOT / "bench" / ".cache" / "serving")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serving.json")
     parser.add_argument("--plot", type=Path, default=ROOT / "bench" / "results" / "serving.png")
+    parser.add_argument("--journal", default="docs/results/2026-12-06-serving-vs-vllm.md",
+                        help="the docs/results/ entry that tells this run's story (bench/render_results.py links it)")
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     systems, workloads = args.systems.split(","), args.workloads.split(",")
     clients = [int(c) for c in args.clients.split(",")]
-    doc = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-           "command": " ".join(["python", "bench/bench_serving.py", *sys.argv[1:]]), "systems": systems,
+    now, host = datetime.now(timezone.utc), machine()
+    doc = {"date": now.strftime("%Y-%m-%d"), "time_utc": now.strftime("%H:%M"), "cpu": host["cpu"],
+           "cpu_class": host["cpu_class"], "journal": args.journal, "machine": host,
+           "command": " ".join([".venv/bin/python", "bench/bench_serving.py", *sys.argv[1:]]), "systems": systems,
            "kv_cache_memory": KV_MEMORY, "duration_s": args.duration, "results": [], "startup_s": {}}
     artifact = kiln_artifact(args.cache)
     with tempfile.TemporaryDirectory() as tmp:
@@ -198,7 +202,7 @@ def main() -> None:
                         print(json.dumps(doc["results"][-1]), flush=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, args.plot)
-    print(f"wrote {args.out} and {args.plot}")
+    print(f"wrote {args.out} and {args.plot}; then: python bench/render_results.py")
 
 
 if __name__ == "__main__":

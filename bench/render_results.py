@@ -88,10 +88,12 @@ def kind(data: object) -> str | None:
         return "speculative"
     if "runs" in data and all("levels" in r for r in data["runs"]):
         return "kiln-bench"
+    if "results" in data and all({"system", "workload", "clients"} <= r.keys() for r in data["results"]):
+        return "serving"
     return None
 
 
-ORDER = ("runtime", "gguf", "build", "speculative", "kiln-bench")
+ORDER = ("runtime", "gguf", "serving", "build", "speculative", "kiln-bench")
 
 
 def ordered(results: dict[str, object]) -> list[tuple[str, object]]:
@@ -285,8 +287,41 @@ def render_kiln_bench(name: str, data: dict) -> list[str]:
     return out + [""] + footer(name, m, [])
 
 
+def render_serving(name: str, data: dict) -> list[str]:
+    """bench/bench_serving.py: kiln serve against another server, the same client, per workload and clients."""
+    m = meta(data)
+    out = [f"### {m.get('title') or 'Serving: ' + ' vs '.join(data['systems'])}", ""] + header(name, m)
+    rows = [[r["system"], r["workload"], str(r["clients"]), num(r["output_tokens_per_s"], 1),
+             f"{num(1000 * (r['ttft_p50'] or 0))} / {num(1000 * (r['ttft_p99'] or 0))}",
+             f"{num(1000 * (r['itl_p50'] or 0))} / {num(1000 * (r['itl_p99'] or 0))}",
+             f"{r['served']} / {r['refused_429']}"] for r in data["results"]]
+    out += table(["server", "workload", "clients", "out tok/s", "TTFT p50 / p99 ms", "ITL p50 / p99 ms",
+                  "served / 429"], rows)
+    ratios = _serving_ratios(data)
+    if ratios:
+        out += ["", f"{data['systems'][0]} / {data['systems'][1]}, from the same run (tokens/s above 1 and TTFT "
+                "p99 below 1 favour the first):", ""]
+        out += table(["workload", "clients", "out tok/s", "TTFT p99"], ratios)
+    return out + [""] + footer(name, m, [Path(name).with_suffix(".png").name])
+
+
+def _serving_ratios(data: dict) -> list[list[str]]:
+    if len(data["systems"]) != 2:
+        return []
+    first, second = data["systems"]
+    by_key = {(r["system"], r["workload"], r["clients"]): r for r in data["results"]}
+    rows = []
+    for (system, workload, clients), a in by_key.items():
+        b = by_key.get((second, workload, clients))
+        if system == first and b:
+            tps = a["output_tokens_per_s"] / b["output_tokens_per_s"] if b["output_tokens_per_s"] else None
+            ttft = a["ttft_p99"] / b["ttft_p99"] if a["ttft_p99"] and b["ttft_p99"] else None
+            rows.append([workload, str(clients), ratio(tps), ratio(ttft)])
+    return rows
+
+
 RENDER = {"runtime": render_runtime, "gguf": render_gguf, "build": render_build,
-          "speculative": render_speculative, "kiln-bench": render_kiln_bench}
+          "speculative": render_speculative, "kiln-bench": render_kiln_bench, "serving": render_serving}
 
 
 # -- the two sections ----------------------------------------------------------------------------

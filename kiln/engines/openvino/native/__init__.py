@@ -12,7 +12,6 @@ row costs more than it saves); vpdpbusd does 64 multiply-adds where the bf16 dot
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 DOMAIN = "kiln"
@@ -40,12 +39,12 @@ def require() -> Path:
     return LIBRARY
 
 
-@lru_cache(maxsize=None)
 def cpu_flags() -> frozenset[str]:
-    """This CPU's flags as kiln's other kernel choices read them, once; empty where unknown."""
-    from kiln.engines.ort.int8_dot import cpu_flags as read_cpu_flags
+    """This CPU's flags as every kernel choice reads them (kiln.contract.cpu: KILN_MAX_ISA applied);
+    empty where unknown."""
+    from kiln.contract.cpu import host
 
-    return frozenset(read_cpu_flags() or ())
+    return host().flags or frozenset()
 
 
 def cpu_runs_kernels(flags: frozenset[str] | None = None) -> bool:
