@@ -121,13 +121,13 @@ def run_level(url: str, workload: str, clients: int, duration: float, artifact: 
     subprocess.run([str(VENV_BIN / "kiln"), "bench", "--url", url, "--workload", workload, "--concurrency",
                     str(clients), "--duration", str(duration), "--temperature", "0", "--timeout", "600",
                     "--tokenizer", str(artifact), "--model", MODEL_NAME, "--json", str(out)], check=True)
-    level = json.loads(out.read_text())["levels"][0]
+    level = json.loads(out.read_text())["runs"][0]["levels"][0]
     return summarize(level)
 
 
 def summarize(level: dict) -> dict:
     stats, records = level["stats"], level["requests"]
-    refused = sum(1 for r in records if r.get("status") == 429)
+    refused = sum(1 for r in records if (r.get("error") or "").startswith("HTTP 429"))
     return {"output_tokens_per_s": stats["output_tokens_per_s"], "requests": stats["num_requests"],
             "served": stats["outcomes"]["ok"], "refused_429": refused,
             "timeouts": stats["outcomes"]["timeout"],

@@ -198,7 +198,7 @@ class Admission:
                             f"adds {n} (max {c.max_waiting_tokens})", "max_waiting_tokens", self.predicted_ttft(0))
         limit = c.ttft_slo * c.ttft_refuse_factor
         ttft = self.predicted_ttft(n, cached, horizon=limit or math.inf)
-        refused = bool(c.ttft_slo) and ttft > limit and self._measured()
+        refused = bool(c.ttft_slo) and self._refusal_ttft(ttft, n, cached, limit) > limit and self._measured()
         if log.isEnabledFor(logging.DEBUG):
             self._trace(n, cached, ttft, refused)
         if refused:
@@ -207,6 +207,17 @@ class Admission:
                 f"{c.ttft_refuse_factor:g} x the {c.ttft_slo:g} s objective"
             raise _too_many(f"predicted time to first token {ttft:.2f} s exceeds {bound}", "ttft_slo", ttft - limit)
         return ttft
+
+    def _refusal_ttft(self, predicted: float, n: int, cached: int, limit: float) -> float:
+        """The prediction a refusal is judged on: the calibration may lower it, never raise it. NOTE:
+        the factor is learnt from admitted requests, most of which met a short queue, where the
+        model is too optimistic; carried to the long queue of a burst it turned the model's
+        prediction into refusals that the next admitted request proved unneeded (Audit), for
+        closed-loop clients that were served in time once admitted. A refusal is a user lost, a
+        late first token is not."""
+        if self.calibration.factor <= 1:
+            return predicted
+        return self.modelled_ttft(n, cached, limit or math.inf)
 
     def _measured(self) -> bool:
         """Whether the prediction rests on measured step costs. NOTE: until the engine has timed a

@@ -239,7 +239,8 @@ def test_calibration_scales_the_prediction_by_what_first_tokens_took():
         adm.calibration.observe(predicted=0.3, realised=0.6)
     assert adm.calibration.factor == pytest.approx(2.0, rel=0.06)
     assert adm.predicted_ttft(600) == pytest.approx(1.2, rel=0.06)
-    assert refusal(adm, 600).code == "ttft_slo"     # the model alone would have admitted it
+    adm.admit(600)                                   # past the objective as calibrated, but a refusal
+    assert refusal(adm, 1100).code == "ttft_slo"     # needs the model's own prediction past the bound
     for _ in range(200):                             # a wild outlier cannot push it past its bounds
         adm.calibration.observe(predicted=0.1, realised=100.0)
     assert adm.calibration.factor == pytest.approx(4.0)
@@ -296,13 +297,21 @@ def test_the_audit_counts_admitted_requests_late_or_on_time():
     assert (adm.audit.admitted_on_time, adm.audit.admitted_late) == (1, 1)
 
 
+def test_a_calibration_above_one_never_turns_an_admission_into_a_refusal():
+    adm = Admission(strict(ttft_slo=1.0), engine())
+    for _ in range(60):
+        adm.calibration.observe(predicted=0.3, realised=0.9)    # first tokens took three times the model
+    assert adm.predicted_ttft(800) > 2.0
+    adm.admit(800)                                   # the model says 0.8 s: it queues
+
+
 def test_a_refusal_the_next_admitted_request_proves_unneeded_relaxes_the_calibration():
     """Refused for a predicted TTFT past the bound, while the request admitted right after it got
     its first token at once: an unneeded refusal, counted, and the prediction scaled down."""
     adm = Admission(strict(ttft_slo=1.0), engine())
     for _ in range(60):
         adm.calibration.observe(predicted=0.3, realised=0.9)    # a model that learnt to be pessimistic
-    refusal(adm, 600)
+    refusal(adm, 1200)
     assert (adm.audit.refused, adm.audit.refused_unneeded) == (1, 0)
     before = adm.calibration.factor
     ticket = adm.admit(10)
