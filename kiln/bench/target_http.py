@@ -85,7 +85,7 @@ class HttpTarget:
         """Characters per token from the server's usage count of a corpus sample (also a warm-up)."""
         # NOTE: at most half the context in characters fits even a byte-level tokenizer.
         text = _cut_chars(corpus_words(), min(CALIBRATION_CHARS, self.context_len // 2))
-        body = {**self._body(Prompt(None, text), max_tokens=1), "stream": False}
+        body = _unstreamed(self._body(Prompt(None, text), max_tokens=1))
         r = await self.client.post(self.path(), json=body)
         if r.status_code != 200:
             raise TargetError(f"calibration request answered {r.status_code}: {r.text[:200]}")
@@ -133,7 +133,7 @@ class HttpTarget:
         endpoint = spec.endpoint or self.endpoint
         body = self._body(prompt, spec.max_tokens, endpoint)
         if not spec.stream:
-            body = {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False}
+            body = _unstreamed(body)
         return body | structured.http_fields(endpoint) if spec.json_schema else body
 
     def _body(self, prompt: Prompt, max_tokens: int, endpoint: str | None = None) -> dict:
@@ -153,3 +153,8 @@ class HttpTarget:
         choices = obj.get("choices") or [{}]
         text = choices[0].get("text") or (choices[0].get("delta") or {}).get("content") or ""
         return Chunk(text=text, usage_tokens=usage, finish_reason=choices[0].get("finish_reason"))
+
+
+def _unstreamed(body: dict) -> dict:
+    """A body asking for the whole reply: no stream_options, which vLLM refuses without stream."""
+    return {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False}

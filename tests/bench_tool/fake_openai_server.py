@@ -41,6 +41,8 @@ class FakeOpenAI:
         if self.refuse_every and len(self.arrivals) % self.refuse_every == 0:
             self.refused += 1
             return JSONResponse({"error": {"message": "busy"}}, 429, headers={"Retry-After": self.retry_after})
+        if body.get("stream_options") is not None and not body.get("stream"):    # as vLLM answers it
+            return JSONResponse({"error": {"message": "Stream options can only be defined when `stream=True`."}}, 400)
         if not body.get("stream"):
             await asyncio.sleep(self.whole_delay)
             return JSONResponse(_whole(body["max_tokens"], chat))

@@ -181,3 +181,16 @@ def test_retry_after_is_honoured_within_its_floor_and_cap():
     assert RetryAfter(cap=2.0, default=0.7)(refusal(None)) == 0.7
     assert POLITE(refusal(0.0)) == POLITE(refusal(5.0)) == 1.0         # kiln bench: 1 s, whatever it says
     assert RetryAfter(cap=2.0)(RequestRecord(0, 1, 0.0, status=200)) == 0.0
+
+
+def test_the_http_target_calibrates_on_a_server_that_refuses_stream_options_without_a_stream(serve):
+    """vLLM answers 400 to stream_options in a request that does not stream (the calibration's)."""
+    target = HttpTarget(serve().url, model="fake")
+    target.context_len = 1024                        # what discover() reads from /v1/models
+
+    async def calibrate():
+        try:
+            return await target.calibrate()
+        finally:
+            await target.close()
+    assert asyncio.run(calibrate()).chars_per_token > 0
