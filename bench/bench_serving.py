@@ -127,7 +127,7 @@ def run_level(url: str, workload: str, clients: int, duration: float, artifact: 
 
 def summarize(level: dict) -> dict:
     stats, records = level["stats"], level["requests"]
-    refused = sum(1 for r in records if (r.get("error") or "").startswith("HTTP 429"))
+    refused = sum(1 for r in records if "HTTP 429" in (r.get("error") or ""))
     return {"output_tokens_per_s": stats["output_tokens_per_s"], "requests": stats["num_requests"],
             "served": stats["outcomes"]["ok"], "refused_429": refused,
             "timeouts": stats["outcomes"]["timeout"],

@@ -33,6 +33,12 @@ def strict(**kw) -> ServeConfig:
     return ServeConfig(ttft_refuse_factor=1.0, **kw)
 
 
+def proven(adm: Admission) -> None:
+    """As if requests predicted past the refusal bound had lately taken past it (Audit.trusted)."""
+    for _ in range(adm.audit.MIN_VERDICTS):
+        adm.audit.shadow(realised=100.0, bound=1.0)
+
+
 def refusal(adm: Admission, n: int) -> ApiError:
     with pytest.raises(ApiError) as e:
         adm.admit(n)
@@ -221,6 +227,7 @@ def test_by_default_a_request_past_the_objective_queues_and_past_five_times_it_i
     assert adm.predicted_ttft(600) == pytest.approx(1.14) and adm.predicted_ttft(600) > 1.0
     adm.admit(600)
     assert refusal(Admission(strict(ttft_slo=1.0), engine()), 1100).code == "ttft_slo"
+    proven(adm)
     error = refusal(adm, 6000)
     assert error.code == "ttft_slo" and "exceeds 5 x the 1 s objective" in error.message
     assert int(error.headers["Retry-After"]) >= 1
@@ -329,3 +336,27 @@ def test_a_refusal_the_next_admitted_request_confirms_is_not_counted():
     ticket.admitted_at -= 5.0                         # its first token took past the bound
     ticket.first_token()
     assert (adm.audit.refused, adm.audit.refused_unneeded) == (1, 0)
+
+
+def test_past_the_multiple_a_refusal_needs_predictions_that_came_true():
+    """By default (5 x the objective) a request predicted past the bound is admitted until such
+    predictions have come true: its first token is the evidence. Unneeded ones keep it admitting."""
+    adm = Admission(ServeConfig(ttft_slo=1.0), engine())
+    adm.admit(400)
+    tickets = [adm.admit(6000) for _ in range(4)]            # each predicted past 5 s: admitted all the same
+    assert all(t.shadow_bound == 5.0 for t in tickets)
+    for t in tickets:
+        t.first_token()                                      # at once: the predictions did not come true
+    assert not adm.audit.trusted()
+    adm.admit(6000).release()
+    for t in [adm.admit(6000) for _ in range(adm.audit.VERDICTS)]:
+        t.admitted_at -= 60.0                               # these took a minute: the predictions came true
+        t.first_token()
+    assert adm.audit.trusted()
+    assert refusal(adm, 6000).code == "ttft_slo"
+
+
+def test_the_strict_mode_refuses_on_the_prediction_alone():
+    adm = Admission(strict(ttft_slo=1.0), engine())
+    assert not adm.audit.trusted()
+    assert refusal(adm, 1100).code == "ttft_slo"
