@@ -188,7 +188,7 @@ def main() -> None:
     now, host = datetime.now(timezone.utc), machine()
     doc = {"date": now.strftime("%Y-%m-%d"), "time_utc": now.strftime("%H:%M"), "cpu": host["cpu"],
            "cpu_class": host["cpu_class"], "journal": args.journal, "machine": host,
-           "command": " ".join([".venv/bin/python", "bench/bench_serving.py", *sys.argv[1:]]), "systems": systems,
+           "command": " ".join(["python", "bench/bench_serving.py", *sys.argv[1:]]), "systems": systems,
            "kv_cache_memory": KV_MEMORY, "duration_s": args.duration, "results": [], "startup_s": {}}
     artifact = kiln_artifact(args.cache)
     with tempfile.TemporaryDirectory() as tmp:
