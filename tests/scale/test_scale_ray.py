@@ -206,8 +206,9 @@ def _running(app: str) -> int:
 def test_autoscaling_on_kilns_signals_adds_a_replica_while_refusing_and_removes_it_when_idle(
         cluster, tiny_llama_artifact):
     url, _ = cluster
-    # an objective no request can meet: every request is refused (429), so the policy asks for one more
-    config = ServeConfig(ttft_slo=1e-4, response_cache=False, served_model_name="tiny-llama")
+    # an objective no request can meet, refused at the objective itself (the strict mode, which needs
+    # no evidence first): every request is refused (429), so the policy asks for one more
+    config = ServeConfig(ttft_slo=1e-4, ttft_refuse_factor=1, response_cache=False, served_model_name="tiny-llama")
     options = ScaleOptions(replicas=1, max_replicas=2, replica_cpus=0.5, upscale_delay=1, downscale_delay=2)
     serve.run(application(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=32 << 20, threads=1), config,
                           options), name="auto", route_prefix="/auto")

@@ -81,7 +81,7 @@ def test_corrupt_artifact_refused_at_render_time(tiny_llama_artifact, tmp_path):
 
 def test_bad_options_refused(tiny_llama_artifact, tmp_path):
     with pytest.raises(ValueError, match="max_num_seqs"):
-        render_repository(tiny_llama_artifact, tmp_path / "r", RepoOptions(runtime={"max_num_seqs": 0}))
+        render_repository(tiny_llama_artifact, tmp_path / "r", RepoOptions(runtime={"max_num_seqs": -1}))
     with pytest.raises(ValueError, match="model name"):
         RepoOptions(name="../escape")
     with pytest.raises(ValueError, match="max_queue"):
