@@ -223,7 +223,10 @@ class Admission:
                             f"adds {n} (max {c.max_waiting_tokens})", "max_waiting_tokens", self.predicted_ttft(0))
         limit = c.ttft_slo * c.ttft_refuse_factor
         ttft = self.predicted_ttft(n, cached, horizon=limit or math.inf)
-        past = bool(c.ttft_slo) and self._refusal_ttft(ttft, n, cached, limit) > limit and self._measured()
+        # NOTE: the calibrated prediction first: within the bound, the model's own (never higher
+        # once the factor is above one) is too, and is not computed a second time.
+        past = (bool(c.ttft_slo) and ttft > limit and self._refusal_ttft(ttft, n, cached, limit) > limit
+                and self._measured())
         refused = past and (c.ttft_refuse_factor == 1 or self.audit.trusted())
         if log.isEnabledFor(logging.DEBUG):
             self._trace(n, cached, ttft, refused)
