@@ -71,10 +71,10 @@ class SchedulerConfig:
     # the measured step costs), never fewer than min_prefill_chunk. target_itl 0 = prefill bounded
     # only by the token budget; itl_stretch 0 = no bound relative to the decode step.
     target_itl: float = 0.1
-    # Off by default: the absolute target alone bounds the ITL. NOTE: a 1.8x stretch (the earlier
-    # default) held a prompt arriving beside a few fast decodes (13 ms steps) to 16 tokens a step,
-    # and under 16 chat clients TTFT p50 went 1.1-1.6 s -> 2.2-3.9 s and goodput halved, where ITL
-    # p99 was 119-145 ms against 140-149 ms without it (docs/benchmarks.md, serving under load).
+    # Off by default: the absolute target alone bounds the ITL. NOTE: a stretch (the earlier default)
+    # held a prompt arriving beside a few fast decodes to a small chunk a step, and under 16 chat
+    # clients TTFT p50 about doubled and goodput halved, for an ITL p99 only a little lower than
+    # without it (docs/results/2026-12-06-figures-from-code-comments.md).
     itl_stretch: float = 0.0
     min_prefill_chunk: int = 16
     # The batch wait window (runtime/batch_wait.py): while nothing decodes, hold new prompts up to
@@ -133,7 +133,8 @@ class SpeculativeConfig:
     max_step_tokens: int = 16
     # Speculate only while at most this many requests decode: the ORT planner runs k+1-token
     # verifications and single-token decodes in separate calls, so beside other decodes proposals
-    # cost a weight read of their own (4 chat streams measured 0.86x on SmolLM2).
+    # cost a weight read of their own (4 chat streams on SmolLM2 measured slower with it:
+    # docs/results/2026-11-30-speculative-decoding.md).
     max_decodes: int = 1
     ngram_min: int = 2                  # prompt lookup's shortest and longest suffix to match
     ngram_max: int = 4
@@ -184,7 +185,7 @@ class RuntimeConfig:
 
 
 DEFAULT_TTFT_SLO = 2.0      # seconds: the bound the project's goodput figures use
-# Past 5x the objective (10 s by default) a queued request is refused: an interactive client has
+# Past this multiple of the objective (10 s by default) a queued request is refused: an interactive client has
 # given up by then, and a benchmark's closed loop at any sane concurrency stays far below it.
 DEFAULT_TTFT_REFUSE_FACTOR = 5.0
 

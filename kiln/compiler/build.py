@@ -103,7 +103,7 @@ def _weights_workdir(writer: ArtifactWriter) -> Path:
     return writer.tmp / ".weights"
 
 
-# Calls of at least this many tokens go to the prefill engine: ORT's integer GEMM (w8a8) is ~2x
+# Calls of at least this many tokens go to the prefill engine: ORT's integer GEMM (w8a8) is clearly
 # faster than MatMulNBits from 4 rows up and level at 1 (passes/dynamic_int8.py), so the
 # weight-only engine keeps only one or two decodes, where it is as fast and more exact.
 PREFILL_MIN_TOKENS = 4
@@ -183,7 +183,7 @@ def _build_quantizing_engines(backend: Backend, model: onnx.ModelProto, src: Mod
 
 # A conversation in the model's own chat template, ahead of the calibration text: chat requests start
 # with the template's control tokens, whose activations the plain text never shows (on SmolLM2 some
-# channels reach 7-13x the text's maxima there).
+# channels reach several times the text's maxima there: docs/results/2026-12-06-figures-from-code-comments.md).
 CALIBRATION_CHAT = [{"role": "user", "content": "Give me three tips for keeping a small vegetable garden healthy."},
                     {"role": "assistant", "content": "Water early in the morning, mulch the soil, and rotate crops."}]
 

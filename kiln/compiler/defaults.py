@@ -5,14 +5,15 @@ The rules follow the side-by-side measurements (docs/benchmarks.md, `python benc
   MB, a step is dispatch-bound, and quantizing only costs accuracy (and build time);
 - OpenVINO on x86 CPUs where openvino is installed (a kiln dependency) and the model is covered (its
   native paged attention, or kiln's paged gather where that cannot compute the model's attention),
-  for the modes where it measured fastest (int8: TTFT and batched decodes, ~2-3x the ort backend
-  at 32 streams; Gemma 2 through the gather 2.85x TTFT, 1.28x at 32 streams); ONNX Runtime
+  for the modes where it measured fastest (int8: TTFT and batched decodes, well ahead of the ort
+  backend at 32 streams; Gemma 2 through the gather too, in TTFT and at 32 streams:
+  docs/results/2026-12-02-gemma-2-on-the-openvino-backend.md); ONNX Runtime
   otherwise (int4 one stream: ort's MatMulNBits beat OpenVINO reading the same 4-bit blocks; fp32
   and w8a8: ort's graph).
 - except int8 on an AVX2 CPU with neither AVX-512 nor VNNI, where kiln's op library is built: there
   OpenVINO's int8 weights run as f32 FMAs, and ort's kiln.MatMulQ8 with int16 activations (pmaddwd,
-  twice an FMA's products) measured faster at every shape (SmolLM2, AVX2 EPYC: one stream ~1.5x,
-  32 streams ~1.2-1.5x, TTFT 512 level).
+  twice an FMA's products) measured faster at one stream and at 32, TTFT level (SmolLM2 on an AVX2
+  EPYC: docs/results/2026-12-02-default-builds-side-by-side-with-peers.md).
 - on ort, the attention core: kiln's PagedAttention op (reads the KV pool in place) where kiln's op
   library is built and the KV cache is fp32; the standard core (a paged gather in the graph) otherwise.
 Each choice carries its reason; the build prints it and the manifest records it. The rules are pure:

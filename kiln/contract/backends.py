@@ -58,10 +58,10 @@ def _resolve(path: str) -> Any:
 _ORT_CONTRIB = "com.microsoft.SkipSimplifiedLayerNormalization is an ONNX Runtime contrib op"
 # OpenVINO's CPU plugin fuses the plain rotary pattern into its RoPE kernel (kiln's fused rotary
 # reaches it as a Transpose/Reshape chain), and it splits a merged gate/up output with a reference
-# copy of [tokens, 2 x intermediate]: at int8 two FullyConnected nodes run a 512-token prefill in
-# 0.93-0.95x the time, decodes within 0.97-1.02x (bench/bench_openvino_calls.py, docs/benchmarks.md).
-# NOTE: int4 keeps gate/up merged: apart, SmolLM2's Q4_1 build went from +0.03 % to +0.58 % check
-# perplexity and its chat answer changed (not investigated).
+# copy of [tokens, 2 x intermediate]: at int8 two FullyConnected nodes run a 512-token prefill a
+# little faster, decodes level (bench/bench_openvino_calls.py; docs/results/2026-12-06-figures-from-code-comments.md).
+# NOTE: int4 keeps gate/up merged: apart, SmolLM2's Q4_1 build's check perplexity rose and its chat
+# answer changed (not investigated).
 OPENVINO_SKIPPED_FUSIONS = (
     SkippedFusion("fuse_rotary", reason="OpenVINO's CPU plugin fuses the plain rotary pattern into its RoPE kernel "
                   "(kiln's fused rotary reaches it as a Transpose/Reshape chain)"),

@@ -62,7 +62,7 @@ class Manifest:
 
 def current_versions() -> dict:
     # NOTE: the installed distributions' versions, read without importing them (importing
-    # onnxruntime costs ~0.3 s of every start, and an openvino artifact never runs it)
+    # onnxruntime costs a noticeable part of every start, and an openvino artifact never runs it)
     return {"kiln": importlib.metadata.version("kiln"), "onnxruntime": installed_version("onnxruntime")}
 
 

@@ -47,7 +47,7 @@ void QuantizeI8(const float* x, int k, int8_t* xq, float* dx, float* xs) {
 
 // ---- Q4_1, int8 activations: the nibbles are u8 already -----------------------------------------
 // NOTE: the rows' pointers come as arguments, not an Int8Rows, and y's stride as an int: a call is a
-// few hundred cycles at 512 rows, and either change cost 2 to 4 % of the Q4_1 product there (GCC
+// few hundred cycles at 512 rows, and either change cost a few percent of the Q4_1 product there (GCC
 // schedules the loop otherwise).
 template <int R>
 void Q4_1Rows(const int8_t* xq, const float* dx, const float* xs, int k, const uint8_t* tile, float* y, int ystride,
@@ -169,7 +169,7 @@ void I8Tile(const U8Rows& x, const int8_t* w, size_t panel, const float* ws, con
   const size_t kp = x.stride, k4 = panel / I8PerChannel::kStepBytes;
   // pf: pf_lines cache lines of the next step, asked for a few per step of k, so the requests
   // spread over the multiply instead of queueing at its start; into L1 where they fit beside the
-  // panel in use (at 32 rows, a quarter panel: 3 % faster calls than into L2), else into L2 (one
+  // panel in use (at 32 rows, a quarter panel: calls measured faster than into L2), else into L2 (one
   // row group asks for a whole panel: into L1 it would evict the one being read)
   const size_t per_step = (pf_lines + k4 - 1) / k4;
   const bool into_l1 = pf_lines * kCacheLine <= kPrefetchL1Bytes;

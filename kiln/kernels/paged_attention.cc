@@ -199,7 +199,8 @@ KILN_INLINE void Finish(const RowView& row, float* scores, int n, int64_t first,
 }
 
 // A chunk's scores for kKeys keys, acc[j][i] = sum_d transposed[d][i] * key[j][d], as 8-float halves
-// with every sum in a named register: 2.3x the 16-float loop on one AVX2 thread.
+// with every sum in a named register: much faster than the 16-float loop on one AVX2 thread
+// (docs/results/2026-12-06-figures-from-code-comments.md).
 static_assert(kKeys == 4, "ScoresInHalves names its four keys' sums");
 KILN_INLINE void ScoresInHalves(const Lanes* transposed, const float* const* key, int hd, Lanes* acc) {
   const float *k0 = key[0], *k1 = key[1], *k2 = key[2], *k3 = key[3];
@@ -222,7 +223,7 @@ KILN_INLINE void ScoresInHalves(const Lanes* transposed, const float* const* key
 
 // out[d] += the kKeys keys' scores times their values' element d, as ScoresInHalves does it: each
 // 16-float vector as two 8-float halves in named registers (the 16-float loop, on AVX2, stored every
-// out[d] through general registers, 128 bits at a time: 40 % of a 512-token prefill's attention).
+// out[d] through general registers, 128 bits at a time: a large share of a prefill's attention).
 // The same products and order of additions per lane as the 16-float loop.
 KILN_INLINE void ValuesInHalves(const Lanes* scores, const float* const* value, int hd, Lanes* out) {
   Lanes8 half[kKeys][2];

@@ -52,7 +52,8 @@ class ScaleOptions:
 
 
 # NOTE: Serve's default max_ongoing_requests (5) would queue every sixth client at the proxy
-# (16 clients: TTFT 1.8 s instead of 0.1 s); the ingress only relays streams, so it takes many.
+# (with 16 clients TTFT grew many times over: docs/results/2026-12-06-figures-from-code-comments.md);
+# the ingress only relays streams, so it takes many.
 @serve.deployment(name="kiln-ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1024)
 @serve.ingress()
 class KilnIngress:

@@ -41,7 +41,8 @@ def compile_ort(model: onnx.ModelProto, out_dir: Path) -> tuple[Path, Path | Non
         opts.add_session_config_entry(key, value)
     # NOTE: kiln's cleanup pass already folded constants. ORT's folding would also fold the
     # Reshape that lets a tied embedding share the LM head's quantized table, saving a second
-    # copy of the table (33 MB for SmolLM2 int4, 20% of the artifact).
+    # copy of the table, a large share of a small model's int4 artifact (the SmolLM2 figure:
+    # docs/results/2026-12-06-figures-from-code-comments.md).
     cpu_session(model.SerializeToString(), opts, disabled_optimizers=["ConstantFolding"])
     return target, weights if weights.is_file() else None
 

@@ -99,8 +99,9 @@ def release_freed_memory() -> None:
 
     NOTE: each weight passes through a few transient copies (transpose, bytes) below glibc's
     32 MB mmap ceiling, so they land on the heap between protobuf's blocks and stay in RSS after
-    they are freed: measured on a 135M-parameter model, 1.49 GB resident after export, 0.67 GB
-    after a trim (the graph itself is 0.62 GB).
+    they are freed: measured on a 135M-parameter model, the resident set after export was more than
+    twice the graph's size, and a trim brought it back close to the graph's own size
+    (docs/results/2026-12-06-figures-from-code-comments.md).
     """
     name = ctypes.util.find_library("c")
     libc = ctypes.CDLL(name) if name else None

@@ -13,7 +13,8 @@ becomes one com.microsoft GroupQueryAttention node fed by a token gather from th
 How kiln's paged call meets GroupQueryAttention's contract (ORT 1.32 CPU):
 - past_key/past_value [B,kvh,P,hd]: each sequence's past tokens, gathered token by token through a
   flat view of the pool (token_index [B,kvh,MB·bs], computed once per call). Measured against the
-  block gather + Transpose at B=32, 320 past tokens it measured ~2-5x cheaper per tensor.
+  block gather + Transpose on a decode batch, it was several times cheaper per tensor
+  (docs/results/2026-12-06-figures-from-code-comments.md).
 - seqlens_k[b] = past_len_b + S - 1 for every row: padding tokens (right of the real ones in a
   [B,S] bucket) only ever sit after a row's real tokens, where causality hides them.
 - total_sequence_length = P + S, P = MB·bs the past buffer's length: ORT 1.32 takes a total of

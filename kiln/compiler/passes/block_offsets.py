@@ -2,14 +2,16 @@
 
 Each block of `bs` weights along K is stored as w = scale·q + min, q in 0..15. MatMulNBits' own zero
 point is an integer nibble, so `min` cannot be one (a float zero point exists in its schema but runs
-on a dequantize fallback: 6.3 ms against 0.13 ms for a 576x3072 decode matmul). The minimum goes
+on a dequantize fallback, far slower than the packed kernel for a decode matmul: figures in
+docs/results/2026-12-06-figures-from-code-comments.md). The minimum goes
 into a small side product instead: x·W = MatMulNBits(x, W - min) + (per-block sums of x)·mins.
 
 Why it matters: with an integer zero point the grid is off the weights by up to half a step in
 every block, and the error is the same sign across the block's 32 weights, so it adds up in the dot
 product. A Q4_1 source (the SmolLM2 GGUF) is reproduced exactly; any source gets min-max rounding
 with an exact offset (measured: quantize.py, above the INT4 recipe). The cost: three small nodes
-per linear, +7-9% CPU per SmolLM2 decode step (bench/bench_quant_ppl.py --cpu-time).
+per linear, a few percent more CPU per SmolLM2 decode step (bench/bench_quant_ppl.py --cpu-time;
+docs/results/2026-12-06-figures-from-code-comments.md).
 
     x ─┬─ MatMulNBits(W_Q = q, scales, zp = 0) ──────────────┐
        └─ MatMul(P [K, K/bs] 0/1) ─ MatMul(mins [K/bs, N]) ─ Add ─ y

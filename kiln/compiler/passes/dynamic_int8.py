@@ -3,9 +3,9 @@ to uint8 per call, an integer GEMM (VNNI where the CPU has it).
 
 Why not MatMulNBits at 8 bits: its CPU kernel runs blocks of 32 along K and scales with the number
 of rows almost linearly, while ORT's integer GEMM packs B once and gets faster per row as rows grow.
-Measured on one linear, 1 thread, process CPU time (AMD EPYC with AVX-512 VNNI; 576x3072):
-rows 1: 41 vs 43 us; 8: 219 vs 90; 32: 803 vs 293; 512: 12.7 vs 4.6 ms (MatMulNBits 8-bit vs this),
-so decode batches and prefill both run ~2.7x faster and a single decode no slower.
+Measured on one linear, 1 thread, process CPU time (AMD EPYC with AVX-512 VNNI): level at one row,
+and from 8 rows up this takes well under half of 8-bit MatMulNBits' time, so decode batches and
+prefill both run faster and a single decode no slower (docs/results/2026-12-06-figures-from-code-comments.md).
 
 The weights' range follows the build CPU (the build plan's recipe: kiln/compiler/recipes.py, and
 kiln/engines/ort/int8_dot.py for why): full int8 with VNNI, 7 bits without (full-range weights

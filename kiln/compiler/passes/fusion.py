@@ -1,21 +1,21 @@
 """The fusion passes, in the order the build runs them, and why each one is there.
 
-Each fusion touches 1-3 % of a decode step (decode is ~60 % MatMul here); together RMSNorm, rotary
-and merged projections win 2-6 % at decode and are neutral-to-positive at prefill (the figures and
-their command, `python bench/bench_fusions.py`: docs/benchmarks.md, "Graph fusions"). One merged
+Each fusion touches a small share of a decode step (decode is mostly MatMul here); together RMSNorm,
+rotary and merged projections win a few percent at decode and are neutral-to-positive at prefill
+(the figures and their command, `python bench/bench_fusions.py`: docs/results/2026-11-28-graph-fusions.md). One merged
 int8/int4 matmul per projection group also suits the quantize pass (which knows qkv_proj).
 Fusing the residual Add into the norm (SkipSimplifiedLayerNormalization) measured nothing at
 decode while MatMulNBits dominated a step (and bench_fusions.py's sessions run ORT_ENABLE_ALL). On
-kiln's own 4-bit kernels a one-stream decode is ~4.7 ms and the engine's 459 nodes cost as much
-as their arithmetic: the fused graph (60 nodes fewer) decoded in a median 0.93x the time over
-eight alternating pairs of processes, prefill no slower (docs/benchmarks.md). ONNX Runtime only: the other
+kiln's own 4-bit kernels a one-stream decode is short enough that the engine's nodes cost as much
+as their arithmetic: the fused graph (fewer nodes) decoded faster over alternating pairs of
+processes, prefill no slower (docs/results/2026-12-06-figures-from-code-comments.md). ONNX Runtime only: the other
 backends skip it (kiln.contract.backends).
 
 Attention: not fused here, in the standard graph. `kiln build --attention gqa` has the kv_io pass
 put GroupQueryAttention in place of the core (passes/attention_gqa.py, layout "paged-gqa"; opt-in).
 Why not the other contrib ops: GroupQueryAttention takes a chunk with a past only at batch 1;
-MultiHeadAttention and com.microsoft Attention assume num_heads K/V heads (K/V repeated 3x for
-SmolLM2, tripling decode's KV traffic); ONNX's own Attention (opset 23) needs the graph bumped from
+MultiHeadAttention and com.microsoft Attention assume num_heads K/V heads (K/V repeated three times
+for SmolLM2, tripling decode's KV traffic); ONNX's own Attention (opset 23) needs the graph bumped from
 opset 21 and a transpose of the kv-head-major K/V, the copy the head-major pool exists to avoid.
 A native paged kernel that reads the pool without the gather is the real answer (docs/architecture.md).
 """

@@ -16,11 +16,11 @@ centred channels taken as independent. Without moments v = 1 and μ = 0: plain s
 Min/max's own (s, z) is one of the candidates, so the search never does worse on err.
 
 Why the recipe is what it is (the measured splits, perplexity and speed, with their commands:
-docs/benchmarks.md, "The int4 recipe"): on SmolLM2's Q4_1 source, all linears 4-bit with the
-searched integer zero point cost +7.9 % perplexity and fail the build's logit check; the calibrated
-search beats min/max (+37 %) and plain squared error (+16 %); GPTQ and AWQ scaling did not help and
+docs/results/2026-11-29-the-int4-recipe.md): on SmolLM2's Q4_1 source, all linears 4-bit with the
+searched integer zero point cost too much perplexity and fail the build's logit check; the calibrated
+search beats min/max and plain squared error by a wide margin; GPTQ and AWQ scaling did not help and
 were dropped. The error left is the second rounding of an already 4-bit weight onto a grid that
-cannot hold its float minimum, so the INT4 recipe keeps the MLP (gate_up, down) at 8 bits: +2.7 %.
+cannot hold its float minimum, so the INT4 recipe keeps the MLP (gate_up, down) at 8 bits.
 """
 
 from __future__ import annotations

@@ -47,9 +47,9 @@ ATTENTION_CORES = {"standard": "paged-gather", "gqa": attention_gqa.LAYOUT,     
                    "native": attention_native.LAYOUT}
 # pool dtype -> (ONNX element type, the paged graph's tolerance against the dense one). fp16: past
 # K/V rounded to 11 significant bits (relative 2^-11 each) before attention reads them; measured on
-# tiny-llama and SmolLM2 the logits move by ~1e-3 of their range, so 1e-2 bounds it with room.
+# tiny-llama and SmolLM2 the logits move by far less than the bound, so it holds with room.
 # int8: each token's head rounded to 1/254 of its largest value (engines/ort/kv_pool.py); SmolLM2's
-# logits move by ~1e-2 of their range.
+# logits move more, still inside the bound (docs/results/2026-12-06-figures-from-code-comments.md).
 KV_DTYPES = {"float32": (TensorProto.FLOAT, 1e-4), "float16": (TensorProto.FLOAT16, 1e-2),
              "int8": (TensorProto.INT8, 5e-2)}
 

@@ -12,16 +12,13 @@ B's layout (the kernel's, q4min_kernel.h): per tile of 16 columns and block of 3
 codes (byte i·64 + j·4 + r holds q[8i+r, j] in its low nibble and q[8i+4+r, j] in its high one),
 then the 16 scales and the 16 minimums as float16.
 
-Measured 2026-12-01 on a loaded 2-core EPYC (AVX-512 VNNI path), process CPU time, 1 thread, SmolLM2's
-120 decode linears (qkv 576x960, o 576x576, gate_up 576x3072, down 1536x576, x30) in one graph:
-| rows | MatMulQ4Min | MatMulNBits 4-bit, integer zero points |
-| 1 | 7.9 ms | 9.3 ms |
-| 32 (4 layers) | 8.2 ms | 10.2 ms |
-| 256 (4 layers) | 50.6 ms | 72.4 ms |
-The fixed cost of a call (N=16): 2.5 us against MatMulNBits' 3.2 us. SmolLM2 perplexity over fp32
-(bench/bench_quant_ppl.py --fuse, tests/data/perplexity.txt): every linear but the head on
-MatMulQ4Min, head 8-bit MatMulNBits +1.50 %; head on MatMulQ8 +1.40 % (the INT4 recipe); head on
-MatMulQ4Min +6.54 % ("L'Étoile" for Paris). The MatMulNBits recipe it replaces: +2.73 %.
+On SmolLM2's decode linears (process CPU time, 1 thread, AVX-512 VNNI path) MatMulQ4Min takes less
+time than MatMulNBits 4-bit with integer zero points at one row, at 32 and at 256, and a call's fixed
+cost is lower too. SmolLM2 perplexity over fp32 (bench/bench_quant_ppl.py --fuse,
+tests/data/perplexity.txt), every linear but the head on MatMulQ4Min: with the head on MatMulQ8 (the
+INT4 recipe) it is lowest and below the MatMulNBits recipe it replaces; the head on MatMulQ4Min
+costs far more ("L'Étoile" for Paris). The table and the figures:
+docs/results/2026-12-06-figures-from-code-comments.md.
 """
 
 from __future__ import annotations
@@ -123,8 +120,8 @@ def ensure_kiln_opset(model: onnx.ModelProto) -> None:
 # ---- the 8-bit form (kiln.MatMulQ8, llama.cpp's Q8_0): the LM head -----------------------------------
 # w = d·q, q in -127..127, d a half float per block of 32: a Q8_0 source (SmolLM2's tied embedding)
 # is reproduced exactly. B [⌈N/16⌉, K/32, 544]: 512 bytes of int8 codes (byte g·64 + j·4 + r holds
-# q[4g + r, j]), then the 16 scales as float16. Measured on one 576x49152 head, 1 thread: 8-bit
-# MatMulNBits 3.3 ms of CPU a call, this op ~1.7 ms.
+# q[4g + r, j]), then the 16 scales as float16. Measured on SmolLM2's head, 1 thread: this op takes
+# about half the CPU time of 8-bit MatMulNBits a call (docs/results/2026-12-06-figures-from-code-comments.md).
 
 @dataclass(frozen=True)
 class Q8Blocks:

@@ -24,7 +24,8 @@ from kiln.compiler.graph_utils import MS_DOMAIN
 @functools.lru_cache(maxsize=None)
 def weight_quantizer(bits: int, block_size: int, symmetric: bool) -> DefaultWeightOnlyQuantizer:
     # NOTE: accuracy_level=4 (int8 activations) always: at level 0, 8-bit MatMulNBits has no packed
-    # CPU kernel and dequantizes B on every call, 10-36x slower than fp32 (notes/ort-cpu-spike.md).
+    # CPU kernel and dequantizes B on every call, far slower than fp32
+    # (docs/results/2026-12-06-figures-from-code-comments.md).
     config = DefaultWeightOnlyQuantConfig(block_size=block_size, bits=bits, is_symmetric=symmetric,
                                           accuracy_level=4)
     return DefaultWeightOnlyQuantizer(config)

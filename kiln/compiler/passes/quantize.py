@@ -43,23 +43,22 @@ from kiln.engines.ort import native
 
 # The quantize check (passes/verify_quant.py), on the first 512 tokens of kiln/data/check.txt:
 # max |Δlogit| / max |logit| <= rel tolerance, and top-1 agreement with fp32 >= MIN_TOP1.
-# Measured with the default recipes (rel / top-1): SmolLM2 (fused) int8 0.060 / 0.967, int4
-# 0.160 / 0.873 (the block-offset recipe before it: 0.093 / 0.930; all 4-bit searched: 0.281, over
-# the tolerance); tiny-llama int8 0.019 / 0.969, int4 0.091 / 0.918 (random weights: near-uniform
-# logits, so argmax ties flip easily); tiny-qwen2 int8 0.012, int4 0.067 / 1.0 (one token dominates).
-# A SmolLM2 block-offset int4 graph with one linear's scales shuffled: 0.30 / 0.78 (a middle
-# layer), 0.93 / 0.02 (the first); tiny-llama with every linear's scales shuffled fails both bounds.
-# w8a8 (SmolLM2): 0.176 / 0.865 — one activation scale per call rounds harder than MatMulNBits'
-# blocks of 32.
+# The bounds sit between what the default recipes measured on SmolLM2, tiny-llama and tiny-qwen2
+# (random weights: near-uniform logits, so argmax ties flip easily) and what graphs with a linear's
+# scales shuffled measured, so a sound build passes with room and a broken linear fails; all 4-bit
+# searched fails on SmolLM2. w8a8 gets a looser rel bound than int8: one activation scale per call
+# rounds harder than MatMulNBits' blocks of 32. The figures: docs/results/2026-12-06-figures-from-code-comments.md.
 REL_TOLERANCE = {QuantMode.NONE: 0.0, QuantMode.INT8: 0.15, QuantMode.INT4: 0.25, QuantMode.W8A8: 0.30}
 MIN_TOP1 = {QuantMode.NONE: 1.0, QuantMode.INT8: 0.90, QuantMode.INT4: 0.70, QuantMode.W8A8: 0.80}
 
 
 # The INT4 defaults, the ort backend's recipe without kiln's op library (kiln/compiler/recipes.py):
 # MatMulNBits alone, no side path. The attention's linears (qkv, o) 4-bit with integer zero points
-# from a calibrated search, the MLP (gate_up, down) and the embedding / LM head 8-bit. SmolLM2 perplexity over fp32 +2.73% (the
-# all-4-bit block-offset recipe before it: +1.61% with 360 more nodes; all 4-bit searched: +7.90%),
-# answers Paris; the measured splits and the same-run speed A/B are in int4_search.py.
+# from a calibrated search, the MLP (gate_up, down) and the embedding / LM head 8-bit. SmolLM2 perplexity
+# over fp32 stays within a few percent and it answers Paris (the all-4-bit block-offset recipe before it
+# came closer with many more nodes; all 4-bit searched far worse: docs/results/2026-11-29-the-int4-recipe.md,
+# docs/results/2026-12-06-figures-from-code-comments.md); the measured splits and the same-run speed A/B
+# are in int4_search.py.
 _TABLE_BITS = {QuantMode.INT8: 8, QuantMode.INT4: 8, QuantMode.W8A8: 8}
 # NOTE: after MergeProjections, v_proj lives inside qkv_proj: a name listed here keeps the whole
 # fused projection at 8 bits.
@@ -76,7 +75,7 @@ _INT4_ROUNDING = {QuantMode.INT4: "search"}
 
 
 # How 8-bit linears run (not the LM head): "dynamic" (the w8a8 mode) = DynamicQuantizeMatMul, int8 per output channel with
-# activations quantized per call (passes/dynamic_int8.py: ~2.7x faster than MatMulNBits from 8 rows
+# activations quantized per call (passes/dynamic_int8.py: much faster than MatMulNBits from 8 rows
 # up, no slower at 1); "nbits" = MatMulNBits blocks of 32; "q8" = kiln.MatMulQ8 (Q8_0 codes,
 # activations rounded per block of 32 to q8_activations, so no outlier trouble: nbits_linears does
 # not apply; needs the op library). The LM head stays MatMulNBits (unless head_kernel says): it
@@ -91,8 +90,9 @@ Q8_ACCURACY_LEVELS = {"int8": 4, "int16": 2}
 HEAD_KERNELS = ("nbits", "q8", "q4min")
 # ...except these, whose input has outliers that one activation scale per call cannot hold: the
 # MLP's down projection reads SiLU(gate)*up. SmolLM2 perplexity over fp32 (bench/bench_quant_ppl.py
-# --fuse): all 8-bit linears dynamic +26.5%; only down_proj dynamic +18%; all but down_proj +1.8%
-# (answers Paris); all MatMulNBits +0.66% (answers "L'Étoile": fp32's first-token margin is 0.08).
+# --fuse): down_proj dynamic, alone or with the rest, costs most of the loss; all but down_proj stays
+# close (answers Paris); all MatMulNBits is closest but answers "L'Étoile" (fp32's first-token margin
+# is thin). The figures: docs/results/2026-12-06-figures-from-code-comments.md.
 NBITS_LINEARS = ("down_proj",)
 
 

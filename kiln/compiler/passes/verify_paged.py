@@ -5,8 +5,9 @@ table; logits at every position and the new tokens' K/V must match the dense run
 
 Both graphs run with fp32 activations (MatMulNBits at accuracy_level 0), so the layout pass is held
 to its own tight tolerance on quantized graphs too: at level 4 MatMulNBits rounds activations to
-int8, and a 1e-6 difference in the attention's summation order flips whole rounding steps (measured
-on SmolLM2 int8: a 1e-6 relative nudge to the past KV moved the logits by 1.5, in fp32 by 5e-4).
+int8, and a tiny difference in the attention's summation order flips whole rounding steps (measured
+on SmolLM2 int8: the same tiny nudge to the past KV moved the logits thousands of times as far as in
+fp32; docs/results/2026-12-06-figures-from-code-comments.md).
 The quantized weights are the same at either level, so the check still covers the graph as built.
 """
 

@@ -4,10 +4,11 @@ ONNX Runtime's DynamicQuantizeMatMul (kiln's w8a8 linears) multiplies uint8 acti
 weights. With VNNI (AVX-512 VNNI, AVX-VNNI, AMX) each product is summed in 32 bits. Without it
 (plain AVX2 or AVX-512) the kernel uses pmaddubsw, which adds two u8 x s8 products into a
 *saturating* int16: 2 x 255 x 127 = 64,770 does not fit, and the engine's answers turn to noise
-(seen on an AVX2 EPYC: top-1 agreement with fp32 0.19, where the same build gives 0.865 with
-VNNI). Weights kept within 7 bits ([-63, 63], ONNX Runtime's own "reduce_range") fit on any
-CPU: 2 x 255 x 63 = 32,130. The build picks the range from the build CPU, the engine record
-says which it took, and the loader refuses full-range weights where they would saturate.
+(seen on an AVX2 EPYC: top-1 agreement with fp32 collapsed where the same build agrees well with
+VNNI; docs/results/2026-12-06-figures-from-code-comments.md). Weights kept within 7 bits ([-63, 63],
+ONNX Runtime's own "reduce_range") fit on any CPU: 2 x 255 x 63 = 32,130. The build picks the range
+from the build CPU, the engine record says which it took, and the loader refuses full-range weights
+where they would saturate.
 """
 
 from __future__ import annotations

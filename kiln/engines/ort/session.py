@@ -20,8 +20,9 @@ def session_options(threads: int = 1,
     opts.graph_optimization_level = level
     opts.log_severity_level = 3
     # Every step has a new shape: memory patterns never repeat, and the arena keeps the peak of
-    # every shape seen (RSS ratchets up by hundreds of MB). Measured on SmolLM2 int8 over six
-    # mixed shapes: +151 MiB with the arena, +54 MiB without, decode and prefill times unchanged.
+    # every shape seen (RSS ratchets up by hundreds of MB). Measured on SmolLM2 int8 over mixed
+    # shapes, RSS grew far less without the arena, decode and prefill times unchanged
+    # (docs/results/2026-12-06-figures-from-code-comments.md).
     opts.enable_mem_pattern = False
     opts.enable_cpu_mem_arena = False
     return opts

@@ -140,8 +140,9 @@ def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
 def gather_options(options: OpenVinoOptions) -> OpenVinoOptions:
     """A paged-gather engine computes in f32: under bf16 (or f16) compute the plugin converts the
     fp32 pool input to that precision whole, every call (the entire pool, not the blocks gathered:
-    a 4096-block pool cost 37 ms a step), and an fp16 pool fares worse (the plugin moves the widening
-    above the Gather). The compressed weights stay as they are."""
+    the cost grows with the pool, not the step; figure in docs/results/2026-12-06-figures-from-code-comments.md),
+    and an fp16 pool fares worse (the plugin moves the widening above the Gather). The compressed
+    weights stay as they are."""
     return replace(options, inference_precision="f32")
 
 

@@ -15,11 +15,11 @@ numbers (all 3,317,760 blocks of the SmolLM2 GGUF come back bit-exact).
 But the plugin runs a float zero point only on its plain decompression kernel: dynamic
 quantization (int8 activations, the fast 4-bit path) takes integer zero points or none. So the
 int4 recipe uses augmented_linear instead: codes q - 8 (symmetric, no zero point) and the offsets
-m + 8d as two more 4-bit groups of the same FullyConnected, over the input's block sums. Same run,
-one thread, SmolLM2's 30 layers at M=1 (bench/bench_openvino_int4_weights.py): int4_sym 9.2 ms,
-this form 13.0 ms, the float zero point 12.6 ms, int8 14.0 ms, onnxruntime's MatMulNBits 7.7-8.1 ms;
-on the whole engine (bf16 compute) the augmented form took 0.91x the float zero point's CPU time
-per decode, 0.64x at 8 decodes and 0.87x for a 512-token prefill (bench/bench_openvino_int4_engines.py).
+m + 8d as two more 4-bit groups of the same FullyConnected, over the input's block sums. Layer by
+layer (bench/bench_openvino_int4_weights.py) this form is slower than int4_sym and about level with
+the float zero point, but faster than int8; on the whole engine (bench/bench_openvino_int4_engines.py)
+it takes less CPU time than the float zero point at one decode, at 8 decodes and for a prefill.
+The figures: docs/results/2026-12-06-figures-from-code-comments.md.
 """
 
 from __future__ import annotations
@@ -194,7 +194,8 @@ def augmented_linear(x, blocks: Q4Blocks, digits: int = 2, name: str = "w"):
     The block sums ride in extra groups of 32 of the same FullyConnected (zero-padded), so the
     plugin's dynamic-quantization kernel runs the whole product in one node. The offsets c are
     4-bit too: digit j holds what digits 1..j-1 left of c (symmetric, one scale per output row
-    and group), so the offset error shrinks 15x a digit (2 digits: < 1/400 of c's range)."""
+    and group), so each digit divides the offset error by fifteen (two digits: under 1/400 of c's
+    range)."""
     import openvino as ov
     import openvino.opset13 as ops
 

@@ -11,14 +11,15 @@ from kiln.compiler.plan import QuantRecipe
 
 
 # A u8 cache's keys per channel over each block: what the plugin does unasked in this release, pinned
-# so that the record says it. Per token, 32 decodes ran in 0.93-0.99x the time, for perplexity through
-# the engine +2.2 % over fp32 instead of +1.5 % (docs/benchmarks.md, "The 32-stream margin").
+# so that the record says it: per token, 32 decodes ran a little faster for a little more perplexity
+# through the engine (docs/results/2026-12-02-default-builds-side-by-side-with-peers.md, "The
+# 32-stream margin").
 U8_KEYS = "by_channel"
 
 
 # int8 on kiln's own linears (kiln/compiler/openvino_recipes.py says where): against the bf16 recipe on
-# an AMD EPYC, 32 decodes 0.88-0.93x the call time, one decode 0.92-0.99x, a 512-token prefill
-# 0.91-0.95x; perplexity on a held-out text 22.39 against 22.74 (fp32 22.20) (docs/benchmarks.md,
+# an AMD EPYC, 32 decodes, one decode and a 512-token prefill all took less call time, and perplexity
+# on a held-out text came closer to fp32's (docs/results/2026-12-02-default-builds-side-by-side-with-peers.md,
 # "kiln's int8 linears become the default").
 # A mode's weight compression and its activations' dynamic quantization group (on MatMulNBits' blocks
 # of 32, larger int8 groups fall off the fast path; int4 takes the weights' group).
@@ -34,16 +35,17 @@ def options_for_recipe(recipe: QuantRecipe) -> OpenVinoOptions:
     per-channel symmetric weights and activations in groups of 128 (on MatMulNBits' blocks of 32,
     larger groups fall off the fast path). Its compute follows the build CPU (the recipe's compute,
     kiln/compiler/openvino_recipes.py): where it computes bf16 natively, bf16 with a u8 cache (the plugin's own
-    default there; a 512-token prefill at 0.77-0.90x the CPU time of f32 compute, 32 decodes at
-    1.00-1.11x, perplexity +1.7 % over fp32 against +1.3 %), elsewhere f32 with an f16 cache (f32
+    default there; a 512-token prefill takes less CPU time than under f32 compute, 32 decodes as
+    much or a little more, for slightly more perplexity), elsewhere f32 with an f16 cache (f32
     compute reads it; the u8 cache's per-token dequantization costs f32 compute more than its bytes
-    save: 32 decodes at 1.06-1.15x). A bf16 cache is what the plugin makes of an f16 one under bf16
+    save: 32 decodes took longer). A bf16 cache is what the plugin makes of an f16 one under bf16
     compute; u8 holds twice the tokens in the same memory. int4 takes the layers' linears
     as Q4_1 blocks (exact on a Q4_1 source) in the augmented form (weights.py), bf16 compute (TTFT
-    and batched decodes ahead of f32 for +0.8 points of check perplexity), a u8 cache and activations
-    in groups of 32 (the weights' group); the engine then runs ~0.8x the CPU time per decode of
+    and batched decodes ahead of f32 for a little more check perplexity), a u8 cache and activations
+    in groups of 32 (the weights' group); the engine then takes less CPU time per decode than
     OpenVINO reading kiln's block-offset MatMulNBits.
-    The measurements behind each choice: docs/benchmarks.md (`python bench/bench_openvino_calls.py`)."""
+    The measurements behind each choice: docs/benchmarks.md (`python bench/bench_openvino_calls.py`)
+    and docs/results/2026-12-06-figures-from-code-comments.md."""
     if recipe.mode == QuantMode.NONE.value:
         return OpenVinoOptions()
     if recipe.mode not in WEIGHTS:

@@ -16,13 +16,15 @@ import openvino as ov
 class WeightCompression(enum.Enum):
     NONE = "none"
     # Per output channel, symmetric (no zero point): faster than NNCF's asymmetric default, above
-    # all at 32 decodes past 300 tokens, for +0.35 points of perplexity (docs/benchmarks.md).
+    # all at 32 decodes past 300 tokens, for slightly more perplexity (docs/benchmarks.md and
+    # docs/results/2026-12-06-figures-from-code-comments.md).
     INT8 = "int8_sym"
     INT4 = "int4_sym_g32"            # symmetric, groups of 32 (SmolLM2's 576 is no multiple of 128);
                                      # embedding and LM head stay int8 (NNCF's backup precision)
     # The layers' linears as Q4_1 blocks (w = d·q + m per group of 32: q4_weights.py), exact on a
     # Q4_1 source (the SmolLM2 GGUF); the embedding and the LM head NNCF int8 per channel (4-bit
-    # min/max blocks there cost +4.8 % perplexity on the check text).
+    # min/max blocks there cost much more perplexity on the check text: the figure is in
+    # docs/results/2026-12-06-figures-from-code-comments.md).
     # AUGMENTED (the int4 recipe): i4 codes with the block offsets as two more 4-bit groups of the
     # same FullyConnected, so the plugin's dynamic-quantization kernel runs it. Q4_1: u4 codes with
     # a float zero point -m/d, one plain decompression; measured slower: the CPU plugin runs a
