@@ -1,7 +1,7 @@
 """Build benchmark for SmolLM2: build time per quant mode, artifact size relative to fp32,
 perplexity of each artifact on the fixed text (tests/data/perplexity.txt), and the per-pass report.
 
-    .venv/bin/python bench/bench_build.py [--modes none,int8,int4] [--out bench/.cache/build]
+    .venv/bin/python -m bench.bench_build [--modes none,int8,int4] [--out bench/.cache/build]
 
 Targets (from the build issue): build <= 120 s per mode; size int8 <= 35 %, int4 <= 22 % of fp32;
 perplexity int8 within +1 %, int4 within +10 % of fp32. Printed as ratios, never asserted.

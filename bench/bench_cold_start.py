@@ -1,6 +1,6 @@
 """Cold start: `kiln serve ARTIFACT` to the first `/ready` 200, several starts in a row.
 
-    .venv/bin/python bench/bench_cold_start.py engines/smollm2 --starts 5
+    .venv/bin/python -m bench.bench_cold_start engines/smollm2 --starts 5
 
 Each start is a fresh process (nothing warm but the OS page cache, as on a restarted replica); the
 clock runs from the spawn to the first 200 from /ready, polled every 20 ms. Prints each start, the

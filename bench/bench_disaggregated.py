@@ -3,7 +3,7 @@ artifact: the KV handover's cost per token, and the running streams' inter-token
 long prompts arrive.
 
     kiln build smollm2-135m --out engines/smollm2-ort --backend ort --quant int8
-    .venv/bin/python bench/bench_disaggregated.py engines/smollm2-ort
+    .venv/bin/python -m bench.bench_disaggregated engines/smollm2-ort
 
 Streams: --streams short prompts decoding --stream-tokens tokens each; meanwhile a --long-tokens
 prompt arrives every --every seconds (--long-prompts of them, 2 reply tokens each). Each side
@@ -16,20 +16,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from kiln import LLM, RuntimeConfig, SamplingParams  # noqa: E402
-from kiln.runtime.disagg.coordinator import DisaggregatedLLM  # noqa: E402
-from kiln.runtime.disagg.handover import discard, export_blocks, import_blocks  # noqa: E402
-from kiln.runtime.sinks import CompletionSink  # noqa: E402
+from kiln import LLM, RuntimeConfig, SamplingParams
+from kiln.runtime.disagg.coordinator import DisaggregatedLLM
+from kiln.runtime.disagg.handover import discard, export_blocks, import_blocks
+from kiln.runtime.sinks import CompletionSink
 
 
 def prompts(args, vocab: int):

@@ -1,6 +1,6 @@
 """Engine backends side by side under kiln's own runtime, interleaved in one process.
 
-    .venv/bin/python bench/bench_engine_backends.py ART [ART ...] [--reps 3] [--threads 2]
+    .venv/bin/python -m bench.bench_engine_backends ART [ART ...] [--reps 3] [--threads 2]
 
 Each ARTIFACT (any backend: ort, openvino) runs bench_runtime's workloads (TTFT of a 512-token
 prompt; single stream, 13-token prompt + 128 greedy tokens, decode tok/s after the first token;
@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
 
-from runtime_kiln import KilnRunner  # noqa: E402
-from runtime_workloads import SIZES, make_prompts, median, new_tokens  # noqa: E402
+from bench.runtime_kiln import KilnRunner
+from bench.runtime_workloads import SIZES, make_prompts, median, new_tokens
 
-from kiln.tokenizer import Tokenizer  # noqa: E402
+from kiln.tokenizer import Tokenizer
 
 WORKLOADS = {"ttft": ("TTFT 512", "ms"), "single": ("1 stream", "tok/s"), "32-way": ("32-way", "tok/s")}
 

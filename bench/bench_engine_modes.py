@@ -4,7 +4,7 @@ load hits all alike; the best round of each is printed, with ratios to the first
 
     kiln build smollm2-135m --quant int8 -o /tmp/a-int8
     kiln build smollm2-135m --quant w8a8 -o /tmp/a-w8a8
-    .venv/bin/python bench/bench_engine_modes.py /tmp/a-int8 /tmp/a-w8a8 [--rounds 3] [--threads 2]
+    .venv/bin/python -m bench.bench_engine_modes /tmp/a-int8 /tmp/a-w8a8 [--rounds 3] [--threads 2]
 
 --build SOURCE:QUANT[:ATTENTION[:PREFILL]] builds an artifact in this run first (into --build-dir),
 e.g. the paged graph's attention cores side by side (ATTENTION: standard, the default, or gqa,

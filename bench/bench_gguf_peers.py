@@ -1,8 +1,8 @@
 """kiln built from a GGUF file as published, side by side with llama.cpp on that same file.
 
-    .venv/bin/python bench/bench_gguf_peers.py                       # both models, one round
-    .venv/bin/python bench/bench_gguf_peers.py --models gemma3 --rounds 2
-    .venv/bin/python bench/bench_gguf_peers.py --quick               # smoke run
+    .venv/bin/python -m bench.bench_gguf_peers                       # both models, one round
+    .venv/bin/python -m bench.bench_gguf_peers --models gemma3 --rounds 2
+    .venv/bin/python -m bench.bench_gguf_peers --quick               # smoke run
 
 Models: `smollm2`, the registry's SmolLM2-135M-Instruct Q4_1 file (what the smollm2-135m preset
 builds from); `gemma3`, a Gemma 3 with google/gemma-3-270m's shapes and random weights (no Gemma 3
@@ -28,15 +28,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_runtime import merge_rounds  # noqa: E402
-from runtime_console import console  # noqa: E402
-from runtime_kiln import _build_code_hash  # noqa: E402
-from runtime_plot import plot  # noqa: E402
-from runtime_report import METRICS, print_systems, summarize  # noqa: E402
-from runtime_workloads import SIZES, make_prompts  # noqa: E402
+from bench.bench_runtime import merge_rounds
+from bench.runtime_console import console
+from bench.runtime_kiln import _build_code_hash
+from bench.runtime_plot import plot
+from bench.runtime_report import METRICS, print_systems, summarize
+from bench.runtime_workloads import SIZES, make_prompts
 
-from kiln.tokenizer import Tokenizer  # noqa: E402
+from kiln.tokenizer import Tokenizer
 
 HERE = Path(__file__).parent
 LLAMA_VENV = HERE / ".cache" / "venv-llamacpp"
@@ -47,7 +46,7 @@ def ensure_gguf(model: str, cache: Path) -> Path:
 
     if model == "smollm2":
         return smollm2_gguf_path()
-    from gguf_models import write_gemma3_270m_shape
+    from bench.gguf_models import write_gemma3_270m_shape
 
     out = cache / "gguf" / "gemma3-270m-shape.Q4_K_M.gguf"
     if out.is_file():
@@ -55,8 +54,7 @@ def ensure_gguf(model: str, cache: Path) -> Path:
     with console.status("writing a Gemma 3 of 270M's shapes (f16), then llama.cpp's Q4_K_M of it"):
         f16 = write_gemma3_270m_shape(cache / "gguf" / "gemma3-270m-shape.f16.gguf", smollm2_gguf_path())
         tmp = out.with_name(out.name + ".tmp")
-        subprocess.run([llama_python(), str(HERE / "peer_llamacpp.py"), "quantize", str(f16), str(tmp), "Q4_K_M"],
-                       check=True, cwd=HERE)
+        subprocess.run([llama_python(), "-m", "bench.peer_llamacpp", "quantize", str(f16), str(tmp), "Q4_K_M"], check=True)
         tmp.rename(out)
     return out
 
@@ -86,7 +84,7 @@ def ensure_kiln(gguf: Path, model: str, quant: str, cache: Path) -> Path:
 
 def run_worker(python: str, spec: str, plan: Path, out: Path) -> dict:
     out.unlink(missing_ok=True)
-    cmd = [python, str(HERE / "runtime_worker.py"), spec, "--plan", str(plan), "--out", str(out)]
+    cmd = [python, "-m", "bench.runtime_worker", spec, "--plan", str(plan), "--out", str(out)]
     done = subprocess.run(cmd, env={**os.environ, "TQDM_DISABLE": "1"})
     if done.returncode != 0 or not out.is_file():
         return {"system": spec, "error": f"worker exited {done.returncode}"}

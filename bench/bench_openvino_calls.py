@@ -1,7 +1,7 @@
 """Same-run A/B of openvino artifacts' engine calls, with the compile options varied: how the
 openvino int8 choice in kiln/engines/openvino/options.py was measured.
 
-    .venv/bin/python bench/bench_openvino_calls.py ART_A ART_B "ART_A@kv_cache_precision=f16;inference_precision=f32" \\
+    .venv/bin/python -m bench.bench_openvino_calls ART_A ART_B "ART_A@kv_cache_precision=f16;inference_precision=f32" \\
         --shapes 1,64,1 32,64,1 1,0,512
 
 Each artifact may carry overrides after `@`: OpenVinoOptions fields (inference_precision,

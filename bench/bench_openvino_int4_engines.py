@@ -2,22 +2,19 @@
 shapes), timed by the process's CPU time on one thread: a figure the shared machine's other jobs
 disturb far less than wall time. How the openvino int4 weight forms were compared on the whole model.
 
-    .venv/bin/python bench/bench_openvino_int4_engines.py A B "B@inference_precision=bf16" --shapes 1,64,1 1,0,512
+    .venv/bin/python -m bench.bench_openvino_int4_engines A B "B@inference_precision=bf16" --shapes 1,64,1 1,0,512
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_openvino_calls import batch_for, bind_caches, compile_variant, parse_shape  # noqa: E402
-from kiln.engines.openvino.engine import _block_shape, cache_inputs  # noqa: E402
-from kiln.engines.openvino.feeds import paged_feeds  # noqa: E402
+from bench.bench_openvino_calls import batch_for, bind_caches, compile_variant, parse_shape
+from kiln.engines.openvino.engine import _block_shape, cache_inputs
+from kiln.engines.openvino.feeds import paged_feeds
 
 
 def main() -> None:

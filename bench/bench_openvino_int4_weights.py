@@ -1,6 +1,6 @@
 """Same-run micro-benchmark of OpenVINO CPU weight formats on a stack of SmolLM2-shaped linears.
 
-    .venv/bin/python bench/bench_openvino_int4_weights.py --layers 30 --rows 1 512 \\
+    .venv/bin/python -m bench.bench_openvino_int4_weights --layers 30 --rows 1 512 \\
         --precisions f32 bf16 --dq 0 32 64 --threads 1
 
 Each layer is SmolLM2's fused linears (hidden 576, intermediate 1536): x -> qkv [576->960] -> slice
@@ -37,17 +37,14 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kiln.compiler.backends.openvino.q4_weights import (  # noqa: E402
+from kiln.compiler.backends.openvino.q4_weights import (
     Q4Blocks, augmented_linear, decompression_subgraph, offset_linear)
 
 HIDDEN, INTER, QKV = 576, 1536, 960

@@ -1,6 +1,6 @@
 """Perplexity, weight bytes and decode latency of fp32 / int8 / int4 builds of one model, side by side.
 
-    .venv/bin/python bench/bench_quant_ppl.py [--model smollm2-135m] [--variants fp32,int8,int4] [--fuse]
+    .venv/bin/python -m bench.bench_quant_ppl [--model smollm2-135m] [--variants fp32,int8,int4] [--fuse]
 
 Each variant also answers QUESTION (chat template, greedy, 24 tokens).
 --fuse runs the build's fusion passes first (as `kiln build` does). Decode latency: B=1, S=1 after 256

@@ -1,7 +1,7 @@
 """kiln's runtime side by side with its peers on the same SmolLM2 weights, in one run.
 
-    .venv/bin/python bench/bench_runtime.py            # full run
-    .venv/bin/python bench/bench_runtime.py --quick    # smoke run: few tokens, one repetition
+    .venv/bin/python -m bench.bench_runtime            # full run
+    .venv/bin/python -m bench.bench_runtime --quick    # smoke run: few tokens, one repetition
 
 Systems: kiln (each `--kiln BACKEND:QUANT`), ONNX Runtime GenAI (`--genai`), OpenVINO GenAI
 (`--openvino`, in its own environment made by bench/setup_peers.sh) and HF transformers fp32.
@@ -28,14 +28,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from runtime_console import console  # noqa: E402
-from runtime_plot import plot  # noqa: E402
-from runtime_report import (agreement, print_agreement, print_systems, print_targets, summarize,  # noqa: E402
+from bench.runtime_console import console
+from bench.runtime_plot import plot
+from bench.runtime_report import (agreement, print_agreement, print_systems, print_targets, summarize,
                             target_rows, to_json)
-from runtime_workloads import SIZES, make_prompts  # noqa: E402
+from bench.runtime_workloads import SIZES, make_prompts
 
-from kiln.tokenizer import Tokenizer  # noqa: E402
+from kiln.tokenizer import Tokenizer
 
 HERE = Path(__file__).parent
 PEER_VENV = HERE / ".cache" / "venv-openvino"
@@ -68,8 +67,8 @@ def ensure_hf_dir(cache: Path) -> Path:
     out = cache / "hf-smollm2"
     if not (out / "config.json").is_file():
         with console.status("writing SmolLM2 as a plain HF folder (from the GGUF, once)"):
-            code = f"import peers, pathlib; peers.ensure_hf_folder(pathlib.Path({str(out)!r}))"
-            subprocess.run([sys.executable, "-c", code], cwd=HERE, check=True)
+            code = f"from bench import peers; import pathlib; peers.ensure_hf_folder(pathlib.Path({str(out)!r}))"
+            subprocess.run([sys.executable, "-c", code], check=True)
     return out
 
 
@@ -87,7 +86,7 @@ def peer_python(spec: str) -> str:
 def run_system(spec: str, plan: Path, cache: Path, setup_only: bool = False) -> dict:
     out = cache / f"runtime-result-{spec.replace(':', '-')}.json"
     out.unlink(missing_ok=True)
-    cmd = [peer_python(spec), str(HERE / "runtime_worker.py"), spec, "--plan", str(plan), "--out", str(out),
+    cmd = [peer_python(spec), "-m", "bench.runtime_worker", spec, "--plan", str(plan), "--out", str(out),
            *(["--setup-only"] if setup_only else [])]
     done = subprocess.run(cmd, env={**os.environ, "TQDM_DISABLE": "1"})
     if done.returncode != 0 or not out.is_file():
@@ -127,7 +126,7 @@ def profile(args, rows, plan: Path) -> dict:
         return {}
     out = args.cache / "runtime-profiles.json"
     out.unlink(missing_ok=True)
-    cmd = [sys.executable, str(HERE / "runtime_profile.py"), "--plan", str(plan), "--cases", json.dumps(cases),
+    cmd = [sys.executable, "-m", "bench.runtime_profile", "--plan", str(plan), "--cases", json.dumps(cases),
            "--out", str(out)]
     done = subprocess.run(cmd, env={**os.environ, "TQDM_DISABLE": "1"})
     return json.loads(out.read_text()) if done.returncode == 0 and out.is_file() else {"error": done.returncode}

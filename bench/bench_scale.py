@@ -10,7 +10,7 @@
             through the Ray Serve ingress with one and two replicas. NOTE: on a 2-core machine two
             replicas share the same cores.
 
-    python bench/bench_scale.py --artifact PATH [--section prefix|hedge|overhead|all]
+    python -m bench.bench_scale --artifact PATH [--section prefix|hedge|overhead|all]
 """
 
 from __future__ import annotations

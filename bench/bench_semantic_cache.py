@@ -4,8 +4,8 @@ the guards (kiln/serving/semantic_guards.py); then, with --artifact, the latency
 through a real `kiln serve --semantic-cache` (each pair's first question generates, its
 paraphrase is answered from the cache).
 
-    .venv/bin/python bench/bench_semantic_cache.py
-    .venv/bin/python bench/bench_semantic_cache.py --artifact engines/smollm2 --max-tokens 64
+    .venv/bin/python -m bench.bench_semantic_cache
+    .venv/bin/python -m bench.bench_semantic_cache --artifact engines/smollm2 --max-tokens 64
 
 Each pair is judged alone: a cache holding only the pair's first question is asked the second.
 """
@@ -22,14 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
+from kiln.config import ServeConfig
+from kiln.serving.embedder import Embedder
+from kiln.serving.embedder_export import ensure_exported
+from kiln.serving.semantic_cache import SemanticCache, SemanticQuery
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from kiln.config import ServeConfig  # noqa: E402
-from kiln.serving.embedder import Embedder  # noqa: E402
-from kiln.serving.embedder_export import ensure_exported  # noqa: E402
-from kiln.serving.semantic_cache import SemanticCache, SemanticQuery  # noqa: E402
-
 PAIRS = ROOT / "tests" / "data" / "semantic_pairs.jsonl"
 THRESHOLDS = (0.8, 0.85, 0.9, 0.95)
 

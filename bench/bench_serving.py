@@ -1,8 +1,8 @@
 """Serving side by side: `kiln serve` against vLLM's CPU server, the same closed-loop client
 (`kiln bench --url`) against each in turn, one server at a time.
 
-    .venv/bin/python bench/bench_serving.py                      # kiln and vLLM, 1/8/32/64 clients
-    .venv/bin/python bench/bench_serving.py --systems kiln --clients 32 --duration 20   # kiln alone
+    .venv/bin/python -m bench.bench_serving                      # kiln and vLLM, 1/8/32/64 clients
+    .venv/bin/python -m bench.bench_serving --systems kiln --clients 32 --duration 20   # kiln alone
 
 kiln runs its default build (`kiln build smollm2-135m`, no flags) with the server's defaults and
 `--kv-cache-memory 1GiB`; vLLM serves the same SmolLM2 weights (an HF folder written from the
@@ -55,8 +55,7 @@ def kiln_artifact(cache: Path) -> Path:
 
 
 def vllm_model(cache: Path) -> Path:
-    sys.path.insert(0, str(Path(__file__).parent))     # run as a script: peers.py sits beside it
-    from peers import ensure_hf_folder
+    from bench.peers import ensure_hf_folder
 
     return ensure_hf_folder(cache / "smollm2-hf")
 
@@ -202,7 +201,7 @@ def main() -> None:
                         print(json.dumps(doc["results"][-1]), flush=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, args.plot)
-    print(f"wrote {args.out} and {args.plot}; then: python bench/render_results.py")
+    print(f"wrote {args.out} and {args.plot}; then: python -m bench.render_results")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Speculative decoding (prompt lookup) against plain decoding on SmolLM2, side by side in one run.
 
-    flock /tmp/kiln-heavy.lock nice -n 5 .venv/bin/python bench/bench_speculative.py
+    flock /tmp/kiln-heavy.lock nice -n 5 .venv/bin/python -m bench.bench_speculative
 
 Workloads, greedy, chat template, up to --max-tokens each, EOS ends a reply:
 - input-grounded: "repeat / correct / summarize this passage" over passages of
@@ -22,20 +22,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from runtime_kiln import ensure_kiln  # noqa: E402
+from bench.runtime_kiln import ensure_kiln
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from kiln.config import RuntimeConfig, SpeculativeConfig  # noqa: E402
-from kiln.runtime.llm import LLM  # noqa: E402
-from kiln.runtime.sampling_params import SamplingParams  # noqa: E402
+from kiln.config import RuntimeConfig, SpeculativeConfig
+from kiln.runtime.llm import LLM
+from kiln.runtime.sampling_params import SamplingParams
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"

@@ -7,7 +7,7 @@ computed and applied), which is the overhead without the machine's noise. The sc
 before max_tokens (an array of at least 30 objects), so every request decodes exactly max_tokens
 and the batches stay the same size. Cases are interleaved and repeated; medians are printed.
 
-    flock /tmp/kiln-heavy.lock nice -n 10 .venv/bin/python bench/bench_structured.py ARTIFACT
+    flock /tmp/kiln-heavy.lock nice -n 10 .venv/bin/python -m bench.bench_structured ARTIFACT
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ is what attention reads), with the KV bytes per token each artifact's layout cos
 
     kiln build smollm2-135m --quant int8 -o /tmp/kv32
     kiln build smollm2-135m --quant int8 --kv-dtype fp16 -o /tmp/kv16
-    .venv/bin/python bench/kv_pool_perplexity.py /tmp/kv32 /tmp/kv16
+    .venv/bin/python -m bench.kv_pool_perplexity /tmp/kv32 /tmp/kv16
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ example): every prompt is a sequence of one context; a step decodes one token of
 sequence in one llama_decode; llama.cpp's own greedy sampler picks the tokens. The context keeps
 each sequence's KV apart (not unified), as many sequences as the widest workload.
 
-    python bench/peer_llamacpp.py quantize IN.gguf OUT.gguf Q4_K_M   # llama-quantize's recipe
+    python -m bench.peer_llamacpp quantize IN.gguf OUT.gguf Q4_K_M   # llama-quantize's recipe
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from peers import Run
+from bench.peers import Run
 
 FTYPES = {"Q4_K_M": 15, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3}      # llama_ftype
 

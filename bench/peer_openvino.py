@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from peers import Run
+from bench.peers import Run
 
 # optimum-cli --weight-format per precision. SmolLM2's widths (576) are not multiples of the
 # default int4 group size 128: group 32, every layer in 4 bit, symmetric.

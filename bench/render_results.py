@@ -10,8 +10,8 @@ the `journal` entry (docs/results/) that tells the story of that run; `title`, `
 - README.md, between the same markers: one line per kiln build and peer pair (ratios only, no dates),
   leaving out systems marked superseded.
 
-    python bench/render_results.py           # rewrite both sections
-    python bench/render_results.py --check   # exit 1 if either is not what the JSON gives
+    python -m bench.render_results           # rewrite both sections
+    python -m bench.render_results --check   # exit 1 if either is not what the JSON gives
 
 tests/unit/test_results_render.py runs the check, so a new or changed JSON fails the suite until it
 is rendered. Standard library only.
@@ -30,7 +30,7 @@ RESULTS = ROOT / "bench" / "results"
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 README = ROOT / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-STAMP = "<!-- rendered by `python bench/render_results.py` from bench/results/*.json: edit the JSON, then rerun it -->"
+STAMP = "<!-- rendered by `python -m bench.render_results` from bench/results/*.json: edit the JSON, then rerun it -->"
 REQUIRED = ("date", "time_utc", "cpu", "cpu_class", "command", "journal")
 CPU_CLASSES = ("amx", "avx512-vnni", "avx512", "avx2", "other", None)
 METRICS = (("ttft_ms", "TTFT 512"), ("1-stream", "1 stream"), ("8-way", "8-way"), ("32-way", "32-way"))
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     stale = [p for p, text in docs.items() if p.read_text() != text]
     if args.check:
         for p in stale:
-            print(f"{p.relative_to(ROOT)} is out of date: run python bench/render_results.py", file=sys.stderr)
+            print(f"{p.relative_to(ROOT)} is out of date: run python -m bench.render_results", file=sys.stderr)
         return 1 if stale else 0
     for p in stale:
         p.write_text(docs[p])

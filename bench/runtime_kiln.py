@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from peers import Run
-from runtime_console import console
+from bench.peers import Run
+from bench.runtime_console import console
 
 from kiln import LLM, RuntimeConfig, SamplingParams, SchedulerConfig
 

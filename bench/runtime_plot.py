@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime_report import METRICS, Summary
+from bench.runtime_report import METRICS, Summary
 
 COLORS = {"kiln": "tab:red", "artifact": "tab:red", "genai": "tab:blue", "openvino": "tab:purple", "hf": "tab:gray",
           "llamacpp": "tab:green"}

@@ -2,7 +2,7 @@
 engine next to onnxruntime-genai's for the same step (kiln's alone where the peer is not genai), and
 cProfile of kiln's Python step. bench_runtime.py runs it as a process of its own, after the systems:
 
-    python bench/runtime_profile.py --plan PLAN.json --cases '[["kiln:ort:int4", "genai:int4", 1, "decode"]]' --out OUT
+    python -m bench.runtime_profile --plan PLAN.json --cases '[["kiln:ort:int4", "genai:int4", 1, "decode"]]' --out OUT
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from peers import GenAIRunner  # noqa: E402
-from rich.table import Table  # noqa: E402
-from runtime_console import console  # noqa: E402
-from runtime_kiln import KilnRunner, ensure_kiln  # noqa: E402
+from bench.peers import GenAIRunner
+from rich.table import Table
+from bench.runtime_console import console
+from bench.runtime_kiln import KilnRunner, ensure_kiln
 
 HERE = Path(__file__).parent
 GENAI = "onnxruntime-genai"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from peers import Run
+from bench.peers import Run
 from rich.table import Table
-from runtime_console import console
-from runtime_workloads import Sizes, median
+from bench.runtime_console import console
+from bench.runtime_workloads import Sizes, median
 
 METRICS = {"ttft_ms": ("TTFT 512", "ms"), "1-stream": ("1 stream", "tok/s"),
            "8-way": ("8-way", "tok/s"), "32-way": ("32-way", "tok/s")}

@@ -1,6 +1,6 @@
 """One system of bench_runtime.py, measured in a process of its own.
 
-    python bench/runtime_worker.py SYSTEM --plan PLAN.json --out RESULT.json
+    python -m bench.runtime_worker SYSTEM --plan PLAN.json --out RESULT.json
 
 SYSTEM is `kiln:BACKEND:QUANT` (kiln:ort:int8), `genai:QUANT`, `openvino:QUANT` or `hf:fp32`;
 bench_gguf_peers.py's are `artifact:PATH` (a kiln artifact built already) and `llamacpp:PATH` (a
@@ -25,14 +25,13 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")      # NOTE: transformers' GGUF loader draws tqdm bars
-sys.path.insert(0, str(Path(__file__).parent))
-from runtime_workloads import Sizes, measure_system  # noqa: E402
+from bench.runtime_workloads import Sizes, measure_system
 
 
 def _kiln(variant: str, plan: dict):
     import logging
 
-    from runtime_kiln import KilnRunner, ensure_kiln
+    from bench.runtime_kiln import KilnRunner, ensure_kiln
 
     logging.getLogger("kiln").setLevel(logging.WARNING)
     backend, quant = variant.split(":")
@@ -52,7 +51,7 @@ def _label(artifact: Path, backend: str, quant: str) -> str:
 def _artifact(path: str, plan: dict):
     import logging
 
-    from runtime_kiln import KilnRunner
+    from bench.runtime_kiln import KilnRunner
 
     logging.getLogger("kiln").setLevel(logging.WARNING)
     choices = json.loads((Path(path) / "manifest.json").read_text())["choices"]
@@ -61,7 +60,7 @@ def _artifact(path: str, plan: dict):
 
 
 def _llamacpp(path: str, plan: dict):
-    from peer_llamacpp import LlamaCppRunner
+    from bench.peer_llamacpp import LlamaCppRunner
 
     sizes = plan["sizes"]
     chat = max(len(p) for p in plan["prompts"]["chat"]) + sizes["chat_tokens"]
@@ -70,7 +69,7 @@ def _llamacpp(path: str, plan: dict):
 
 
 def _genai(quant: str, plan: dict):
-    from peers import GenAIRunner, build_genai
+    from bench.peers import GenAIRunner, build_genai
 
     cache = Path(plan["cache"])
     model_dir = build_genai(Path(plan["hf_dir"]), cache / f"genai-{quant}", quant, cache / "genai-cache")
@@ -78,7 +77,7 @@ def _genai(quant: str, plan: dict):
 
 
 def _openvino(quant: str, plan: dict):
-    from peer_openvino import OpenVINORunner, export_openvino
+    from bench.peer_openvino import OpenVINORunner, export_openvino
 
     model_dir = export_openvino(Path(plan["hf_dir"]), Path(plan["cache"]) / f"openvino-{quant}", quant)
     return OpenVINORunner(model_dir, plan["threads"], quant)
@@ -86,7 +85,7 @@ def _openvino(quant: str, plan: dict):
 
 def _hf(quant: str, plan: dict):
     import torch
-    from peers import HFRunner
+    from bench.peers import HFRunner
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 

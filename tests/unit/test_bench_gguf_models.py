@@ -2,13 +2,9 @@
 side builds it, so its keys, tensor names and padded vocabulary must be what kiln and llama.cpp
 take a Gemma 3 to be (a small shape here; the benchmark writes 270M's)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
-gguf_models = pytest.importorskip("gguf_models")
+gguf_models = pytest.importorskip("bench.gguf_models")
 
 from kiln.compiler.export.families import spec_from_hf_config  # noqa: E402
 from kiln.compiler.export.gguf_config import hf_config  # noqa: E402

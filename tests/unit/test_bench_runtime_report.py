@@ -3,13 +3,9 @@
 Made-up worker results (no model): the arithmetic that decides "met" or "missed" is what is tested.
 """
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
-runtime_report = pytest.importorskip("runtime_report")
+runtime_report = pytest.importorskip("bench.runtime_report")
 
 EOS = 2
 
@@ -77,7 +73,7 @@ def test_agreement_counts_shared_greedy_prefix_against_kiln_fp32():
 
 
 def test_rounds_pool_their_repetitions_and_a_failed_round_fails_the_system():
-    bench_runtime = pytest.importorskip("bench_runtime")
+    bench_runtime = pytest.importorskip("bench.bench_runtime")
     tok = FakeTokenizer()
     slow, fast = result("kiln:ort:int8", 0.3, 1.1, 2.0, True), result("kiln:ort:int8", 0.1, 0.6, 1.0, True)
     merged = bench_runtime.merge_rounds([slow, fast, fast])

@@ -179,7 +179,7 @@ def bare_option_problems(span: str, where: str) -> list[str]:
 
 # -- scripts the documents run -----------------------------------------------------------------
 
-SCRIPT = re.compile(r"(?:^|\s)(?:\S*/)?python3?\s+(?:-m\s+(kiln\.[\w.]+)|((?:bench|scripts)/[\w./-]+\.py))((?:\s.*)?)$")
+SCRIPT = re.compile(r"(?:^|\s)(?:\S*/)?python3?\s+(?:-m\s+((?:kiln|bench)\.[\w.]+)|((?:bench|scripts)/[\w./-]+\.py))((?:\s.*)?)$")
 
 
 def script_options(source: Path) -> set[str]:
@@ -445,9 +445,9 @@ def test_the_command_checker_rejects_what_the_cli_does_not_have():
 
 
 def test_the_script_checker_rejects_missing_scripts_and_options():
-    assert script_problems("python bench/bench_build.py --modes none,int8", "t") == []
-    assert script_problems("python bench/bench_build.py --turbo", "t")
-    assert script_problems("python bench/no_such_script.py", "t")
+    assert script_problems("python -m bench.bench_build --modes none,int8", "t") == []
+    assert script_problems("python -m bench.bench_build --turbo", "t")
+    assert script_problems("python -m bench.no_such_script", "t")
     assert script_problems(f"python -m {TRITON_LAUNCHER} repo --print-command", "t") == []
     assert script_problems(f"python -m {TRITON_LAUNCHER} repo --gpus 2", "t")
 

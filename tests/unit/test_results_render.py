@@ -3,7 +3,7 @@
 docs/benchmarks.md's "Current figures" and the README's short table are rendered by
 bench/render_results.py between `<!-- results:begin -->` and `<!-- results:end -->`: re-rendered
 here in memory, they must equal what the documents hold, so a new or changed result JSON fails the
-suite until `python bench/render_results.py` has run. Every result says where, when and how it ran,
+suite until `python -m bench.render_results` has run. Every result says where, when and how it ran,
 and names its journal entry. The journal (docs/results/*.md, one file per study) is listed on the
 Benchmarks page, and its links resolve like the other documents' (test_docs.py reads docs/*.md only).
 """
@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import copy
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
+from bench import render_results as rr
 from test_docs import ROOT, link_problems, outside_problems
-
-sys.path.insert(0, str(ROOT / "bench"))
-import render_results as rr  # noqa: E402
 
 JOURNAL = sorted((ROOT / "docs" / "results").glob("*.md"))
 
@@ -28,7 +24,7 @@ JOURNAL = sorted((ROOT / "docs" / "results").glob("*.md"))
 def test_the_rendered_figures_are_up_to_date_with_the_json():
     for path, text in rr.rendered().items():
         assert path.read_text() == text, (
-            f"{path.relative_to(ROOT)} differs from what bench/results/*.json gives: run python bench/render_results.py")
+            f"{path.relative_to(ROOT)} differs from what bench/results/*.json gives: run python -m bench.render_results")
     assert rr.main(["--check"]) == 0
 
 
@@ -39,7 +35,7 @@ def test_every_result_says_where_when_and_how_it_ran():
     assert not problems, "\n".join(problems)
     for name, data in results.items():
         m = rr.meta(data)
-        assert m["command"].startswith(("python bench/", "kiln ")), f"{name}: command {m['command']!r}"
+        assert m["command"].startswith(("python -m bench.", "kiln ")), f"{name}: command {m['command']!r}"
         for system in m.get("superseded") or {}:
             assert system in _systems(data), f"{name}: superseded names {system!r}, which the run does not hold"
 
@@ -90,7 +86,7 @@ def test_the_readme_leaves_out_superseded_builds_and_dates():
 
 
 META = {"date": "2026-01-02", "time_utc": "10:00–10:10", "cpu": "Some CPU with AVX2", "cpu_class": "avx2",
-        "command": "python bench/bench_build.py", "journal": "docs/results/" + JOURNAL[0].name}
+        "command": "python -m bench.bench_build", "journal": "docs/results/" + JOURNAL[0].name}
 
 
 def _system(name, ttft, one, eight, way32, answer="The capital of France is Paris."):
