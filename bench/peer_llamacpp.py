@@ -11,8 +11,8 @@ each sequence's KV apart (not unified), as many sequences as the widest workload
 
 from __future__ import annotations
 
+import argparse
 import ctypes
-import sys
 import time
 from pathlib import Path
 
@@ -112,7 +112,16 @@ def quantize(src: Path, dst: Path, recipe: str, threads: int = 2) -> None:
         raise RuntimeError(f"llama_model_quantize returned {rc}")
 
 
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="llama.cpp's own quantizer, as bench_gguf_peers.py runs it")
+    sub = ap.add_subparsers(dest="command", required=True)
+    q = sub.add_parser("quantize", help="llama-quantize's recipe: IN.gguf to OUT.gguf")
+    q.add_argument("src", type=Path)
+    q.add_argument("dst", type=Path)
+    q.add_argument("recipe", choices=sorted(FTYPES))
+    args = ap.parse_args(argv)
+    quantize(args.src, args.dst, args.recipe)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 5 or sys.argv[1] != "quantize":
-        raise SystemExit(__doc__.split("\n\n")[-1])
-    quantize(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
+    main()
