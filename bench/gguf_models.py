@@ -1,4 +1,6 @@
-"""GGUF files for bench_gguf_peers.py that no registry package holds, written with the `gguf` package.
+"""GGUF files for bench_gguf_peers.py that no registry package holds, written with the `gguf` package,
+and the one GGUF writer (`write_gguf_file`) that they and the tests' tiny files
+(tests/export/gguf_writing.py) go through.
 
 `write_gemma3_270m_shape`: a Gemma 3 with google/gemma-3-270m's shapes (18 layers, hidden 640, 4
 query heads and 1 KV head of 256, MLP 2048, a 262,144-token vocabulary, sliding window 512 on five
@@ -29,50 +31,63 @@ def write_gemma3_270m_shape(out: Path, tokenizer_gguf: Path, seed: int = 0, shap
     s = shape
     tmp = out.with_name(out.name + ".tmp")
     out.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(str(tmp), "gemma3")
-    _hparams(w, s)
-    _tokenizer(w, GGUFFile(tokenizer_gguf), s["vocab"])
     rng = np.random.default_rng(seed)
-    for name, shape in _tensor_shapes(s):
-        w.add_tensor(name, _values(name, shape, rng))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    tensors = ((name, _values(name, shape, rng), None) for name, shape in _tensor_shapes(s))
+    write_gguf_file(tmp, "gemma3", _hparams(s) | _tokenizer(GGUFFile(tokenizer_gguf), s["vocab"]), tensors)
     tmp.rename(out)
     return out
 
 
-def _hparams(w: gguf.GGUFWriter, s: dict) -> None:
-    w.add_context_length(s["context"])
-    w.add_embedding_length(s["hidden"])
-    w.add_block_count(s["layers"])
-    w.add_feed_forward_length(s["ffn"])
-    w.add_head_count(s["heads"])
-    w.add_head_count_kv(s["kv_heads"])
-    w.add_key_length(s["head_dim"])
-    w.add_value_length(s["head_dim"])
-    w.add_layer_norm_rms_eps(s["eps"])
-    w.add_rope_freq_base(s["rope_base"])
-    w.add_sliding_window(s["window"])
+def write_gguf_file(path: Path, arch: str, metadata: dict, tensors) -> Path:
+    """A GGUF file of `arch` at `path`. `metadata` maps the name of a GGUFWriter `add_` method, less
+    the prefix (context_length, token_list, ...), to its value; None values are not written. `tensors`
+    yields (name, array, raw GGML type or None for the array's own dtype)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in metadata.items():
+        if value is not None:
+            getattr(w, f"add_{key}")(value)
+    for name, data, raw_dtype in tensors:
+        w.add_tensor(name, data, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
-def _tokenizer(w: gguf.GGUFWriter, src: GGUFFile, vocab: int) -> None:
+def hparams(*, context: int, hidden: int, layers: int, ffn: int, heads: int, kv_heads: int, head_dim: int,
+            eps: float, rope_base: float, window: int | None = None, rope_dims: int | None = None) -> dict:
+    """A decoder's shape as `write_gguf_file` metadata (key and value lengths both `head_dim`)."""
+    return dict(context_length=context, embedding_length=hidden, block_count=layers, feed_forward_length=ffn,
+                head_count=heads, head_count_kv=kv_heads, key_length=head_dim, value_length=head_dim,
+                rope_dimension_count=rope_dims, layer_norm_rms_eps=eps, rope_freq_base=rope_base,
+                sliding_window=window)
+
+
+def tokenizer_metadata(*, model: str, tokens: list, types: list, merges=None, scores=None, pre=None, bos=None,
+                       eos=None, pad=None, unk=None, add_bos=None, template=None) -> dict:
+    """A tokenizer as `write_gguf_file` metadata; what is None (or empty) is left out."""
+    return dict(tokenizer_model=model, tokenizer_pre=pre, token_list=tokens, token_types=types,
+                token_merges=merges or None, token_scores=scores or None, bos_token_id=bos, eos_token_id=eos,
+                pad_token_id=pad, unk_token_id=unk, add_bos_token=add_bos, chat_template=template)
+
+
+def _hparams(s: dict) -> dict:
+    return hparams(**{k: s[k] for k in ("context", "hidden", "layers", "ffn", "heads", "kv_heads", "head_dim",
+                                         "eps", "rope_base", "window")})
+
+
+def _tokenizer(src: GGUFFile, vocab: int) -> dict:
     tokens, types = src.get("tokenizer.ggml.tokens"), [int(t) for t in src.get("tokenizer.ggml.token_type")]
     unused = vocab - len(tokens)
     # NOTE: normal entries no merge reaches, so neither tokenizer ever produces them
-    w.add_token_list(tokens + [f"<unused{i}>" for i in range(unused)])
-    w.add_token_types(types + [gguf.TokenType.NORMAL] * unused)
-    w.add_token_merges(src.get("tokenizer.ggml.merges"))
-    w.add_tokenizer_model(src.get("tokenizer.ggml.model"))
-    for key, add in (("tokenizer.ggml.pre", w.add_tokenizer_pre), ("tokenizer.ggml.bos_token_id", w.add_bos_token_id),
-                     ("tokenizer.ggml.eos_token_id", w.add_eos_token_id),
-                     ("tokenizer.ggml.padding_token_id", w.add_pad_token_id),
-                     ("tokenizer.ggml.unknown_token_id", w.add_unk_token_id),
-                     ("tokenizer.ggml.add_bos_token", w.add_add_bos_token),
-                     ("tokenizer.chat_template", w.add_chat_template)):
-        if (value := src.get(key)) is not None:
-            add(value)
+    return tokenizer_metadata(
+        model=src.get("tokenizer.ggml.model"), tokens=tokens + [f"<unused{i}>" for i in range(unused)],
+        types=types + [gguf.TokenType.NORMAL] * unused, merges=src.get("tokenizer.ggml.merges"),
+        pre=src.get("tokenizer.ggml.pre"), bos=src.get("tokenizer.ggml.bos_token_id"),
+        eos=src.get("tokenizer.ggml.eos_token_id"), pad=src.get("tokenizer.ggml.padding_token_id"),
+        unk=src.get("tokenizer.ggml.unknown_token_id"), add_bos=src.get("tokenizer.ggml.add_bos_token"),
+        template=src.get("tokenizer.chat_template"))
 
 
 def _tensor_shapes(s: dict):

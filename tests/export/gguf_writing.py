@@ -5,6 +5,7 @@ Each starts as a transformers model with seeded unit-scale weights. Its tensors 
 llama-rope architectures, Gemma norms stored as w + 1, Llama 3's rope as a rope_freqs table) and are
 written quantized; every quantized tensor's dequantized values are put back into the HF model, so
 the model computes exactly what the file holds and is the reference for kiln's build of the file.
+The file itself is written by the benchmarks' GGUF writer (bench/gguf_models.py), the only one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import gguf
 from gguf import GGMLQuantizationType as Q
 
+from bench.gguf_models import hparams, tokenizer_metadata, write_gguf_file
 from kiln.compiler.export.presets import CHATML_TEMPLATE
 
 BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -83,17 +85,9 @@ def write_gguf(name: str, folder: Path, quants=MIXED, seed: int = 0, arch: str |
     model = _hf_model(cls_name, BASE | overrides | tok["ids"], len(tok["tokens"]), seed)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"tiny-{name}.gguf"
-    w = gguf.GGUFWriter(str(path), arch)
-    _metadata(w, model.config)
-    if with_tokenizer:
-        _tokenizer_metadata(w, tok)
-    if eot_token_id is not None:
-        w.add_eot_token_id(eot_token_id)          # llama.cpp writes Gemma's <end_of_turn> here
-    _tensors(w, model, arch, quants, np.random.default_rng(seed))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    metadata = _metadata(model.config) | (_tokenizer_metadata(tok) if with_tokenizer else {})
+    metadata["eot_token_id"] = eot_token_id          # llama.cpp writes Gemma's <end_of_turn> here
+    write_gguf_file(path, arch, metadata, _tensors(model, arch, quants, np.random.default_rng(seed)))
     return Written(path, model.eval(), tok)
 
 
@@ -118,28 +112,25 @@ def _rope_theta(config) -> float:
     return float((params.get("full_attention") or params)["rope_theta"])
 
 
-def _metadata(w: gguf.GGUFWriter, config) -> None:
+def _metadata(config) -> dict:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    w.add_context_length(config.max_position_embeddings)
-    w.add_embedding_length(config.hidden_size)
-    w.add_block_count(config.num_hidden_layers)
-    w.add_feed_forward_length(config.intermediate_size)
-    w.add_head_count(heads)
-    w.add_head_count_kv(config.num_key_value_heads)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_dimension_count(int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0)))
-    w.add_layer_norm_rms_eps(config.rms_norm_eps)
-    w.add_rope_freq_base(_rope_theta(config))
-    if getattr(config, "sliding_window", None):
-        w.add_sliding_window(config.sliding_window)
+    meta = hparams(context=config.max_position_embeddings, hidden=config.hidden_size,
+                   layers=config.num_hidden_layers, ffn=config.intermediate_size, heads=heads,
+                   kv_heads=config.num_key_value_heads, head_dim=head_dim,
+                   rope_dims=int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0)),
+                   eps=config.rms_norm_eps, rope_base=_rope_theta(config),
+                   window=getattr(config, "sliding_window", None) or None)
     if config.model_type == "gemma2":
-        w.add_attn_logit_softcapping(config.attn_logit_softcapping)
-        w.add_final_logit_softcapping(config.final_logit_softcapping)
+        meta |= dict(attn_logit_softcapping=config.attn_logit_softcapping,
+                     final_logit_softcapping=config.final_logit_softcapping)
+    if config.rope_parameters.get("rope_type") == "longrope":       # as convert_hf_to_gguf.py's Phi3MiniModel
+        meta["rope_scaling_orig_ctx_len"] = config.original_max_position_embeddings
+    return meta
 
 
-def _tensors(w: gguf.GGUFWriter, model, arch: str, quants, rng) -> None:
+def _tensors(model, arch: str, quants, rng):
+    """(name, stored values, GGML type) per tensor, the converter's way; the model gets the values back."""
     config = model.config
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[NAME_MAPS.get(arch, arch).upper()], config.num_hidden_layers)
     state = model.state_dict()
@@ -164,14 +155,13 @@ def _tensors(w: gguf.GGUFWriter, model, arch: str, quants, rng) -> None:
             stored = permute(stored, heads)
         if arch in NORM_PLUS_ONE and hf_name.endswith("norm.weight"):
             stored = exact + np.float32(1.0)
-        w.add_tensor(f"{names.get_name(base)}.{suffix}", stored, raw_dtype=qtype)
+        yield f"{names.get_name(base)}.{suffix}", stored, qtype
     rope = config.rope_parameters
     if rope.get("rope_type") == "llama3":
-        w.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
+        yield "rope_freqs.weight", llama3_rope_factors(config), None
     if rope.get("rope_type") == "longrope":       # as convert_hf_to_gguf.py's Phi3MiniModel
-        w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
-        w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
-        w.add_rope_scaling_orig_ctx_len(config.original_max_position_embeddings)
+        yield "rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32), None
+        yield "rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32), None
 
 
 def kquant_blocks(shape: tuple[int, int], qtype: Q, rng, std: float) -> np.ndarray:
@@ -247,17 +237,6 @@ def spm_tokenizer() -> dict:
                 ids=dict(bos_token_id=2, eos_token_id=1, pad_token_id=0))
 
 
-def _tokenizer_metadata(w: gguf.GGUFWriter, tok: dict) -> None:
-    w.add_tokenizer_model(tok["model"])
-    w.add_tokenizer_pre(tok["pre"])
-    w.add_token_list(tok["tokens"])
-    w.add_token_types(tok["types"])
-    if tok["merges"]:
-        w.add_token_merges(tok["merges"])
-    if tok["scores"]:
-        w.add_token_scores(tok["scores"])
-    w.add_bos_token_id(tok["bos"])
-    w.add_eos_token_id(tok["eos"])
-    w.add_pad_token_id(tok["pad"])
-    w.add_add_bos_token(tok["add_bos"])
-    w.add_chat_template(tok["template"])
+def _tokenizer_metadata(tok: dict) -> dict:
+    return tokenizer_metadata(**{k: tok[k] for k in ("model", "pre", "tokens", "types", "merges", "scores", "bos",
+                                                     "eos", "pad", "add_bos", "template")})

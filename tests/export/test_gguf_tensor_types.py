@@ -12,6 +12,7 @@ import pytest
 
 import gguf
 from gguf import GGMLQuantizationType as Q
+from bench.gguf_models import write_gguf_file
 from gguf_writing import K_SCALES, kquant_blocks, write_gguf
 from kiln.compiler.export.gguf_reader import GGUFError, GGUFFile
 from kiln.compiler.export.sources import load_source
@@ -23,13 +24,7 @@ ROUND_TRIP = {Q.F32: 0, Q.F16: 1e-3, Q.BF16: 1e-2, Q.Q8_0: 1e-2, Q.Q5_0: 0.05, Q
 
 
 def write_one(path, raw: np.ndarray, qtype: Q) -> GGUFFile:
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tensor("t.weight", raw, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return GGUFFile(path)
+    return GGUFFile(write_gguf_file(path, "llama", {}, [("t.weight", raw, qtype)]))
 
 
 @pytest.mark.parametrize("qtype", sorted(ROUND_TRIP, key=int), ids=lambda t: t.name)
