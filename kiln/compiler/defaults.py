@@ -1,6 +1,6 @@
 """`--backend auto` and `--quant auto`: the fastest correct engine for this machine and this model.
 
-The rules follow the side-by-side measurements (docs/benchmarks.md, `python bench/bench_runtime.py`):
+The rules follow the side-by-side measurements (docs/benchmarks.md, `python -m bench.bench_runtime`):
 - int8 weights unless the model is too small to gain: below SMALL_MODEL_PARAMS the weights are a few
   MB, a step is dispatch-bound, and quantizing only costs accuracy (and build time);
 - OpenVINO on x86 CPUs where openvino is installed (a kiln dependency) and the model is covered (its
