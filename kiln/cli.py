@@ -333,6 +333,8 @@ def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_t
               help="End requests after S seconds, finish_reason timeout (default 600; 0 = never).")
 @click.option("--no-response-cache", is_flag=True, help="Do not cache deterministic responses.")
 @click.option("--no-console", is_flag=True, help="Do not serve the playground and dashboard at /.")
+@click.option("--no-engine-process", is_flag=True,
+              help="Run the engine on a thread of the server's process, not in a process of its own.")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info",
               show_default=True, help="kiln's logs; debug traces admission and every engine step.")
 @_security_options
@@ -342,7 +344,7 @@ def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_t
 @_semantic_options
 @runtime_options
 def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waiting, max_waiting_tokens,
-          request_timeout, no_response_cache, no_console, log_level, **runtime):
+          request_timeout, no_response_cache, no_console, no_engine_process, log_level, **runtime):
     """Serve an artifact over an OpenAI-compatible HTTP API."""
     from kiln.config import DEFAULT_TTFT_SLO, ServeConfig
     from kiln.serving.server import run_server
@@ -358,7 +360,8 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
                           host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                           ttft_slo=DEFAULT_TTFT_SLO if ttft_slo is None else ttft_slo,
                           max_waiting_tokens=max_waiting_tokens, response_cache=not no_response_cache,
-                          console=not no_console, log_level=log_level, strict_api=api["strict_api"],
+                          console=not no_console, engine_process=not no_engine_process, log_level=log_level,
+                          strict_api=api["strict_api"],
                           chat_template=api["chat_template"], **semantic)
         run = partial(run_on_ray, scale=scale) if wants_ray(scale) else \
             partial(run_server, drain_timeout=scale["drain_timeout"])

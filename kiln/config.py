@@ -201,6 +201,9 @@ class ServeConfig:
     api_key: str | None = None
     served_model_name: str | None = None     # default: the artifact folder's name
     console: bool = True                     # the playground and dashboard at / (--no-console)
+    # The engine in a process of its own (kiln/runtime/engine_process.py); False: on a thread of
+    # the server's process (--no-engine-process).
+    engine_process: bool = True
     # Admission control: a request over any bound is refused at once with 429.
     ttft_slo: float = DEFAULT_TTFT_SLO       # seconds: the TTFT objective admission predicts against; 0 = off
     # Refuse (429) only past this multiple of the objective: a request predicted later than the

@@ -74,45 +74,34 @@ class _Finish:
     status: RequestStatus
 
 
-class EngineClient:
-    def __init__(self, llm, step_timeout: float | None = None):
-        self.llm, self.core, self.outputs = llm, llm.core, llm.outputs
-        # Seconds one step may run before the watchdog declares the engine stuck; None or 0: no
-        # watchdog. Read when an engine thread starts, so set it before the first request.
-        self.step_timeout = step_timeout
-        self.fault: str | None = None             # why the loop stopped for good; None while healthy
-        self._counters = LoopCounters()
-        self._prefix_cache = False                # whether snapshots carry the prefix cache's hashes
-        # NOTE: taken here, before any engine thread runs; then replaced whole: readers see old or new.
-        self.snapshot: EngineSnapshot = take_snapshot(self.core, self._counters)
-        self.last_step = StepReport(0, 0, 0, 0.0)
-        self.step_listeners: list[Callable[[StepReport], None]] = []
-        self.snapshot_listeners: list[Callable[[EngineSnapshot], None]] = []
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._sinks: dict[str, Sink] = {}
-        self._lock = threading.Lock()             # guards _thread and _closed
-        self._thread: threading.Thread | None = None
-        self._watchdog: threading.Thread | None = None
-        self._closed = False
-        self._step_started: float | None = None   # monotonic start of the step running now
+class StreamingClient:
+    """What every engine client offers a front end, over two primitives a subclass provides:
+    `submit_all` (requests and their sinks) and `_finish_command` (end one request). The engine
+    runs on a thread of this process (EngineClient) or in a process of its own
+    (kiln/runtime/engine_process.py); front ends cannot tell them apart."""
+
+    def __init__(self, front):
+        self.front = front                       # make_request's owner: the LLM, or the engine process's front
         self._streams: dict[str, AsyncSink] = {}  # stream() consumers, for their HTTP-side timeout
+
+    def submit_all(self, entries: list[tuple[Request, Sink]]) -> None:
+        raise NotImplementedError
+
+    def _finish_command(self, request_id: str, status: RequestStatus) -> None:
+        raise NotImplementedError
 
     # -- any thread ---------------------------------------------------------------------------
     def submit(self, request: Request, sink: Sink) -> None:
         self.submit_all([(request, sink)])
 
-    def submit_all(self, entries: list[tuple[Request, Sink]]) -> None:
-        """Requests submitted together join the same step."""
-        self._command(_Add(tuple(entries)))
-
     def abort(self, request_id: str) -> None:
         """Ends the request (finish_reason "abort"); its blocks are free within one step.
         A no-op once the client is shut down (the request has ended already)."""
-        self._command(_Finish(request_id, RequestStatus.FINISHED_ABORTED), refuse_when_closed=False)
+        self._finish_command(request_id, RequestStatus.FINISHED_ABORTED)
 
     def timeout(self, request_id: str) -> None:
         """Ends the request with finish_reason "timeout"; its sink gets a final delta."""
-        self._command(_Finish(request_id, RequestStatus.FINISHED_TIMEOUT), refuse_when_closed=False)
+        self._finish_command(request_id, RequestStatus.FINISHED_TIMEOUT)
         sink = self._streams.get(request_id)
         if sink is not None:                  # end the stream even if the loop never answers
             try:
@@ -121,7 +110,7 @@ class EngineClient:
                 pass
 
     def make_request(self, prompt, params, request_id: str | None = None) -> Request:
-        return self.llm.make_request(prompt, params, request_id)
+        return self.front.make_request(prompt, params, request_id)
 
     async def stream(self, request: Request) -> AsyncIterator[StreamDelta]:
         """The request's deltas. A consumer that stops iterating aborts the request."""
@@ -143,6 +132,42 @@ class EngineClient:
             self._streams.pop(request.request_id, None)
             if not finished:
                 self.abort(request.request_id)
+
+
+class EngineClient(StreamingClient):
+    def __init__(self, llm, step_timeout: float | None = None):
+        super().__init__(llm)
+        self.llm, self.core, self.outputs = llm, llm.core, llm.outputs
+        # Seconds one step may run before the watchdog declares the engine stuck; None or 0: no
+        # watchdog. Read when an engine thread starts, so set it before the first request.
+        self.step_timeout = step_timeout
+        self.fault: str | None = None             # why the loop stopped for good; None while healthy
+        self._counters = LoopCounters()
+        self._prefix_cache = False                # whether snapshots carry the prefix cache's hashes
+        # NOTE: taken here, before any engine thread runs; then replaced whole: readers see old or new.
+        self.snapshot: EngineSnapshot = take_snapshot(self.core, self._counters)
+        self.last_step = StepReport(0, 0, 0, 0.0)
+        self.step_listeners: list[Callable[[StepReport], None]] = []
+        self.snapshot_listeners: list[Callable[[EngineSnapshot], None]] = []
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}
+        self._lock = threading.Lock()             # guards _thread and _closed
+        self._thread: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
+        self._closed = False
+        self._step_started: float | None = None   # monotonic start of the step running now
+
+        # Called on the engine thread once an iteration has delivered its deltas and published
+        # its snapshot (the engine process forwards a step's outputs from here in one message).
+        self.loop_listeners: list[Callable[[], None]] = []
+
+    # -- any thread ---------------------------------------------------------------------------
+    def submit_all(self, entries: list[tuple[Request, Sink]]) -> None:
+        """Requests submitted together join the same step."""
+        self._command(_Add(tuple(entries)))
+
+    def _finish_command(self, request_id: str, status: RequestStatus) -> None:
+        self._command(_Finish(request_id, status), refuse_when_closed=False)
 
     def complete(self, requests: list[Request]) -> list[CompletionOutput]:
         """Blocks until every request is done; outputs in request order. The first error raises
@@ -229,7 +254,7 @@ class EngineClient:
         error = EngineFault(self.fault)
         for sink in sinks:
             self._counters.count_finished(ERROR)
-            _fail(sink, error)
+            fail_sink(sink, error)
 
     # -- engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -247,6 +272,7 @@ class EngineClient:
                 self._fail_all(EngineError(f"engine loop failure: {type(e).__name__}: {e}"))
             if self.fault is not None:        # the watchdog gave up on a step that came back since
                 self._free_all()
+            self._notify_loop_listeners()     # what _await_batch delivered (an abort's final delta)
             with self._lock:
                 # NOTE: decided under the lock _command() holds while it enqueues, so a command
                 # is either seen here or finds no thread and starts a new one.
@@ -316,7 +342,7 @@ class EngineClient:
             self.core.add_request(request)
         except ValueError as e:               # it can never run (e.g. longer than the context)
             self._counters.count_finished(ERROR)
-            _fail(sink, e)
+            fail_sink(sink, e)
             return
         self.outputs.add(request)
         self._sinks[request.request_id] = sink
@@ -389,7 +415,7 @@ class EngineClient:
             self.core.abort(request_id)       # frees its KV blocks
         for request_id, sink in list(self._sinks.items()):
             self._retire(request_id, ERROR)
-            _fail(sink, error)
+            fail_sink(sink, error)
 
     def _report_step(self, seconds: float) -> None:
         s = self.core.scheduler.last_step_stats
@@ -405,14 +431,18 @@ class EngineClient:
 
     def _publish(self) -> None:
         snapshot = take_snapshot(self.core, self._counters, self._prefix_cache)
-        if snapshot == self.snapshot:
-            return
-        self.snapshot = snapshot
-        for listener in self.snapshot_listeners:
-            listener(snapshot)
+        if snapshot != self.snapshot:
+            self.snapshot = snapshot
+            for listener in self.snapshot_listeners:
+                listener(snapshot)
+        self._notify_loop_listeners()
+
+    def _notify_loop_listeners(self) -> None:
+        for listener in self.loop_listeners:
+            listener()
 
 
-def _fail(sink: Sink, error: Exception) -> None:
+def fail_sink(sink: Sink, error: Exception) -> None:
     try:
         sink.fail(error)
     except Exception as e:                    # its consumer is gone; nothing more to tell it

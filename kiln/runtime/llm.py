@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator
 
 from kiln.contract.artifact import EngineArtifact
 from kiln.config import RuntimeConfig
 from kiln.runtime.engine_client import EngineClient
 from kiln.runtime.engine_core import EngineCore
+from kiln.runtime.frontend import Frontend, Prompt
 from kiln.runtime.outputs import CompletionOutput, OutputProcessor, StreamDelta
-from kiln.runtime.request import Request
 from kiln.runtime.sampling_params import SamplingParams
-from kiln.runtime.structured import bind_params
 from kiln.tokenizer import Tokenizer
 
-Prompt = str | Sequence[int]
 
-
-class LLM:
+class LLM(Frontend):
     def __init__(self, artifact: str | Path | EngineArtifact | None = None, config: RuntimeConfig | None = None,
                  *, model: str | Path | None = None):
         """model: vLLM's name for the artifact (LLM(model="engines/smollm2"))."""
@@ -42,23 +38,10 @@ class LLM:
             self.core = EngineCore(self.artifact, config or RuntimeConfig())
             if verifying is not None:
                 verifying.result()
-            self.tokenizer = tokenizer.result()
+            super().__init__(self.artifact, tokenizer.result())
         self.outputs = OutputProcessor(self.tokenizer)
-        self._ids = itertools.count()
         self._client: EngineClient | None = None
         self._client_lock = threading.Lock()
-
-    # -- requests -----------------------------------------------------------------------------
-    def make_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> Request:
-        """Any thread (the HTTP server's among them): it reads the artifact, never the engine core."""
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        eos = self.artifact.manifest.generation.get("eos_token_ids") or []
-        params = bind_params(params, self.tokenizer, self.artifact.manifest.spec.vocab_size, eos)
-        return Request(request_id or f"req-{next(self._ids)}", ids, params, eos_token_id=eos[0] if eos else None,
-                       extra_eos_token_ids=tuple(eos[1:]))
-
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
-        return self.tokenizer.encode_chat(messages)
 
     # -- the engine client: the one loop that steps the core -------------------------------
     @property

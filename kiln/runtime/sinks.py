@@ -42,9 +42,11 @@ class AsyncSink:
 
 
 class CompletionSink:
-    """The whole output of one request, for a caller that blocks until it is done."""
+    """The whole output of one request, for a caller that blocks until it is done. Without
+    `outputs` (the engine in another process), whoever delivers the final delta sets `output`
+    first."""
 
-    def __init__(self, request: Request, outputs: OutputProcessor):
+    def __init__(self, request: Request, outputs: OutputProcessor | None = None):
         self.request, self.outputs = request, outputs
         self.output: CompletionOutput | None = None
         self.error: Exception | None = None
@@ -52,8 +54,9 @@ class CompletionSink:
 
     def deliver(self, delta: StreamDelta) -> None:
         if delta.finished:
-            # NOTE: on the engine thread, before the client forgets the request's detokenizer.
-            self.output = self.outputs.result(self.request)
+            if self.outputs is not None:
+                # NOTE: on the engine thread, before the client forgets the request's detokenizer.
+                self.output = self.outputs.result(self.request)
             self.done.set()
 
     def fail(self, error: Exception) -> None:

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from kiln.config import RuntimeConfig, ServeConfig
+from kiln.logs import configure_logging
 from kiln.serving.errors import ApiError
-
-
-def configure_logging(config: ServeConfig) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # NOTE: kiln's records reach the root handler whatever the root's level; libraries stay at info.
-    logging.getLogger("kiln").setLevel(config.log_level.upper())
 
 
 DRAIN_TIMEOUT = 5.0      # seconds the streams in flight get to finish after SIGTERM (--drain-timeout)
@@ -22,8 +17,8 @@ DRAIN_TIMEOUT = 5.0      # seconds the streams in flight get to finish after SIG
 
 def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, announce=print,
                drain_timeout: float | None = None) -> None:
-    configure_logging(config)
-    loading = _start_loading(artifact, runtime)
+    configure_logging(config.log_level)
+    loading = _start_loading(artifact, runtime, config)
     import uvicorn
 
     from kiln.serving.app import create_app
@@ -43,15 +38,19 @@ def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, anno
                 timeout_keep_alive=config.keep_alive_timeout)
 
 
-def _start_loading(artifact: Path, runtime: RuntimeConfig) -> Future:
-    """The artifact checks and the engine load on a thread while this one imports the HTTP stack
-    (starlette, uvicorn, pydantic, llguidance: most of a second): the engine's compile or import
-    and the checksums run mostly outside the GIL. NOTE: kiln.runtime.llm is imported here first,
-    so the two threads never import the same modules at once."""
-    import kiln.runtime.llm
-
+def _start_loading(artifact: Path, runtime: RuntimeConfig, config: ServeConfig) -> Future:
+    """The engine loads on a thread while this one imports the HTTP stack (starlette, uvicorn,
+    pydantic, llguidance: most of a second): in its own process by default (engine_process.py),
+    else in this one (the engine's compile or import and the checksums run mostly outside the
+    GIL). NOTE: the engine's module is imported here first, so the two threads never import the
+    same modules at once."""
+    if config.engine_process:
+        from kiln.runtime.engine_process import EngineProcess as load
+        load = partial(load, log_level=config.log_level)
+    else:
+        from kiln.runtime.llm import LLM as load
     pool = ThreadPoolExecutor(1, thread_name_prefix="kiln-load")
-    loading = pool.submit(kiln.runtime.llm.LLM, artifact, runtime)
+    loading = pool.submit(load, artifact, runtime)
     pool.shutdown(wait=False)
     return loading
 

@@ -14,6 +14,7 @@ import pytest
 from kiln import LLM, RuntimeConfig, SamplingParams
 from kiln.runtime.engine_client import ClientClosed, EngineError
 from token_agreement import TOP_K, assert_all_close, assert_outputs_close
+from waiting import wait_until
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=TOP_K)
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
@@ -48,13 +49,6 @@ def _streamed(deltas) -> tuple[list[int], list]:
 def _all_free(llm) -> bool:
     kv = llm.core.kv
     return kv.num_free_blocks == kv.num_blocks and not llm.core.has_unfinished()
-
-
-def _wait(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def _fail_on_call(llm, n: int, min_seqs: int = 1) -> list[int]:
@@ -97,7 +91,7 @@ def test_engine_failure_mid_batch_fails_every_stream_and_frees_every_block(llm, 
     for deltas, error in results:
         assert isinstance(error, EngineError) and "injected engine fault" in str(error)
         assert deltas and not any(d.finished for d in deltas)     # failed mid-stream
-    _wait(lambda: llm.client.snapshot.engine_failures == 1)
+    wait_until(lambda: llm.client.snapshot.engine_failures == 1)
     assert _all_free(llm)
     snapshot = llm.client.snapshot
     assert snapshot.kv_blocks_used == 0 and snapshot.num_running == 0
@@ -111,7 +105,7 @@ def test_engine_failure_fails_generate_with_the_error(llm, reference):
     _fail_on_call(llm, 2)
     with pytest.raises(EngineError):
         llm.generate(_prompts(), GREEDY)
-    _wait(lambda: llm.client._thread is None)
+    wait_until(lambda: llm.client._thread is None)
     assert _all_free(llm)
     assert_all_close(llm.generate(_prompts(), GREEDY), reference, names=("again", "alone"))
 
@@ -151,7 +145,7 @@ def test_a_request_that_cannot_run_fails_alone(llm, reference):
     too_long = [1] * 5000
     with pytest.raises(ValueError, match="max_model_len|context|long"):
         llm.generate([_prompts()[0], too_long], GREEDY)
-    _wait(lambda: _all_free(llm))
+    wait_until(lambda: _all_free(llm))
     assert llm.client.snapshot.finished.get("error") == 1
     # exact: alone again, as the reference ran it (5 tokens: no cached block to hit)
     assert llm.generate([_prompts()[0]], GREEDY)[0].token_ids == reference[0].token_ids
@@ -164,7 +158,7 @@ def test_consumer_that_stops_aborts_its_request(llm):
         await stream.aclose()
         return deltas
     assert len(asyncio.run(read_three())) == 3
-    _wait(lambda: _all_free(llm) and llm.client.snapshot.finished == {"abort": 1})
+    wait_until(lambda: _all_free(llm) and llm.client.snapshot.finished == {"abort": 1})
 
 
 def test_timeout_ends_the_stream_with_a_final_delta(llm):
@@ -178,7 +172,7 @@ def test_timeout_ends_the_stream_with_a_final_delta(llm):
         return deltas
     deltas = asyncio.run(run())
     assert deltas[-1].finished and deltas[-1].finish_reason == "timeout"
-    _wait(lambda: _all_free(llm))
+    wait_until(lambda: _all_free(llm))
 
 
 class BrokenSink:
@@ -203,7 +197,7 @@ def test_a_sink_that_raises_drops_its_request_only(llm, reference):
     llm.client.submit(llm.make_request(_prompts()[3], LONG), sink)
     # beside the long request (or alone, once the sink dropped it): up to a near-tie
     assert_outputs_close(llm.generate([_prompts()[0]], GREEDY)[0], reference[0], names=("generated", "alone"))
-    _wait(lambda: _all_free(llm))
+    wait_until(lambda: _all_free(llm))
     assert sink.calls == 1 and llm.client.snapshot.finished.get("abort") == 1
 
 
@@ -226,4 +220,4 @@ def test_the_loop_thread_lives_only_while_there_is_work(llm, reference):
     for i, expected in enumerate(reference[:2]):   # it exits when idle, and a new request starts it again
         # exact: each prompt alone, its first time on this engine, as the reference ran it
         assert llm.generate([_prompts()[i]], GREEDY)[0].token_ids == expected.token_ids
-        _wait(lambda: llm.client._thread is None)
+        wait_until(lambda: llm.client._thread is None)

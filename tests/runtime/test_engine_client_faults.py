@@ -14,6 +14,7 @@ import pytest
 
 from kiln import LLM, RuntimeConfig, SamplingParams
 from kiln.runtime.engine_client import EngineError, EngineFault
+from waiting import wait_until
 
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
 PROMPT = [5, 6, 7, 8, 9]
@@ -28,13 +29,6 @@ def llm(tiny_llama_artifact):
     llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
     yield llm
     llm.shutdown()
-
-
-def _wait(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def _on_step(llm, n: int, action) -> None:
@@ -87,7 +81,7 @@ def test_a_base_exception_in_a_step_ends_the_requests_and_faults_the_client(llm)
     deltas, error, seconds = asyncio.run(_run_stream(llm))
     assert deltas and not deltas[-1].finished and seconds < 10
     _assert_faulted(llm, error, "native panic in the engine")
-    _wait(lambda: llm.client._thread is None and not _threads())
+    wait_until(lambda: llm.client._thread is None and not _threads())
     assert _all_free(llm) and llm.client.snapshot.kv_blocks_used == 0
     assert llm.client.snapshot.engine_failures == 1 and llm.client.snapshot.finished.get("error") == 1
 
@@ -107,7 +101,7 @@ def test_an_error_inside_the_failure_handler_faults_the_client(llm):
         llm.core.abort = real_abort
     assert seconds < 10
     _assert_faulted(llm, error, "abort failed")
-    _wait(lambda: llm.client._thread is None and not _threads())
+    wait_until(lambda: llm.client._thread is None and not _threads())
 
 
 def test_an_ordinary_step_error_still_recovers(llm):
@@ -137,7 +131,7 @@ def test_the_watchdog_ends_a_stuck_step(llm):
     finally:
         release.set()
     # Once the step comes back the engine thread frees the blocks and exits; so does the watchdog.
-    _wait(lambda: llm.client._thread is None and not _threads())
+    wait_until(lambda: llm.client._thread is None and not _threads())
     assert _all_free(llm)
     assert llm.client.snapshot.kv_blocks_used == 0
 
@@ -154,7 +148,7 @@ def test_shutdown_does_not_hang_on_a_stuck_step(llm):
         assert time.monotonic() - t0 < 5
     finally:
         release.set()
-    _wait(lambda: not _threads())
+    wait_until(lambda: not _threads())
 
 
 def test_a_stream_times_out_while_the_loop_is_stuck(llm):
@@ -179,4 +173,4 @@ def test_a_stream_times_out_while_the_loop_is_stuck(llm):
         assert llm.client.fault is None
     finally:
         release.set()
-    _wait(lambda: llm.client._thread is None and _all_free(llm))
+    wait_until(lambda: llm.client._thread is None and _all_free(llm))

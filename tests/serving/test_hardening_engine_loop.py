@@ -17,6 +17,7 @@ from starlette.testclient import TestClient
 from kiln import LLM, RuntimeConfig
 from kiln.config import ServeConfig
 from kiln.serving.app import create_app
+from waiting import wait_until
 
 MODEL = "tiny"
 BODY = {"model": MODEL, "prompt": "hello", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
@@ -30,7 +31,7 @@ def _serve(artifact, config: ServeConfig):
     llm = LLM(artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
     client = TestClient(create_app(llm, config, MODEL), base_url="http://localhost")
     client.__enter__()
-    _wait(lambda: client.get("/ready").status_code == 200)
+    wait_until(lambda: client.get("/ready").status_code == 200)
     return client, llm
 
 
@@ -46,13 +47,6 @@ def serve(tiny_llama_artifact):
     release.set()
     for client, _ in started:
         client.__exit__(None, None, None)
-
-
-def _wait(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def _on_step(llm, action, after: int = 2) -> None:
@@ -116,7 +110,7 @@ def test_a_base_exception_in_a_step_errors_the_stream_and_turns_the_server_not_r
     message = events[-1]["error"]["message"]        # an incident id; the panic's text stays in the log
     assert "incident" in message and "native panic" not in message
     _assert_not_ready(client, "native panic in the engine")
-    _wait(lambda: llm.client._thread is None and not _engine_threads())
+    wait_until(lambda: llm.client._thread is None and not _engine_threads())
     assert _metric(client, "kiln_kv_blocks_used") == 0
     assert _metric(client, "kiln_engine_failures_total") == 1
 
@@ -136,7 +130,7 @@ def test_an_error_inside_the_failure_handler_answers_500_and_turns_the_server_no
     assert seconds < 10
     assert response.status_code == 500 and response.json()["error"]["code"] == "engine_error"
     _assert_not_ready(client, "abort failed in the clean-up")
-    _wait(lambda: llm.client._thread is None and not _engine_threads())
+    wait_until(lambda: llm.client._thread is None and not _engine_threads())
     del llm.core.abort                                # so that the app can stop cleanly
 
 
@@ -150,7 +144,7 @@ def test_the_watchdog_errors_a_stuck_step_and_turns_the_server_not_ready(serve):
     _assert_not_ready(client, "--step-timeout")     # the watchdog's reason is the operator's to read
     assert llm.client._thread.is_alive()              # still stuck in the step: nothing spins
     release.set()
-    _wait(lambda: llm.client._thread is None and not _engine_threads())
+    wait_until(lambda: llm.client._thread is None and not _engine_threads())
     assert _metric(client, "kiln_kv_blocks_used") == 0
     assert client.get("/ready").status_code == 503    # not restarted: the process is to be replaced
 
@@ -167,4 +161,4 @@ def test_a_request_timeout_fires_while_the_loop_is_stuck(serve):
     assert seconds < 6 and events[-1]["choices"][0]["finish_reason"] == "timeout"
     assert client.get("/ready").status_code == 200    # a slow engine is not a fault without the watchdog
     release.set()
-    _wait(lambda: llm.client._thread is None and _metric(client, "kiln_kv_blocks_used") == 0)
+    wait_until(lambda: llm.client._thread is None and _metric(client, "kiln_kv_blocks_used") == 0)

@@ -8,7 +8,6 @@ import json
 import logging
 import re
 import threading
-import time
 
 import pytest
 from starlette.testclient import TestClient
@@ -16,6 +15,7 @@ from starlette.testclient import TestClient
 from kiln import LLM, RuntimeConfig
 from kiln.config import ServeConfig
 from kiln.serving.app import create_app
+from waiting import wait_until
 
 MODEL = "tiny"
 BODY = {"model": MODEL, "max_tokens": 200, "temperature": 0, "ignore_eos": True}
@@ -26,15 +26,8 @@ def app_client(tiny_llama_artifact):
     llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
     app = create_app(llm, ServeConfig(response_cache=False), MODEL)
     with TestClient(app, base_url="http://127.0.0.1") as client:   # a loopback Host (the default allow-list)
-        _wait(lambda: client.get("/ready").status_code == 200)
+        wait_until(lambda: client.get("/ready").status_code == 200)
         yield client, llm
-
-
-def _wait(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def _fail_when_running(llm, n: int) -> None:
@@ -93,7 +86,7 @@ def test_engine_failure_ends_every_request_and_the_server_recovers(app_client, c
         assert "injected engine fault" not in message
         incident = re.search(r"incident ([0-9a-f]{12})", message).group(1)
         assert re.search(f"incident {incident}: .*injected engine fault", logged)
-    _wait(lambda: _metrics(client)["kiln_kv_blocks_used"] == 0)
+    wait_until(lambda: _metrics(client)["kiln_kv_blocks_used"] == 0)
     m = _metrics(client)
     assert m["kiln_engine_failures_total"] == 1 and m['kiln_requests_finished_total{finish_reason="error"}'] == 3
     assert m["kiln_requests_running"] == 0 and m["kiln_requests_waiting"] == 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import kiln
 from kiln import LLM, RuntimeConfig
 from kiln.config import ServeConfig
 from kiln.serving.app import create_app
+from waiting import wait_until
 
 PACKAGE = Path(kiln.__file__).parent
 # The engine core, and what it owns: a front end that names one of these reads the engine's state.
@@ -69,17 +69,10 @@ def served(tiny_llama_artifact):
     guard = llm.core = CoreGuard(llm.core)
     app = create_app(llm, ServeConfig(response_cache=False), MODEL)   # the client's first snapshot
     with TestClient(app, base_url="http://127.0.0.1") as client:   # a loopback Host (the default allow-list)
-        _wait(lambda: client.get("/ready").status_code == 200)
+        wait_until(lambda: client.get("/ready").status_code == 200)
         object.__setattr__(guard, "armed", True)
         yield client, app.state.server, guard._core, guard
         object.__setattr__(guard, "armed", False)    # shutdown drains on the caller's thread
-
-
-def _wait(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def _metrics(client) -> dict[str, float]:
@@ -93,7 +86,7 @@ def test_serving_reads_the_engine_through_the_snapshot_only(served):
     prompt = list(range(1, 81))
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
     first = client.post("/v1/completions", json=body).json()
-    _wait(lambda: server.client.snapshot.num_running == 0 and server.client.snapshot.num_waiting == 0)
+    wait_until(lambda: server.client.snapshot.num_running == 0 and server.client.snapshot.num_waiting == 0)
     # Admission's prefix probe reads the snapshot's view, and agrees with the pool itself.
     cached = server.generations.admission.cached_prefix(prompt)
     assert cached > 0 and cached == core.kv.cached_prefix_tokens(prompt)

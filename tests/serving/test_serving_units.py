@@ -63,15 +63,15 @@ def test_log_level_sets_kilns_loggers_and_refuses_unknown_levels():
     import pytest
 
     from kiln.config import ServeConfig
-    from kiln.serving.server import configure_logging
+    from kiln.logs import configure_logging
 
     kiln_log = logging.getLogger("kiln")
     before = kiln_log.level
     try:
-        configure_logging(ServeConfig(log_level="debug"))
+        configure_logging(ServeConfig(log_level="debug").log_level)
         assert logging.getLogger("kiln.runtime").isEnabledFor(logging.DEBUG)
         assert not logging.getLogger("httpx").isEnabledFor(logging.DEBUG)      # libraries stay at info
-        configure_logging(ServeConfig())
+        configure_logging(ServeConfig().log_level)
         assert not logging.getLogger("kiln.serving.admission").isEnabledFor(logging.DEBUG)
     finally:
         kiln_log.setLevel(before)

@@ -13,6 +13,7 @@ from kiln import LLM, RuntimeConfig, SamplingParams
 from kiln.runtime.outputs import StreamDelta
 from kiln.serving.triton.requests import ReplyBuilder, parse_request
 from token_agreement import TOP_K, assert_all_close
+from waiting import wait_until
 
 
 def _inputs(**values):
@@ -92,13 +93,6 @@ def llm(tiny_llama_artifact):
     llm.shutdown()
 
 
-def _wait(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_client_batches_concurrent_requests_and_matches_generate(llm):
     greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=TOP_K)
     prompts = ["The quick brown fox", "Hello", "Once upon a time", "abc"]
@@ -110,7 +104,7 @@ def test_client_batches_concurrent_requests_and_matches_generate(llm):
         llm.client.submit(llm.make_request(prompt, greedy), sink)
     for sink in sinks:
         assert sink.done.wait(20)
-    _wait(lambda: snapshots[-1].num_running == 0)
+    wait_until(lambda: snapshots[-1].num_running == 0)
     # submitted one by one (and the second time with prefix-cache hits): up to a near-tie
     got = [(sum((d.token_ids for d in s.deltas), []), sum((d.logprobs for d in s.deltas), [])) for s in sinks]
     ties = assert_all_close(got, expected, names=("submitted", "generated"))
@@ -127,12 +121,12 @@ def test_cancelled_request_frees_blocks_and_bad_prompt_fails(llm):
     llm.client.snapshot_listeners.append(snapshots.append)
     sink = ListSink(llm)
     llm.client.submit(llm.make_request("x" * 40, SamplingParams(max_tokens=900, temperature=0, ignore_eos=True)), sink)
-    _wait(lambda: len(sink.deltas) >= 3)
+    wait_until(lambda: len(sink.deltas) >= 3)
     assert snapshots[-1].kv_blocks_used > 0
     sink.cancel = True
     assert sink.done.wait(10)
     assert sink.deltas[-1].finished and sink.deltas[-1].finish_reason == "abort"
-    _wait(lambda: snapshots[-1].kv_blocks_used == 0)
+    wait_until(lambda: snapshots[-1].kv_blocks_used == 0)
     assert snapshots[-1].finished == {"abort": 1}
 
     too_long = ListSink(llm)

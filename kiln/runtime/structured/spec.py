@@ -58,3 +58,8 @@ class StructuredOutput:
     def with_compiled(self, compiled) -> StructuredOutput:
         return StructuredOutput(self.kind, self.source, compiled)
 
+    def __reduce__(self):
+        # NOTE: pickled without its compiled form: that is this process's (llguidance objects
+        # bound to its tokenizer); the engine process binds its own (kiln/runtime/engine_worker.py).
+        return StructuredOutput, (self.kind, self.source)
+
