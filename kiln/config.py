@@ -77,6 +77,11 @@ class SchedulerConfig:
     # without it (docs/results/2026-12-06-figures-from-code-comments.md).
     itl_stretch: float = 0.0
     min_prefill_chunk: int = 16
+    # The TTFT objective the scheduler serves beside target_itl (0 = none; kiln serve passes its
+    # --ttft-slo): while a prompt has waited LATE_SHARE of it for its first token, steps are
+    # prefill-only with the whole token budget (runtime/scheduler.py, _late_prompts_first), so a
+    # burst of prompts is prefilled at full speed while the decoding streams wait a step or two.
+    target_ttft: float = 0.0
     # The batch wait window (runtime/batch_wait.py): while nothing decodes, hold new prompts up to
     # batch_wait seconds after the oldest arrived, until batch_wait_batch of them wait (0: max_num_seqs).
     # 0 = off: it trades TTFT for fuller prefill steps.
@@ -93,6 +98,8 @@ class SchedulerConfig:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0 = no cap)")
         if not 0 <= self.target_itl < float("inf"):
             raise ValueError(f"target_itl must be a finite number of seconds >= 0 (0 = off), got {self.target_itl}")
+        if not 0 <= self.target_ttft < float("inf"):
+            raise ValueError(f"target_ttft must be a finite number of seconds >= 0 (0 = off), got {self.target_ttft}")
         if not (self.itl_stretch == 0 or 1 <= self.itl_stretch < float("inf")):
             raise ValueError(f"itl_stretch must be 0 (off) or a finite factor >= 1, got {self.itl_stretch}")
         if not 0 <= self.batch_wait <= MAX_BATCH_WAIT:

@@ -95,6 +95,26 @@ class KVCacheManager:
         hashes = _chain_hashes(token_ids, self.block_size, salt)
         return len(self._cached_run(hashes, len(token_ids))) * self.block_size
 
+    def computed_by_another(self, request: Request, prefilling: Iterable[Request]) -> bool:
+        """Whether the first block of `request` past its cached run is one a request of
+        `prefilling` (admitted, its prompt not computed yet) will compute and cache: a burst of
+        prompts that share a prefix (a system prompt) would otherwise compute it once each.
+        Reads the pool without changing it (no hit is counted)."""
+        if not self.enable_caching:
+            return False
+        hashes = self._hashes(request)
+        # NOTE: not capped at the request's last token (get_computed_blocks is): a cached block
+        # the request must compute itself anyway is no reason to wait.
+        first_miss = len(self._cached_run(hashes, (len(hashes) + 1) * self.block_size))
+        if first_miss >= len(hashes):
+            return False
+        wanted = hashes[first_miss]
+        for other in prefilling:
+            entry = self._requests.get(other.request_id)
+            if entry is not None and wanted in entry.hashes[entry.num_cached:]:
+                return True
+        return False
+
     def prefix_view(self) -> PrefixCacheView:
         """The prefix cache's hashes now, as an immutable view; rebuilt only after they changed.
         NOTE: a copy of every cached hash: O(cached blocks) whenever the cache changed."""

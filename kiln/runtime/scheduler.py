@@ -8,8 +8,10 @@ ones' KV back (num_computed_tokens, and blocks that hold only rejected slots).""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import replace
+from typing import Callable
 
 from kiln.config import AUTO_BATCH_FLOOR, SchedulerConfig, SchedulingPolicy
 from kiln.runtime.batch_wait import BatchWaitWindow
@@ -17,18 +19,21 @@ from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request, RequestStatus, kv_tokens_held
 from kiln.runtime.speculative.speculator import Speculator
 from kiln.runtime.step_costs import StepCostModel
+
+LATE_SHARE = 0.75     # a prompt is late once it has waited this share of target_ttft for its first token
 from kiln.runtime.step_io import (RequestDelta, RunnerOutput, ScheduledRequest, SchedulerOutput, StepBudget,
                                   StepStats, UpdateOutput)
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager,
-                 speculator: Speculator | None = None):
+                 speculator: Speculator | None = None, clock: Callable[[], float] = time.monotonic):
         if config.max_num_seqs == 0:     # auto, unresolved (the engine core resolves it from the artifact)
             config = replace(config, max_num_seqs=AUTO_BATCH_FLOOR)
         self.config = config
         self.kv = kv_manager
         self.speculator = speculator
+        self.clock = clock                          # the requests' arrival_time clock
         self.requests: dict[str, Request] = {}      # every unfinished request
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []            # oldest admission first
@@ -69,14 +74,40 @@ class Scheduler:
     # -- one step -----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput(finished_request_ids=self._finished_ids)
-        self._finished_ids = []
+        out = self._late_prompts_first() if self._a_prompt_is_late() else None
+        if out is not None:
+            return out
+        out = SchedulerOutput(finished_request_ids=self._take_finished_ids())
         prefill_budget = self.step_costs.costs().prefill_budget(self._num_decodes())
         budget = StepBudget(self.config.max_num_batched_tokens, prefill_budget)
         self._schedule_running(out, budget, self._proposals())
         held = self.batch_wait.hold(self.waiting, self._num_decodes(), prefill_budget)
         if not out.preempted_request_ids and not held:
             self._schedule_waiting(out, budget)
+        return self._finish_schedule(out, prefill_budget)
+
+    def _late_prompts_first(self) -> SchedulerOutput | None:
+        """A prefill-only step, the whole token budget for prompts (in admission order), while a
+        prompt is late for its TTFT objective: its first token is failing its objective now, the
+        decoding streams are not, and each of them waits this step once (one long gap in a
+        stream, where spreading the prefill over many steps would slow every gap for seconds).
+        None when no prompt can progress (no seat or no free KV block): the decodes then run."""
+        out = SchedulerOutput(finished_request_ids=[])
+        size = self.config.max_num_batched_tokens
+        budget = StepBudget(size, size)
+        self._schedule_running(out, budget, {}, decodes=False)
+        if not out.preempted_request_ids:
+            self._schedule_waiting(out, budget)
+        if not out.scheduled and not out.preempted_request_ids:
+            return None
+        out.finished_request_ids = self._take_finished_ids()
+        return self._finish_schedule(out, size)
+
+    def _take_finished_ids(self) -> list[str]:
+        ids, self._finished_ids = self._finished_ids, []
+        return ids
+
+    def _finish_schedule(self, out: SchedulerOutput, prefill_budget: int) -> SchedulerOutput:
         out.num_running, out.num_waiting = len(self.running), len(self.waiting)
         self._record_stats(out, prefill_budget)
         return out
@@ -92,6 +123,14 @@ class Scheduler:
         s = self.last_step_stats
         self.step_costs.observe(s.num_decodes, s.num_prefill_tokens, seconds)
 
+    def _a_prompt_is_late(self) -> bool:
+        """Whether a prompt has waited LATE_SHARE of target_ttft for its first token."""
+        if not self.config.target_ttft:
+            return False
+        since = self.clock() - self.config.target_ttft * LATE_SHARE
+        return any(r.arrival_time <= since for r in self.waiting) or \
+            any(r.arrival_time <= since for r in self.running if r.num_output_tokens == 0)
+
     def _num_decodes(self) -> int:
         return sum(1 for r in self.running if _is_decode(r))
 
@@ -100,7 +139,8 @@ class Scheduler:
             return {}
         return self.speculator.propose([r for r in self.running if _is_decode(r)])
 
-    def _schedule_running(self, out: SchedulerOutput, budget: StepBudget, proposals: dict[str, list[int]]) -> None:
+    def _schedule_running(self, out: SchedulerOutput, budget: StepBudget, proposals: dict[str, list[int]],
+                          decodes: bool = True) -> None:
         """Running requests in admission order: each decode, and prefill chunks within the
         prefill budget. NOTE: the prefill budget leaves room in the token budget for every decode
         (StepCosts.prefill_budget), so a prefill earlier in the order never starves one; a
@@ -110,6 +150,9 @@ class Scheduler:
         while i < len(self.running) and budget.tokens > 0:
             request = self.running[i]
             decode = _is_decode(request)
+            if decode and not decodes:
+                i += 1
+                continue
             proposed = ()
             if decode:
                 decodes_left -= 1
@@ -169,6 +212,8 @@ class Scheduler:
         limit = self.batch_limit
         while self.waiting and len(self.running) < limit and budget.prefill > 0:
             request = self._next_waiting()
+            if self._shares_a_prefix_in_progress(request):
+                break       # next step: the blocks it would compute are cached by then (or closer)
             hits, num_hit = self._computed_blocks(request)
             n = self._chunk(request.num_tokens - num_hit, budget.prefill)
             if not self.kv.allocate_slots(request, n, hits):
@@ -177,6 +222,14 @@ class Scheduler:
             self._admit(request, num_hit)
             self._add(out, request, n)
             budget.spend(n, decode=False)
+
+    def _shares_a_prefix_in_progress(self, request: Request) -> bool:
+        """Whether a running request is computing the prompt blocks `request` would compute next
+        (both begin with the same system prompt): it waits a step and hits them in the cache."""
+        if not self.config.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
+            return False
+        prefilling = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
+        return bool(prefilling) and self.kv.computed_by_another(request, prefilling)
 
     def _computed_blocks(self, request: Request):
         # NOTE: prompt logprobs need every prompt position computed: no prefix-cache hits.

@@ -93,3 +93,13 @@ def test_the_server_and_the_scheduler_share_one_fit_rule():
     sched.add_request(request("fits", limits.kv_tokens))
     with pytest.raises(ValueError, match="KV blocks"):
         sched.add_request(request("too-long", limits.kv_tokens + 1))
+
+
+def test_the_server_gives_the_scheduler_its_ttft_objective_unless_the_runtime_names_one():
+    from kiln.config import RuntimeConfig, SchedulerConfig, ServeConfig
+    from kiln.serving.server import with_ttft_target
+
+    assert with_ttft_target(RuntimeConfig(), ServeConfig(ttft_slo=3.0)).scheduler.target_ttft == 3.0
+    own = RuntimeConfig(scheduler=SchedulerConfig(target_ttft=1.0))
+    assert with_ttft_target(own, ServeConfig(ttft_slo=3.0)).scheduler.target_ttft == 1.0
+    assert with_ttft_target(RuntimeConfig(), ServeConfig(ttft_slo=0)).scheduler.target_ttft == 0

@@ -337,17 +337,30 @@ def test_prefix_cache_hit_raises_num_computed_tokens():
     assert all_free(sched)
 
 
-def test_a_block_is_not_shared_within_the_step_that_computes_it():
+def test_a_prompt_waits_a_step_for_the_prefix_another_is_computing_and_hits_it():
+    """Never shared within the step that computes it (the engine writes K/V after attention),
+    and never computed twice: b waits while a computes the blocks both begin with."""
     sched = make_scheduler(block_size=4)
     a, b = make_request("a", n_prompt=12), make_request("b", n_prompt=12)
     sched.add_request(a)
     sched.add_request(b)
+    out, _ = step(sched)
+    assert [s.request.request_id for s in out.scheduled] == ["a"] and b.num_computed_tokens == 0
     step(sched)
-    assert b.num_cached_tokens == 0
+    assert b.num_cached_tokens == 8
     c = make_request("c", n_prompt=12)
     sched.add_request(c)
     step(sched)
-    assert c.num_cached_tokens == 8
+    assert c.num_cached_tokens == 8          # the block b still computes is cached already (a's)
+
+
+def test_a_prompt_with_another_prefix_is_admitted_beside_a_prefill():
+    sched = make_scheduler(block_size=4)
+    a, b = make_request("a", n_prompt=12), make_request("b", n_prompt=12, start=50)
+    sched.add_request(a)
+    sched.add_request(b)
+    out, _ = step(sched)
+    assert {s.request.request_id for s in out.scheduled} == {"a", "b"} and b.num_cached_tokens == 0
 
 
 def test_prefix_caching_off_never_hits():
@@ -469,3 +482,43 @@ def test_the_engine_s_first_step_teaches_the_step_cost_model_nothing():
         step(sched)
         sched.observe_step(seconds)
     assert sched.step_costs.costs().prefill_seconds_per_token == pytest.approx(0.064 / 64)
+
+
+# -- the TTFT objective: late prompts first ---------------------------------------------------
+
+def _decoding_pair_and_a_prompt(now: float, prompt_arrival: float, **config):
+    """Two streams decoding, then a 40-token prompt that arrived at prompt_arrival (clock: now)."""
+    sched = make_scheduler(num_blocks=64, block_size=4, max_num_batched_tokens=64, target_itl=0.05,
+                           min_prefill_chunk=4, **config)
+    sched.clock = lambda: now
+    for rid in ("a", "b"):
+        sched.add_request(make_request(rid, n_prompt=4, max_tokens=20, start=100 + 10 * ord(rid), arrival=now - 5))
+    step(sched)                                  # both prefilled: they decode from now on
+    sched.step_costs.observe(2, 0, 0.02)         # a decode step of two costs 20 ms: 30 ms left for prefill
+    sched.add_request(make_request("late", n_prompt=40, max_tokens=4, start=300, arrival=prompt_arrival))
+    return sched
+
+
+def test_a_prompt_late_for_its_ttft_objective_gets_a_prefill_only_step():
+    sched = _decoding_pair_and_a_prompt(now=100.0, prompt_arrival=100.0 - 1.6, target_ttft=2.0)
+    out, _ = step(sched)
+    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("late", 40)]
+
+
+def test_a_prompt_on_time_shares_the_step_with_the_decodes():
+    sched = _decoding_pair_and_a_prompt(now=100.0, prompt_arrival=100.0 - 0.5, target_ttft=2.0)
+    out, _ = step(sched)
+    tokens = {s.request.request_id: s.num_new_tokens for s in out.scheduled}
+    assert tokens["a"] == tokens["b"] == 1 and 0 < tokens["late"] < 40
+
+
+def test_without_a_ttft_objective_no_prompt_is_ever_late():
+    sched = _decoding_pair_and_a_prompt(now=100.0, prompt_arrival=100.0 - 60)
+    out, _ = step(sched)
+    assert {s.request.request_id for s in out.scheduled} == {"a", "b", "late"}
+
+
+def test_a_late_prompt_without_a_seat_leaves_the_decodes_running():
+    sched = _decoding_pair_and_a_prompt(now=100.0, prompt_arrival=100.0 - 1.6, target_ttft=2.0, max_num_seqs=2)
+    out, _ = step(sched)
+    assert {s.request.request_id for s in out.scheduled} == {"a", "b"}
