@@ -75,7 +75,31 @@ def vllm_command(cache: Path, port: int) -> tuple[list[str], dict]:
              "--served-model-name", MODEL_NAME], env)
 
 
-SYSTEMS = {"kiln": kiln_command, "vllm": vllm_command}
+def kiln_thread_command(cache: Path, port: int) -> tuple[list[str], dict]:
+    """kiln with its engine on a thread of the server's process (the split's baseline)."""
+    command, env = kiln_command(cache, port)
+    return [*command, "--no-engine-process"], env
+
+
+SYSTEMS = {"kiln": kiln_command, "kiln-thread": kiln_thread_command, "vllm": vllm_command}
+
+
+def process_cpu_seconds(leader: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the server's processes: the one started ("api") and
+    its descendants together ("engine": kiln's engine process; vLLM's engine core and helpers)."""
+    import psutil
+
+    out: dict[str, float] = {}
+    try:
+        root = psutil.Process(leader)
+        for proc in [root, *root.children(recursive=True)]:
+            times = proc.cpu_times()
+            role = "api" if proc.pid == leader else "engine"
+            out[role] = out.get(role, 0.0) + times.user + times.system
+    except psutil.Error:          # it exited meanwhile: the level's record says so by its absence
+        pass
+    return out
+
 
 
 @contextmanager
@@ -90,7 +114,7 @@ def running(system: str, cache: Path, log_dir: Path):
     try:
         wait_ready(proc, port, log)
         print(f"{system}: serving on port {port} after {time.monotonic() - started:.1f} s", flush=True)
-        yield f"http://127.0.0.1:{port}", time.monotonic() - started
+        yield f"http://127.0.0.1:{port}", time.monotonic() - started, proc.pid
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -171,7 +195,9 @@ def plot(doc: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--systems", default="kiln,vllm")
+    parser.add_argument("--systems", default="kiln,vllm",
+                        help=f"comma-separated, of {', '.join(SYSTEMS)} (kiln-thread: the engine on a thread of "
+                             "the server's process)")
     parser.add_argument("--workloads", default="serving,system-prompt")
     parser.add_argument("--clients", default="1,8,32,64")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of issuing requests per level")
@@ -187,17 +213,21 @@ def main() -> None:
     now, host = datetime.now(timezone.utc), machine()
     doc = {"date": now.strftime("%Y-%m-%d"), "time_utc": now.strftime("%H:%M"), "cpu": host["cpu"],
            "cpu_class": host["cpu_class"], "journal": args.journal, "machine": host,
-           "command": " ".join(["python", "bench/bench_serving.py", *sys.argv[1:]]), "systems": systems,
+           "command": " ".join(["python", "-m", "bench.bench_serving", *sys.argv[1:]]), "systems": systems,
            "kv_cache_memory": KV_MEMORY, "duration_s": args.duration, "results": [], "startup_s": {}}
     artifact = kiln_artifact(args.cache)
     with tempfile.TemporaryDirectory() as tmp:
         for system in systems:
-            with running(system, args.cache, Path(tmp)) as (url, startup):
+            with running(system, args.cache, Path(tmp)) as (url, startup, pid):
                 doc["startup_s"][system] = round(startup, 1)
                 for workload in workloads:
                     for n in clients:
+                        cpu_before = process_cpu_seconds(pid)
                         row = run_level(url, workload, n, args.duration, artifact, Path(tmp) / "level.json")
-                        doc["results"].append({"system": system, "workload": workload, "clients": n, **row})
+                        cpu = {role: round(seconds - cpu_before.get(role, 0.0), 2)
+                               for role, seconds in process_cpu_seconds(pid).items()}
+                        doc["results"].append({"system": system, "workload": workload, "clients": n, **row,
+                                               "cpu_seconds": cpu})
                         print(json.dumps(doc["results"][-1]), flush=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, args.plot)
