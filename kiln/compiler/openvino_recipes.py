@@ -63,11 +63,7 @@ def _kiln_int8() -> QuantRecipe:
              RoleKernel("gate_up", Kernel(KILN_GATE_UP, 8, activations="uint8"),
                         "kiln's gated pair: silu(x Wg) * x Wu in one op, activations as its linears'"),
              RoleKernel("down", linear, why), RoleKernel("lm_head", linear, why), EMBEDDING)
-    # NOTE: an f16 cache, not u8: f32 compute dequantizes a u8 cache token by token, and paged
-    # attention's share of a step grows with the context; an f16 one made every decode shape
-    # faster (the most at 32 streams over long contexts), for half the tokens per KV byte
-    # (docs/results/2026-12-06-serving-vs-vllm.md, "The KV cache's precision").
-    return QuantRecipe("int8", "backend", roles, compute="f32", kv_cache="f16")
+    return QuantRecipe("int8", "backend", roles, compute="f32", kv_cache="u8")
 
 
 def _own_int8(compute: str, kv_cache: str, why: str) -> QuantRecipe:

@@ -25,7 +25,7 @@ U8_KEYS = "by_channel"
 # of 32, larger int8 groups fall off the fast path; int4 takes the weights' group).
 WEIGHTS = {QuantMode.INT8.value: (WeightCompression.INT8.value, 128),
            QuantMode.INT4.value: (WeightCompression.Q4_1_AUGMENTED.value, 32)}
-KILN_INT8 = OpenVinoOptions(inference_precision="f32", kv_cache_precision="f16",
+KILN_INT8 = OpenVinoOptions(inference_precision="f32", kv_cache_precision="u8", key_cache_quant_mode=U8_KEYS,
                             weights=WeightCompression.INT8.value, dynamic_quantization_group_size=128,
                             kernels=native.KERNELS)
 
