@@ -294,15 +294,23 @@ def render_serving(name: str, data: dict) -> list[str]:
     rows = [[r["system"], r["workload"], str(r["clients"]), num(r["output_tokens_per_s"], 1),
              f"{num(1000 * (r['ttft_p50'] or 0))} / {num(1000 * (r['ttft_p99'] or 0))}",
              f"{num(1000 * (r['itl_p50'] or 0))} / {num(1000 * (r['itl_p99'] or 0))}",
-             f"{r['served']} / {r['refused_429']}"] for r in data["results"]]
+             f"{r['served']} / {r['refused_429']}", _cpu_split(r)] for r in data["results"]]
     out += table(["server", "workload", "clients", "out tok/s", "TTFT p50 / p99 ms", "ITL p50 / p99 ms",
-                  "served / 429"], rows)
+                  "served / 429", "CPU s: API / engine process"], rows)
     ratios = _serving_ratios(data)
     if ratios:
         out += ["", f"{data['systems'][0]} / {data['systems'][1]}, from the same run (tokens/s above 1 and TTFT "
                 "p99 below 1 favour the first):", ""]
         out += table(["workload", "clients", "out tok/s", "TTFT p99"], ratios)
     return out + [""] + footer(name, m, [Path(name).with_suffix(".png").name])
+
+
+def _cpu_split(r: dict) -> str:
+    """The level's CPU seconds in the server's API process and in its engine process(es)."""
+    cpu = r.get("cpu_seconds")
+    if not cpu:
+        return "—"
+    return f"{num(cpu.get('api', 0), 1)} / {num(cpu['engine'], 1) if 'engine' in cpu else 'same process'}"
 
 
 def _serving_ratios(data: dict) -> list[list[str]]:

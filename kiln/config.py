@@ -8,7 +8,7 @@ kiln.serving or kiln.cli (tests/unit/test_layering.py checks it).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -183,6 +183,13 @@ class RuntimeConfig:
     threads: int | None = None             # engine intra-op threads; None = the CPUs we may use
     seed: int | None = None                # default seed for requests that set none
     speculative: SpeculativeConfig | None = None     # None: one token per decode step
+
+    def with_ttft_target(self, seconds: float) -> RuntimeConfig:
+        """This config with the scheduler serving a TTFT objective of `seconds` (a late prompt
+        gets prefill-only steps: SchedulerConfig.target_ttft), unless it names its own."""
+        if self.scheduler.target_ttft or not seconds:
+            return self
+        return replace(self, scheduler=replace(self.scheduler, target_ttft=seconds))
 
     def __post_init__(self):
         if not 0 < self.kv_cache_fraction <= 0.95:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -19,7 +18,7 @@ DRAIN_TIMEOUT = 5.0      # seconds the streams in flight get to finish after SIG
 def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, announce=print,
                drain_timeout: float | None = None) -> None:
     configure_logging(config.log_level)
-    loading = _start_loading(artifact, with_ttft_target(runtime, config), config)
+    loading = _start_loading(artifact, runtime.with_ttft_target(config.ttft_slo), config)
     import uvicorn
 
     from kiln.serving.app import create_app
@@ -37,14 +36,6 @@ def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, anno
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=drain_timeout or DRAIN_TIMEOUT, limit_concurrency=config.limit_concurrency,
                 timeout_keep_alive=config.keep_alive_timeout)
-
-
-def with_ttft_target(runtime: RuntimeConfig, config: ServeConfig) -> RuntimeConfig:
-    """The scheduler serves the server's TTFT objective beside its ITL target (a late prompt
-    gets longer steps: SchedulerConfig.target_ttft), unless the runtime config names its own."""
-    if runtime.scheduler.target_ttft or not config.ttft_slo:
-        return runtime
-    return replace(runtime, scheduler=replace(runtime.scheduler, target_ttft=config.ttft_slo))
 
 
 def _start_loading(artifact: Path, runtime: RuntimeConfig, config: ServeConfig) -> Future:

@@ -84,8 +84,10 @@ def test_a_consumer_that_stops_frees_the_requests_blocks(engine):
 def test_timeout_ends_the_stream_with_a_final_delta(engine):
     async def run():
         request = engine.make_request([5, 6, 7], LONG)
-        asyncio.get_running_loop().call_later(0.2, engine.client.timeout, request.request_id)
-        return await _deltas(engine.client, request)
+        stream = engine.client.stream(request)
+        first = await stream.__anext__()                  # running in the engine process now
+        engine.client.timeout(request.request_id)
+        return [first, *[d async for d in stream]]
     deltas = asyncio.run(run())
     assert deltas[-1].finished and deltas[-1].finish_reason == "timeout"
     assert sum(len(d.token_ids) for d in deltas) < LONG.max_tokens

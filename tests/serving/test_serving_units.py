@@ -96,10 +96,9 @@ def test_the_server_and_the_scheduler_share_one_fit_rule():
 
 
 def test_the_server_gives_the_scheduler_its_ttft_objective_unless_the_runtime_names_one():
-    from kiln.config import RuntimeConfig, SchedulerConfig, ServeConfig
-    from kiln.serving.server import with_ttft_target
+    from kiln.config import RuntimeConfig, SchedulerConfig
 
-    assert with_ttft_target(RuntimeConfig(), ServeConfig(ttft_slo=3.0)).scheduler.target_ttft == 3.0
+    assert RuntimeConfig().with_ttft_target(3.0).scheduler.target_ttft == 3.0
     own = RuntimeConfig(scheduler=SchedulerConfig(target_ttft=1.0))
-    assert with_ttft_target(own, ServeConfig(ttft_slo=3.0)).scheduler.target_ttft == 1.0
-    assert with_ttft_target(RuntimeConfig(), ServeConfig(ttft_slo=0)).scheduler.target_ttft == 0
+    assert own.with_ttft_target(3.0).scheduler.target_ttft == 1.0
+    assert RuntimeConfig().with_ttft_target(0).scheduler.target_ttft == 0
