@@ -114,9 +114,9 @@ class Scheduler:
 
     def observe_step(self, seconds: float) -> None:
         """The last scheduled step took `seconds`: refine the step-cost model. NOTE: not the
-        engine's first step: it pays one-off costs (kernels prepared, first allocations: 4x a
-        warm step's cost per token on OpenVINO), and learnt as the prefill rate it made admission
-        refuse the first burst of requests (predicted 10 s for first tokens that came in 0.7 s)."""
+        engine's first step: it pays one-off costs (kernels prepared, first allocations: several
+        times a warm step's cost per token on OpenVINO), and learnt as the prefill rate it made
+        admission refuse the first burst of requests, predicted far later than they came."""
         if not self._first_step_seen:
             self._first_step_seen = True
             return

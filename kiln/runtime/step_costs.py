@@ -10,7 +10,7 @@ step within the target inter-token latency,
 tokens, at least `min_prefill_chunk` so waiting prompts always progress, and the whole token
 budget when nothing is decoding (no stream to protect). The absolute target bounds the ITL a
 crowd sees; the stretch bounds how much slower a newcomer's prefill makes a few running streams
-(a 2x stretch: their tokens come at most twice as far apart while a prompt is prefilled).
+(a stretch of two: their tokens come at most twice as far apart while a prompt is prefilled).
 Admission control reads the same model to predict how long a queue of prompts takes to prefill
 under today's decode load.
 

@@ -251,9 +251,9 @@ class Admission:
     def _measured(self) -> bool:
         """Whether the prediction rests on measured step costs. NOTE: until the engine has timed a
         step with streams decoding, any prediction with a decode in it (a stream decoding now, or
-        a waiting prompt that will decode beside the next) uses the prior step cost, 20 ms, which
-        can be 10x a small model's (a tiny model's decode steps took 1.5 ms; its cold server's first
-        burst of 8 was predicted seconds for first tokens that came in 0.1 s). A refusal needs
+        a waiting prompt that will decode beside the next) uses the prior step cost
+        (PRIOR_DECODE_SECONDS), which can be many times a small model's (a tiny model's cold
+        server had its first burst predicted seconds late). A refusal needs
         evidence, so such a request is admitted; the queue bounds still hold. An idle server with
         nothing waiting predicts from the prefill rate alone."""
         s = self.client.snapshot
@@ -293,11 +293,11 @@ def _seat_wait(s: EngineSnapshot, num_ahead: int) -> float:
     newcomer takes the first seat free after them. Since that reply is the longest, a seat retaken
     frees after every seat free now: the seats go round in order, max_num_seqs at a time. NOTE: the
     model before this one counted a round per running request: behind one running 64-token reply
-    and 7 waiting requests (4 seats) it counted 320 decode steps where the seats free after 128
-    (6.4 s at the 20 ms prior step), and a closed-loop benchmark's burst got a 429 past 5 x the
-    objective. NOTE: not at the target ITL: the prefill chunks that stretch a step are the
-    waiting prompts', which queue_prefill_seconds counts already; counting them here too
-    predicted 2.6 s for first tokens that came in 0.2 s (a small model at 2 ms a step)."""
+    and 7 waiting requests (4 seats) it counted 320 decode steps where the seats free after 128,
+    and a closed-loop benchmark's burst got a 429 past the refuse multiple. NOTE: not at the
+    target ITL: the prefill chunks that stretch a step are the waiting prompts', which
+    queue_prefill_seconds counts already; counting them here too predicted first tokens many
+    times later than they came."""
     seats = max(s.max_num_seqs, 1)
     frees = [0] * max(seats - len(s.remaining_tokens), 0) + list(s.remaining_tokens)   # ascending
     reply = s.remaining_tokens[-1] if s.remaining_tokens else 0

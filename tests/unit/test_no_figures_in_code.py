@@ -41,24 +41,7 @@ PATTERNS = {
 
 # Known hits, each (path under the repository, a snippet of the comment line's text). Remove an
 # entry once its comment no longer holds the figure: a stale entry fails the test too.
-ALLOWED: set[tuple[str, str]] = {
-    # owned by the serving work in progress; to be rewritten
-    ("kiln/runtime/sampler.py", "4x a boolean-index store"),
-    ("kiln/runtime/scheduler.py", "first allocations: 4x a"),
-    ("kiln/runtime/speculative/adaptive.py", "37-48% acceptance: 0.86x"),
-    ("kiln/runtime/step_costs.py", "(a 2x stretch"),
-    ("kiln/runtime/structured/grammar.py", "deep copy of it (~10 µs"),
-    ("kiln/runtime/structured/grammar.py", "caches (~1 ms)"),
-    ("kiln/runtime/structured/grammar.py", "4 µs median, 26-35 µs mean"),
-    ("kiln/runtime/structured/grammar.py", "(the first mask ~5 ms)"),
-    ("kiln/runtime/structured/grammar.py", "answered 104 µs mean per step"),
-    ("kiln/runtime/structured/grammar.py", "2.7-3.1 ms a sample() call"),
-    ("kiln/serving/admission.py", "(6.4 s at the 20 ms prior step)"),
-    ("kiln/serving/admission.py", "came in 0.2 s (a small model at 2 ms a step)"),
-    ("kiln/serving/admission.py", "the prior step cost, 20 ms"),
-    ("kiln/serving/admission.py", "can be 10x a small model's"),
-    ("kiln/serving/structured_requests.py", "schema 49 ms, a 195 KB one 258 ms"),
-}
+ALLOWED: set[tuple[str, str]] = set()      # (path, snippet) of a comment that may keep a figure
 
 
 def _python_prose(path: Path) -> list[tuple[int, str]]:

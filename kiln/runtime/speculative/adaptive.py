@@ -7,8 +7,8 @@ tokens; when the rate drops below OFF_RATE it sits out a number of steps that do
 bad verification (up to MAX_BACKOFF) and resets at the first good one. Independently, a step
 verifies at most max_step_tokens decodes plus proposals: a big decode batch already keeps the
 engine busy, and proposals there only add compute. Beside other decodes a rejected row is no
-longer nearly free (measured on SmolLM2, 4 chat streams at 37-48% acceptance: 0.86x), so there
-the bar is BATCHED_OFF_RATE.
+longer nearly free (on SmolLM2, four chat streams with proposals ran slower than without; see
+docs/results/2026-11-30-speculative-decoding.md), so there the bar is BATCHED_OFF_RATE.
 """
 
 from __future__ import annotations

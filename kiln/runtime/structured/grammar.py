@@ -2,13 +2,10 @@
 StructuredOutput and binds it to the tokenizer) and Guide (one per request: the token mask for
 the next step, advanced by each accepted token).
 
-Why llguidance, measured on SmolLM2's 49,152-token vocabulary (a schema with a nested object, an
-array of enums and a bounded integer; 200 tokens drawn at random from each step's allowed set):
-llguidance builds the matcher in ~1 ms and fills a step's bitmask in 4 µs median, 26-35 µs mean
-(the first mask ~5 ms); outlines-core 0.2.14 compiled the same bounded schema's index in 120 ms
-and answered 104 µs mean per step with a list of ids still to be turned into a mask; xgrammar
-0.2.9 declares torch, transformers and triton as dependencies, none of which kiln's runtime
-install has. llguidance also reads Lark grammars with JSON Schemas inline (%json), which the
+Why llguidance (the comparison on SmolLM2's vocabulary: docs/results/2026-11-30-structured-output.md
+and docs/results/2026-12-06-figures-from-code-comments.md): it builds a matcher and fills a step's
+bitmask far faster than outlines-core compiles and answers the same schema, and xgrammar declares
+torch, transformers and triton as dependencies, none of which kiln's runtime install has. llguidance also reads Lark grammars with JSON Schemas inline (%json), which the
 tool-call grammar uses.
 """
 
@@ -41,7 +38,7 @@ class GrammarError(ValueError):
 @dataclass(frozen=True)
 class CompiledGrammar:
     # A matcher at the start of the grammar, never advanced: each request's Guide starts from a
-    # deep copy of it (~10 µs; a new matcher is 0.5-4 ms, paid here, outside the engine thread).
+    # deep copy of it (far cheaper than a new matcher, which is paid here, outside the engine thread).
     matcher: llg.LLMatcher
     vocab_size: int
     eos_token_ids: tuple[int, ...]
@@ -108,7 +105,7 @@ def _start_matcher(tokenizer: llg.LLTokenizer, grammar: str) -> llg.LLMatcher:
     matcher = llg.LLMatcher(tokenizer, grammar, log_level=0)
     if matcher.is_error():
         raise GrammarError(matcher.get_error())
-    # The first mask warms llguidance's caches (~1 ms), here rather than in an engine step.
+    # The first mask warms llguidance's caches, here rather than in an engine step.
     scratch = np.empty(mask_words(tokenizer.vocab_size), dtype=np.int32)
     matcher.unsafe_compute_mask_ptr(scratch.ctypes.data, scratch.nbytes)
     return matcher
@@ -159,9 +156,9 @@ def mask_words(vocab_size: int) -> int:
 
 def fill_masks(guides: Sequence[Guide]) -> None:
     """Compute each guide's mask for its next token: one call, on all cores when there are several
-    (llguidance's executor runs the matchers in its own threads, outside the GIL). Measured on this
-    2-core machine under load, 16 rows: 2.7-3.1 ms a sample() call either way; the executor is kept
-    for machines with more cores, where the masks of a batch run side by side."""
+    (llguidance's executor runs the matchers in its own threads, outside the GIL). On two cores
+    under load a sample() call took as long either way; the executor is kept for machines with
+    more cores, where the masks of a batch run side by side."""
     if len(guides) == 1:
         g = guides[0]
         g.matcher.unsafe_compute_mask_ptr(g.bitmask.ctypes.data, g.bitmask.nbytes)
