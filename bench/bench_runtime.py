@@ -151,6 +151,8 @@ def parse(argv) -> argparse.Namespace:
                     help="build and export every system's model into the cache, measure nothing")
     ap.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
                     help="profile where kiln's time goes: only for missed targets by default")
+    ap.add_argument("--journal", default=None,
+                    help="the docs/results/ entry that tells this run's story (bench/render_results.py links it)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every system this many times (alternating order) and pool the repetitions")
     return ap.parse_args(argv)

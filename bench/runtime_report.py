@@ -179,6 +179,21 @@ def print_agreement(same: dict[str, int], n: int) -> None:
     console.print(f"greedy tokens (of {n}) matching {ref} before the first difference: {parts}")
 
 
+def run_record(args) -> dict:
+    """What bench/render_results.py needs of every results file: when, on what CPU, by which command."""
+    import sys
+    from datetime import datetime, timezone
+
+    from kiln.contract.cpu import host
+
+    now = datetime.now(timezone.utc)
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 "unknown")
+    return {"date": now.strftime("%Y-%m-%d"), "time_utc": now.strftime("%H:%M"), "cpu": model,
+            "cpu_class": host().cpu_class, "command": " ".join(["python", "-m", "bench.bench_runtime", *sys.argv[1:]]),
+            "journal": args.journal}
+
+
 def to_json(args, sizes: Sizes, summaries: list[Summary], rows: list[Row], results: dict, load: tuple,
             profiles: dict) -> dict:
     def runs(result: dict) -> dict:
@@ -186,7 +201,7 @@ def to_json(args, sizes: Sizes, summaries: list[Summary], rows: list[Row], resul
                      "new_tokens": sum(map(len, r["token_ids"])), **({"decode": r["decode"]} if "decode" in r else {})}
                     for r in rs] for w, rs in result.get("runs", {}).items()}
 
-    return {"mode": "quick" if args.quick else "full", "sizes": asdict(sizes), "threads": args.threads,
+    return {**run_record(args), "mode": "quick" if args.quick else "full", "sizes": asdict(sizes), "threads": args.threads,
             "machine": {"cpus": os.cpu_count(), "load_avg_start": load[0], "load_avg_end": load[1]},
             "systems": {s.system: {"name": s.name, "metrics": s.metrics, "chat_answer": s.chat,
                                    "python_overhead_pct": s.overhead_pct, "setup_s": s.setup_s, "error": s.error,
