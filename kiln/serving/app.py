@@ -92,7 +92,7 @@ class Server:
     def stop(self) -> None:
         self.workers.shutdown(wait=False, cancel_futures=True)
         self.client.shutdown()
-        log.info("stopped: the engine thread has exited")
+        log.info("stopped: the engine has shut down")
 
     def rejected(self, e: ApiError) -> Response:
         reason = {429: e.code, 401: "unauthorized", 503: "not_ready"}.get(e.status, "invalid")

@@ -50,7 +50,7 @@ def test_api_key(start_server, tiny_llama_artifact):
     assert httpx.get(f"{server.url}/metrics").status_code == 200
     # SIGTERM: a graceful exit (uvicorn re-raises the signal once it has shut down)
     assert server.stop() in (0, -15)
-    assert "stopped: the engine thread has exited" in server.log() and "Traceback" not in server.log()
+    assert "stopped: the engine has shut down" in server.log() and "Traceback" not in server.log()
 
 
 # -- admission control -----------------------------------------------------------------------------
