@@ -325,7 +325,8 @@ def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_t
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the folder name).")
 @click.option("--ttft-slo", type=float, default=None,
               help="The TTFT objective, S seconds (default 2; 0 = no TTFT check): requests predicted past it "
-                   "queue; past --ttft-refuse-factor times it they get 429.")
+                   "queue; past --ttft-refuse-factor times it they get 429; a prompt waiting 3/4 of it gets "
+                   "prefill-only steps.")
 @click.option("--max-waiting", type=int, default=None,
               help="Refuse when N requests await their first token (default 256; 0 = no bound).")
 @click.option("--max-waiting-tokens", type=int, default=None, help="Refuse when their prompts exceed N tokens.")
