@@ -19,10 +19,10 @@ from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request, RequestStatus, kv_tokens_held
 from kiln.runtime.speculative.speculator import Speculator
 from kiln.runtime.step_costs import StepCostModel
-
-LATE_SHARE = 0.75     # a prompt is late once it has waited this share of target_ttft for its first token
 from kiln.runtime.step_io import (RequestDelta, RunnerOutput, ScheduledRequest, SchedulerOutput, StepBudget,
                                   StepStats, UpdateOutput)
+
+LATE_SHARE = 0.75     # a prompt is late once it has waited this share of target_ttft for its first token
 
 
 class Scheduler:

@@ -50,6 +50,9 @@ async def _deltas(client, request, stop_after=None):
 
 def test_the_engine_runs_in_another_process(engine):
     assert engine.process.pid != os.getpid() and engine.process.poll() is None
+    cmdline = open(f"/proc/{engine.process.pid}/cmdline", "rb").read().split(b"\0")
+    assert b"kiln.runtime.engine_worker" in cmdline                 # the engine lives there, not here
+    assert not hasattr(engine, "core")
 
 
 def test_same_tokens_as_the_engine_in_this_process(engine, in_process):
