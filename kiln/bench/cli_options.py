@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import click
@@ -58,40 +59,134 @@ def bench_options(fn):
     return fn
 
 
-def run_bench_command(console, out, runtime_config, *, url, engine, workload, concurrency, rate, duration,
-                      max_requests, timeout, seed, max_tokens, endpoint, temperature, slo_ttft, slo_itl,
-                      slo_e2e, json_path, plot, cdf_plot, tokenizer, model, api_key, allow_remote,
-                      metrics_interval, ttft_warn, export_requests, compare, hf_model, genai_model) -> None:
+@dataclass(frozen=True)
+class Target:
+    """What `kiln bench` loads: a server (--url) or an artifact run in this process (--engine), and
+    with --compare the peers run on the artifact's weights."""
+    url: str | None = None
+    engine: Path | None = None
+    compare: bool = False
+    hf_model: str | None = "smollm2-135m"
+    genai_model: Path | None = None
+
+    def __post_init__(self):
+        if (self.url is None) == (self.engine is None):
+            raise ValueError("give exactly one target: --url or --engine")
+        if self.compare and self.engine is None:
+            raise ValueError("--compare runs the artifact in-process: give --engine")
+
+    @property
+    def hf_peer(self) -> str | None:
+        return None if self.hf_model == "none" else self.hf_model
+
+
+@dataclass(frozen=True)
+class Requests:
+    """How each request is sent: the API and sampling, and with --url how the server is reached."""
+    endpoint: str = "chat"
+    temperature: float = 1.0
+    tokenizer: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    allow_remote: bool = False
+
+    def sampling(self) -> dict:
+        return dict(endpoint=self.endpoint, temperature=self.temperature)
+
+    def server(self) -> dict:
+        return dict(tokenizer=self.tokenizer, model=self.model, api_key=self.api_key, allow_remote=self.allow_remote)
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where the results go besides the tables: JSON and the two plots."""
+    json_path: Path | None = None
+    plot: Path | None = None
+    cdf_plot: Path | None = None
+
+    def __post_init__(self):
+        if (self.plot or self.cdf_plot) and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot and --cdf-plot need matplotlib: pip install 'kiln[bench]'")
+
+
+@dataclass(frozen=True)
+class Load:
+    """The load itself: the workload, its levels, their limits and the goodput objectives."""
+    workload: str = "chat"
+    concurrency: str | None = None
+    rate: str | None = None
+    duration: float = 30.0
+    timeout: float = 120.0
+    max_requests: int | None = None
+    seed: int = 0
+    max_tokens: int | None = None
+    slo_ttft: float | None = None
+    slo_itl: float | None = None
+    slo_e2e: float | None = None
+    metrics_interval: float = 0.5
+    ttft_warn: float = 0.25
+
+    def config(self):
+        from kiln.bench import main
+
+        return main.bench_config(**asdict(self))
+
+
+@dataclass(frozen=True)
+class BenchCommand:
+    """One `kiln bench` run, its options grouped by concern; each group checks itself when made."""
+    target: Target
+    requests: Requests
+    load: Load
+    outputs: Outputs
+
+    @classmethod
+    def from_options(cls, options: dict) -> BenchCommand:
+        """The click options (every name once, as OPTIONS declares them) into their groups."""
+        unknown = set(options) - {f.name for group in (Target, Requests, Load, Outputs) for f in fields(group)}
+        if unknown:
+            raise TypeError(f"kiln bench options with no group: {sorted(unknown)}")
+        return cls(*(group(**_fields_of(group, options)) for group in (Target, Requests, Load, Outputs)))
+
+
+def _fields_of(group, options: dict) -> dict:
+    return {f.name: options[f.name] for f in fields(group) if f.name in options}
+
+
+def run_bench_command(console, out, runtime_config, *, export_requests: Path | None = None, **options) -> None:
     """console: progress and notes (stderr); out: the tables (stdout); runtime_config: a thunk."""
+    if export_requests:
+        _export(console, export_requests, options)
+        return
+    command = BenchCommand.from_options(options)
+    _publish(command, _run(command, console, runtime_config), out, console)
+
+
+def _run(command: BenchCommand, console, runtime_config) -> list:
     from kiln.bench import main
 
-    if export_requests:
-        _export(console, export_requests, workload, seed, max_requests, tokenizer, max_tokens)
-        return
-    if (url is None) == (engine is None):
-        raise ValueError("give exactly one target: --url or --engine")
-    if compare and engine is None:
-        raise ValueError("--compare runs the artifact in-process: give --engine")
-    if (plot or cdf_plot) and importlib.util.find_spec("matplotlib") is None:
-        raise ValueError("--plot and --cdf-plot need matplotlib: pip install 'kiln[bench]'")
-    config = main.bench_config(workload, concurrency, rate, duration, timeout, max_requests, seed, max_tokens,
-                               slo_ttft, slo_itl, slo_e2e, metrics_interval, ttft_warn)
-    sampling = dict(endpoint=endpoint, temperature=temperature)
-    if url:
-        results = [main.bench_url(url, config, console, tokenizer=tokenizer, model=model, api_key=api_key,
-                                  allow_remote=allow_remote, **sampling)]
-    elif compare:
-        hf_model = None if hf_model == "none" else hf_model
-        results = main.bench_compare(engine, runtime_config(), hf_model, genai_model, config, console, **sampling)
-    else:
-        results = [main.bench_engine(engine, runtime_config(), config, console, **sampling)]
-    main.publish(results, out, json_path, plot, cdf_plot, log=lambda m: console.print(f"[dim]{m}[/]"))
+    target, requests, config = command.target, command.requests, command.load.config()
+    if target.url:
+        return [main.bench_url(target.url, config, console, **requests.server(), **requests.sampling())]
+    if target.compare:
+        return main.bench_compare(target.engine, runtime_config(), target.hf_peer, target.genai_model, config,
+                                  console, **requests.sampling())
+    return [main.bench_engine(target.engine, runtime_config(), config, console, **requests.sampling())]
 
 
-def _export(console, path: Path, workload, seed, max_requests, tokenizer, max_tokens) -> None:
+def _publish(command: BenchCommand, results: list, out, console) -> None:
+    from kiln.bench import main
+
+    outputs = command.outputs
+    main.publish(results, out, outputs.json_path, outputs.plot, outputs.cdf_plot,
+                 log=lambda m: console.print(f"[dim]{m}[/]"))
+
+
+def _export(console, path: Path, options: dict) -> None:
     from kiln.bench.export import export_requests
 
+    load, tokenizer = Load(**_fields_of(Load, options)), options.get("tokenizer")
     if tokenizer is None:
         raise ValueError("--export-requests cuts prompts with the model's tokenizer: give --tokenizer ARTIFACT")
-    written = export_requests(path, workload, seed, max_requests or 0, tokenizer, max_tokens)
-    console.print(f"wrote {written} {workload} requests (seed {seed}) to {path}")
+    written = export_requests(path, load.workload, load.seed, load.max_requests or 0, tokenizer, load.max_tokens)
+    console.print(f"wrote {written} {load.workload} requests (seed {load.seed}) to {path}")
