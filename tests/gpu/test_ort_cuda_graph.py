@@ -104,3 +104,55 @@ def test_feeds_refuse_short_tables_and_foreign_blocks():
     prefill.block_tables[0] = prefill.block_tables[0][:1]
     with pytest.raises(ValueError, match="sequence 0: block table has 1 blocks"):
         cuda_feeds(prefill, 16, 12)
+
+
+# How onnxruntime says the CPU provider has no PagedAttention kernel, per release: 1.32 fails the
+# kernel lookup by name; 1.31 first casts the op's fp16 inputs to fp32 itself (its CPU cast
+# insertion for ops without an fp16 kernel) and then fails type resolution on that inserted cast.
+NO_CPU_KERNEL_MESSAGES = {
+    "1.32": ("NotImplemented", "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation "
+             "for PagedAttention(1) node with name '/model/layers.0/attn/paged/PagedAttention'"),
+    "1.31": ("InvalidGraph", "[ONNXRuntimeError] : 10 : INVALID_GRAPH : This is an invalid model. In Node, "
+             "(\"/model/layers.0/attn/paged/PagedAttention\", PagedAttention, \"com.microsoft\", -1) : "
+             "(\"InsertedPrecisionFreeCast_/model/layers.0/attn/paged/q_cast\": tensor(float),"
+             "\"InsertedPrecisionFreeCast_/model/layers.0/attn/paged/k_cast\": tensor(float),) -> "
+             "(\"/model/layers.0/attn/paged/attn\": tensor(float16),) , Error Type Error: Type 'tensor(float)' "
+             "of input parameter (InsertedPrecisionFreeCast_/model/layers.0/attn/paged/q_cast) of operator "
+             "(PagedAttention) in node (/model/layers.0/attn/paged/PagedAttention) is invalid."),
+}
+DEFECT_MESSAGES = {
+    "fp32 query from the rewrite": ("InvalidGraph", "[ONNXRuntimeError] : 10 : INVALID_GRAPH : Load model from "
+                                    "m.onnx failed:This is an invalid model. Type Error: Type 'tensor(float)' of "
+                                    "input parameter (/model/layers.0/attn/paged/q_tokens) of operator "
+                                    "(PagedAttention) in node (/model/layers.0/attn/paged/PagedAttention) is invalid."),
+    "another op without a kernel": ("NotImplemented", "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find "
+                                    "an implementation for MatMulNBits(1) node with name 'x'"),
+    "an inserted cast on another op": ("InvalidGraph", "[ONNXRuntimeError] : 10 : INVALID_GRAPH : Type Error: "
+                                       "Type 'tensor(float)' of input parameter (InsertedPrecisionFreeCast_x) of "
+                                       "operator (GroupQueryAttention) in node (y) is invalid."),
+}
+
+
+def _session_raising(monkeypatch, kind: str, message: str):
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    from kiln.compiler.backends.ort_cuda import checks
+
+    def refuse(*args, **kwargs):
+        raise getattr(state, kind)(message)
+
+    monkeypatch.setattr(checks.ort, "InferenceSession", refuse)
+
+
+@pytest.mark.parametrize("release", sorted(NO_CPU_KERNEL_MESSAGES))
+def test_the_check_accepts_each_onnxruntime_releases_no_cpu_kernel_failure(monkeypatch, tmp_path, release):
+    _session_raising(monkeypatch, *NO_CPU_KERNEL_MESSAGES[release])
+    record = check_resolves(tmp_path / "model.onnx")
+    assert record["passed"] and "PagedAttention has no CPU kernel" in record["note"]
+
+
+@pytest.mark.parametrize("case", sorted(DEFECT_MESSAGES))
+def test_the_check_still_refuses_real_defects(monkeypatch, tmp_path, case):
+    _session_raising(monkeypatch, *DEFECT_MESSAGES[case])
+    with pytest.raises(PagedGraphError, match="does not resolve"):
+        check_resolves(tmp_path / "model.onnx")
