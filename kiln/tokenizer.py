@@ -110,17 +110,22 @@ class Tokenizer:
         return self._template.render(**(template_kwargs or {}), **fixed)
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    control_tokens_in_messages: bool = False, template_kwargs: dict | None = None) -> list[int]:
-        """The rendered chat as token ids. The template writes its own special tokens; text inside
-        the messages is tokenized as text, so a user typing `<|im_end|>` cannot end their turn
-        and open a system one (control_tokens_in_messages=True: the old way, all parsed)."""
-        rendered = self.apply_chat_template(messages, tools=tools, template_kwargs=template_kwargs)
-        if control_tokens_in_messages or not self._has_special_text(messages):
+                    control_tokens_in_messages: bool = False, template_kwargs: dict | None = None,
+                    add_generation_prompt: bool = True) -> list[int]:
+        """The rendered chat as token ids. The template writes its own special tokens; every
+        string the client supplied (message text, tool call ids, tool definitions, template
+        kwargs) is tokenized as text, so a user typing `<|im_end|>` anywhere cannot end their turn
+        and open a system one (control_tokens_in_messages=True: the messages' special-token text is
+        parsed, the old way; tools and template kwargs stay text)."""
+        inputs = _ClientInputs(messages, tools, template_kwargs, messages_are_text=not control_tokens_in_messages)
+        rendered = self._render(inputs, add_generation_prompt)
+        if not any(self._holds_special_text(t) for t in inputs.texts()):
             return self.encode(rendered, add_special_tokens=False)
-        return self._encode_with_text_spans(messages, tools, rendered, template_kwargs)
+        return self._encode_with_text_spans(inputs, rendered, add_generation_prompt)
 
-    def _has_special_text(self, messages: list[dict]) -> bool:
-        return any(self._holds_special_text(text) for text in _message_texts(messages))
+    def _render(self, inputs: _ClientInputs, add_generation_prompt: bool) -> str:
+        return self.apply_chat_template(inputs.messages, add_generation_prompt, tools=inputs.tools,
+                                        template_kwargs=inputs.template_kwargs)
 
     def _holds_special_text(self, text: str) -> bool:
         """A special token inside the text, or a piece of one at either end (two texts rendered
@@ -131,13 +136,13 @@ class Tokenizer:
                 return True
         return False
 
-    def _encode_with_text_spans(self, messages: list[dict], tools, rendered: str,
-                                template_kwargs: dict | None = None) -> list[int]:
-        # Render again with each message text that holds special-token text replaced by a random
+    def _encode_with_text_spans(self, inputs: _ClientInputs, rendered: str, add_generation_prompt: bool) -> list[int]:
+        # Render again with each client string that holds special-token text replaced by a random
         # placeholder (the others stay, so the template sees them as they are), then tokenize the
-        # template's pieces as before and the hidden texts with special tokens off. A
-        # template that looks inside the text (and so renders the placeholders differently) is
-        # caught by comparing the reassembled render with the real one.
+        # template's pieces as before and the hidden strings with special tokens off. A hidden
+        # string is found in the real render as it is or JSON-escaped (a template writes tool
+        # definitions with tojson); a template that renders it any other way (and so looks
+        # inside it) is refused, since its markers cannot be told from the client's text.
         nonce = secrets.token_hex(16)
         texts: list[str] = []
 
@@ -147,23 +152,55 @@ class Tokenizer:
             texts.append(text)
             return f"kiln{nonce}x{len(texts) - 1}x"
 
-        masked = self.apply_chat_template(_map_message_texts(messages, hide), tools=tools,
-                                          template_kwargs=template_kwargs)
+        masked = self._render(inputs.mapped(hide), add_generation_prompt)
         pieces = masked.split(f"kiln{nonce}x")
-        ids, out = self.encode(pieces[0], add_special_tokens=False), [pieces[0]]
+        if not rendered.startswith(pieces[0]):
+            raise _cannot_keep_apart()
+        ids, pos = self.encode(pieces[0], add_special_tokens=False), len(pieces[0])
         for piece in pieces[1:]:
             index, sep, rest = piece.partition("x")
             if not (sep and index.isdigit() and int(index) < len(texts)):
-                raise ChatTemplateError("a message holds special-token text that this model's chat "
-                                        "template cannot keep apart from its own markers")
+                raise _cannot_keep_apart()
             text = texts[int(index)]
-            ids += self._text_only.encode(text, add_special_tokens=False).ids
+            form = next((f for f in (text, _json_escaped(text)) if rendered.startswith(f + rest, pos)), None)
+            if form is None:
+                raise _cannot_keep_apart()
+            ids += self._text_only.encode(form, add_special_tokens=False).ids
             ids += self.encode(rest, add_special_tokens=False)
-            out += [text, rest]
-        if "".join(out) != rendered:
-            raise ChatTemplateError("a message holds special-token text that this model's chat "
-                                    "template cannot keep apart from its own markers")
+            pos += len(form) + len(rest)
+        if pos != len(rendered):
+            raise _cannot_keep_apart()
         return ids
+
+
+def _cannot_keep_apart() -> ChatTemplateError:
+    return ChatTemplateError("the request holds special-token text that this model's chat template "
+                             "cannot keep apart from its own markers")
+
+
+def _json_escaped(text: str) -> str:
+    """The text as it appears inside a JSON string written by the template's tojson."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+class _ClientInputs:
+    """Everything a chat request gives the template: messages, tools and template kwargs. Every
+    string in them is the client's, except a message's role (a closed set the request model
+    checks), which the template branches on."""
+
+    def __init__(self, messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None,
+                 messages_are_text: bool = True):
+        self.messages, self.tools, self.template_kwargs = messages, tools, template_kwargs
+        self.messages_are_text = messages_are_text     # False: --allow-control-tokens-in-messages
+
+    def texts(self):
+        yield from _client_strings([self.messages if self.messages_are_text else None, self.tools,
+                                    self.template_kwargs])
+
+    def mapped(self, fn) -> _ClientInputs:
+        messages = _map_client_strings(self.messages, fn) if self.messages_are_text else self.messages
+        return _ClientInputs(messages, _map_client_strings(self.tools, fn),
+                             _map_client_strings(self.template_kwargs, fn), self.messages_are_text)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -204,29 +241,37 @@ def _compile(template: str):
     return env.from_string(template)
 
 
-# The fields of a message the template may branch on; every other string is the client's text.
-_STRUCTURAL_KEYS = frozenset({"role", "type", "id", "tool_call_id"})
+# A message's role is the one client string the template branches on, from a closed set the
+# request model checks; it is left as it is. Every other string, dict keys included (a tool's
+# parameter names reach the prompt through tojson), is the client's text.
+_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 
-def _message_texts(value, key: str | None = None):
+def _structural(key, value: str) -> bool:
+    return key == "role" and value in _ROLES
+
+
+def _client_strings(value, key: str | None = None):
     if isinstance(value, str):
-        if key not in _STRUCTURAL_KEYS:
+        if not _structural(key, value):
             yield value
     elif isinstance(value, dict):
         for k, v in value.items():
-            yield from _message_texts(v, k)
+            if isinstance(k, str):
+                yield k
+            yield from _client_strings(v, k)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _message_texts(v, key)
+            yield from _client_strings(v, key)
 
 
-def _map_message_texts(value, fn, key: str | None = None):
+def _map_client_strings(value, fn, key: str | None = None):
     if isinstance(value, str):
-        return value if key in _STRUCTURAL_KEYS else fn(value)
+        return value if _structural(key, value) else fn(value)
     if isinstance(value, dict):
-        return {k: _map_message_texts(v, fn, k) for k, v in value.items()}
+        return {(fn(k) if isinstance(k, str) else k): _map_client_strings(v, fn, k) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_map_message_texts(v, fn, key) for v in value]
+        return [_map_client_strings(v, fn, key) for v in value]
     return value
 
 

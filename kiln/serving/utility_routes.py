@@ -129,11 +129,9 @@ def _chat_ids(tok, messages: list[dict], body: TokenizeRequest, options) -> list
     """As the chat endpoint tokenizes (so `count` is its prompt_tokens), or without the
     generation prompt when add_generation_prompt is false."""
     try:
-        if body.add_generation_prompt:
-            return tok.encode_chat(messages, control_tokens_in_messages=options.control_tokens_in_messages,
-                                   template_kwargs=body.chat_template_kwargs)
-        rendered = tok.apply_chat_template(messages, False, template_kwargs=body.chat_template_kwargs)
-        return tok.encode(rendered, add_special_tokens=False)
+        return tok.encode_chat(messages, control_tokens_in_messages=options.control_tokens_in_messages,
+                               template_kwargs=body.chat_template_kwargs,
+                               add_generation_prompt=body.add_generation_prompt)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
     except Exception as e:          # the template cannot render these messages: the client's problem
