@@ -1,12 +1,17 @@
 """Weight-only int4 for TensorRT: kiln's quantized graph in the ops TensorRT's parser takes.
 
 TensorRT (11: only explicit quantization) runs int4 weight-only matmuls from a block-quantized
-DequantizeLinear (ONNX opset 21: uint4 weights, a scale and zero point per block along K) feeding a
-MatMul. kiln's quantize pass emits ONNX Runtime contrib ops; this rewrites them:
+DequantizeLinear (ONNX opset 21, a scale per block along K) feeding a MatMul. Its ONNX parser takes
+signed INT4 only, with zero points zero, so MatMulNBits' unsigned nibbles q (zero point zp) are
+stored as q - 8 and the difference, scale·(8 - zp) per block, moves into the linear's per-block
+offset term (passes/block_offsets.py), which already adds a float per block:
+scale·(q - zp) + min = scale·(q - 8) + (min + scale·(8 - zp)). kiln's quantize pass emits ONNX
+Runtime contrib ops; this rewrites them:
 
-    MatMulNBits 4-bit (B [N, K/bs, bs/2] u8, scales, zp)  ─▶  DequantizeLinear(W_q [K, N] u4,
-                                                              scale [K/bs, N], zp [K/bs, N] u4,
+    MatMulNBits 4-bit (B [N, K/bs, bs/2] u8, scales, zp)  ─▶  DequantizeLinear(W_q [K, N] s4,
+                                                              scale [K/bs, N], no zero point,
                                                               axis 0, block_size bs) ─ MatMul
+    its block offset MatMul(block sums, mins [K/bs, N])   ─▶  mins + scale·(8 - zp)
     MatMulNBits 8-bit (the LM head in the int4 recipe)     ─▶  MatMul with the dequantized weight
     GatherBlockQuantized (the embedding)                   ─▶  Gather from the dequantized table
 
@@ -24,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 from kiln.compiler.graph_utils import prune, toposort
 
 MIN_OPSET = 21          # block-quantized DequantizeLinear
+INT4_SHIFT = 8          # unsigned nibble -> signed INT4 (TensorRT has no UINT4)
 
 
 def int4_weight_only(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
@@ -33,11 +39,12 @@ def int4_weight_only(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
     g = out.graph
     inits = {t.name: t for t in g.initializer}
     done = {"int4_dequantize_linear": 0, "dequantized_8bit": 0, "embedding_tables": 0}
+    links = _Links(g)
     nodes = []
     for node in g.node:
         if node.op_type == "MatMulNBits":
             bits = _attr(node, "bits")
-            nodes += (_int4_matmul if bits == 4 else _dequantized_matmul)(g, inits, node)
+            nodes += (_int4_matmul(g, inits, node, links) if bits == 4 else _dequantized_matmul(g, inits, node))
             done["int4_dequantize_linear" if bits == 4 else "dequantized_8bit"] += 1
         else:
             nodes.append(node)
@@ -76,22 +83,66 @@ def _nibbles(packed: np.ndarray) -> np.ndarray:
     return np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
 
 
-def _uint4(name: str, values: np.ndarray) -> TensorProto:
-    flat = values.astype(np.uint8).reshape(-1)
+def _int4(name: str, values: np.ndarray) -> TensorProto:
+    """Signed values in -8..7 as an INT4 tensor: two's-complement nibbles, the even index low."""
+    flat = (values.astype(np.int8).reshape(-1) & 0x0F).astype(np.uint8)
     flat = np.concatenate([flat, np.zeros(len(flat) % 2, np.uint8)])
-    return helper.make_tensor(name, TensorProto.UINT4, values.shape, (flat[0::2] | (flat[1::2] << 4)).tobytes(),
+    return helper.make_tensor(name, TensorProto.INT4, values.shape, (flat[0::2] | (flat[1::2] << 4)).tobytes(),
                               raw=True)
 
 
-def _int4_matmul(g: onnx.GraphProto, inits: dict, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+class _Links:
+    """Who produces and who consumes each tensor of the graph as it was before the rewrite."""
+
+    def __init__(self, g: onnx.GraphProto):
+        self.producer = {o: n for n in g.node for o in n.output}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for n in g.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+
+
+def _int4_matmul(g: onnx.GraphProto, inits: dict, node: onnx.NodeProto, links: _Links) -> list[onnx.NodeProto]:
     q, scales, zp, bs = _unpack(node, inits)
+    shift = scales * (INT4_SHIFT - zp.astype(np.float32))          # [N, K/bs]: taken off each block
+    if shift.any():
+        _fold_into_block_offset(g, inits, node, links, np.ascontiguousarray(shift.T))
     base = node.name or node.output[0]
-    names = [f"{base}/W_u4", f"{base}/W_scale", f"{base}/W_zero_point"]
-    g.initializer.extend([_uint4(names[0], q.T), numpy_helper.from_array(np.ascontiguousarray(scales.T), names[1]),
-                          _uint4(names[2], zp.T)])
+    names = [f"{base}/W_s4", f"{base}/W_scale"]
+    signed = q.astype(np.int8) - INT4_SHIFT
+    g.initializer.extend([_int4(names[0], signed.T), numpy_helper.from_array(np.ascontiguousarray(scales.T), names[1])])
     weight = f"{base}/W"
     return [helper.make_node("DequantizeLinear", names, [weight], name=f"{base}/dequantize", axis=0, block_size=bs),
             *_matmul(node, weight, base)]
+
+
+def _fold_into_block_offset(g: onnx.GraphProto, inits: dict, node: onnx.NodeProto, links: _Links,
+                            shift: np.ndarray) -> None:
+    """Add shift [K/bs, N] to the per-block offset the linear's output is added to
+    (Add(MatMulNBits, MatMul(block sums, mins))): a new table, so a shared one stays as it was."""
+    offset = _block_offset_of(node, inits, links, shift.shape)
+    if offset is None:
+        raise ValueError(f"{node.name}: TensorRT takes signed int4 with zero points zero, and this linear's "
+                         "zero points are not 8 with no per-block offset to fold the difference into; "
+                         "quantize it with block offsets (kiln's int4 recipe for the tensorrt backend)")
+    mins = numpy_helper.to_array(inits[offset.input[1]]).astype(np.float32)
+    name = f"{node.name or node.output[0]}/block_offsets_int4"
+    table = numpy_helper.from_array(mins + shift, name)
+    g.initializer.append(table)
+    inits[name] = table
+    offset.input[1] = name
+
+
+def _block_offset_of(node: onnx.NodeProto, inits: dict, links: _Links, shape: tuple) -> onnx.NodeProto | None:
+    """The MatMul(block sums, mins [K/bs, N]) whose output is added to this node's, if there is one."""
+    adds = [n for n in links.consumers.get(node.output[0], []) if n.op_type == "Add"]
+    if len(links.consumers.get(node.output[0], [])) != 1 or not adds:
+        return None
+    other = next((i for i in adds[0].input if i != node.output[0]), "")
+    offset = links.producer.get(other)
+    if offset is None or offset.op_type != "MatMul" or offset.input[1] not in inits:
+        return None
+    return offset if tuple(inits[offset.input[1]].dims) == tuple(shape) else None
 
 
 def _dequantized_matmul(g: onnx.GraphProto, inits: dict, node: onnx.NodeProto) -> list[onnx.NodeProto]:
