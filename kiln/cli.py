@@ -142,8 +142,11 @@ def build(model, out, quant, prefill_engine, attention, kv_dtype, block_size, ba
 @main.command()
 @_artifact_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-@click.option("--context", default=2048, show_default=True, help="Context length for the capacity line.")
-@click.option("--memory", default="4GiB", show_default=True, help="KV memory budget for the capacity line.")
+@click.option("--context", type=int, default=None,
+              help="Context length for the capacity line (default: the artifact's longest, as `kiln serve` sizes).")
+@click.option("--memory", default=None,
+              help="KV memory budget for the capacity line, e.g. 2GiB (default: what `kiln serve` takes here, "
+                   "a share of available memory).")
 def inspect(artifact, as_json, context, memory):
     """Show what an artifact holds: model, quantization, buckets, KV layout, passes, files."""
     from kiln.contract.artifact import EngineArtifact
@@ -155,7 +158,7 @@ def inspect(artifact, as_json, context, memory):
         click.echo(json.dumps(art.manifest.to_json(), indent=1))
         return
     wide = Console(width=max(Console().width, 160))   # tables must not wrap their lines when piped
-    wide.print(render_manifest(art, context_len=context, memory_bytes=parse_bytes(memory)))
+    wide.print(render_manifest(art, context_len=context, memory_bytes=parse_bytes(memory) if memory else None))
 
 
 @main.command()

@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
 from kiln.config import AUTO_BATCH_FLOOR
+from kiln.config_options import runtime_config
 from kiln.contract.artifact import EngineArtifact
+from kiln.runtime.memory import KvPlan, plan_kv_blocks
 from kiln.units import format_bytes
 
 
-def render_manifest(art: EngineArtifact, context_len: int, memory_bytes: int) -> Group:
-    plan = [_plan(art.manifest.plan)] if art.manifest.plan else []
-    return Group(_summary(art, context_len, memory_bytes), *plan, _passes(art), _files(art))
+def render_manifest(art: EngineArtifact, context_len: int | None = None, memory_bytes: int | None = None) -> Group:
+    """context_len, memory_bytes: the capacity line's (None: what `kiln serve` sizes by default)."""
+    plan = art.manifest.plan
+    tables = [_plan(plan)] + ([_ladder(plan["ladder"])] if plan.get("ladder") else []) if plan else []
+    return Group(_summary(art, context_len, memory_bytes), *tables, _passes(art), _files(art))
 
 
-def _summary(art: EngineArtifact, context_len: int, memory_bytes: int) -> Table:
+def serve_kv_plan(art: EngineArtifact, context_len: int | None = None, memory_bytes: int | None = None) -> KvPlan:
+    """The KV pool `kiln serve` sizes for this artifact, by the runtime's own function and defaults:
+    a share of this machine's available memory, sequences of the artifact's longest context."""
+    config = runtime_config()
+    if memory_bytes is not None:
+        config = replace(config, kv_cache_memory=memory_bytes)
+    longest = min(config.scheduler.max_model_len, art.manifest.generation["max_model_len"])
+    return plan_kv_blocks(art.manifest.kv_layout, config, context_len or longest)
+
+
+def _summary(art: EngineArtifact, context_len: int | None, memory_bytes: int | None) -> Table:
     m, kv = art.manifest, art.manifest.kv_layout
     s = m.spec
     t = Table(title=f"kiln artifact {art.path}", show_header=False)
@@ -33,7 +49,7 @@ def _summary(art: EngineArtifact, context_len: int, memory_bytes: int) -> Table:
         ("KV layout", f"[layers {kv.num_layers}, k/v, kv_heads {kv.num_kv_heads}, blocks, "
                       f"{kv.block_size}, head_dim {kv.head_dim}] {kv.dtype}"),
         ("KV bytes / token", f"{kv.bytes_per_token:,} ({format_bytes(kv.bytes_per_token)})"),
-        ("capacity", _capacity_line(kv, context_len, memory_bytes)),
+        ("capacity", _capacity_line(art, context_len, memory_bytes)),
         ("batch", _batch_line(m.buckets.max_batch)),
         ("max context", str(m.generation.get("max_model_len"))),
         ("eos token ids", str(m.generation.get("eos_token_ids"))),
@@ -59,7 +75,8 @@ def _toolchain_line(m) -> str:
     return ", ".join(f"{k} {v}" for k, v in versions.items())
 
 
-_CHECK_KEYS = ("check_text", "check_tokens", "top1_agreement", "min_top1_agreement", "perplexity", "perplexity_fp32")
+_CHECK_KEYS = ("check_text", "check_tokens", "top1_agreement", "min_top1_agreement", "perplexity", "perplexity_fp32",
+               "perplexity_increase", "max_perplexity_increase", "max_rel_logit_error")
 
 
 def _quant_line(q: dict) -> str:
@@ -69,20 +86,30 @@ def _quant_line(q: dict) -> str:
 
 
 def _perplexity_line(q: dict) -> str:
-    """The build's quantize check: perplexity of this quant mode and of fp32 on the same text."""
+    """The build's quantize check: perplexity of this quant mode and of fp32 on the same text, and
+    top-1 agreement, per text (the plain check text, and chat in the model's template)."""
     if "perplexity" not in q:
         return "not measured (built without checks, or by an older kiln)"
-    delta = q["perplexity"] / q["perplexity_fp32"] - 1
-    return (f"{q['perplexity']:.3f} (fp32 {q['perplexity_fp32']:.3f}, {delta:+.2%}) over {q['check_tokens']} tokens "
-            f"of {q['check_text']}; top-1 agreement with fp32 {q['top1_agreement']:.3f} "
-            f"(build minimum {q['min_top1_agreement']:.2f})")
+    bound = f", at most {q['max_perplexity_increase']:+.0%}" if "max_perplexity_increase" in q else ""
+    line = (f"{_text_figures(q)} over {q['check_tokens']} tokens of {q['check_text']}; "
+            f"top-1 agreement with fp32 {q['top1_agreement']:.3f} (build minimum {q['min_top1_agreement']:.2f}{bound})")
+    if "chat" in q:
+        c = q["chat"]
+        line += f"; chat: {_text_figures(c)} over {c['tokens']} tokens, top-1 {c['top1_agreement']:.3f}"
+    if "max_rel_logit_error" in q:
+        line += f"; max relative logit error {q['max_rel_logit_error']:.3g} (reported, not a gate)"
+    return line
 
 
-def _capacity_line(kv, context_len: int, memory_bytes: int) -> str:
-    blocks = memory_bytes // kv.bytes_per_block
-    per_seq = -(-context_len // kv.block_size)
-    return (f"{format_bytes(memory_bytes)} of KV = {blocks:,} blocks = {blocks * kv.block_size:,} tokens "
-            f"= {blocks // per_seq:,} sequences at context {context_len}")
+def _text_figures(f: dict) -> str:
+    delta = f["perplexity"] / f["perplexity_fp32"] - 1
+    return f"{f['perplexity']:.3f} (fp32 {f['perplexity_fp32']:.3f}, {delta:+.2%})"
+
+
+def _capacity_line(art: EngineArtifact, context_len: int | None, memory_bytes: int | None) -> str:
+    plan = serve_kv_plan(art, context_len, memory_bytes)
+    default = memory_bytes is None and context_len is None
+    return plan.describe() + (" — what `kiln serve` sizes here by default" if default else "")
 
 
 def _batch_line(max_batch: int) -> str:
@@ -142,12 +169,43 @@ def _passes(art: EngineArtifact) -> Table:
     return t
 
 
-def _files(art: EngineArtifact) -> Table:
-    t = Table(title="engine files")
-    for col in ("backend", "file", "size", "sha256"):
+def _ladder(rungs: list[dict]) -> Table:
+    """The rungs the build tried (kiln.compiler.resolve.fallbacks), each with its check's figures."""
+    t = Table(title="rungs tried (the build's fallback ladder)")
+    for col in ("rung", "engine", "check", "figures", "why it was left"):
         t.add_column(col)
+    for r in rungs:
+        t.add_row(escape(r["rung"]), f"{r['backend']} {r['quant']}", "passed: chosen" if r["passed"] else "failed",
+                  escape(rung_figures(r["figures"])), escape(r["failure"]))
+    return t
+
+
+def rung_figures(f: dict) -> str:
+    """A rung's check figures in one line: top-1 agreement and perplexity shift per text, the logit error."""
+    parts = [f"{label}: top-1 {g['top1_agreement']:.3f}, perplexity {g['perplexity_increase']:+.2%}"
+             for label, g in (("text", f), ("chat", f.get("chat") or {})) if "top1_agreement" in g]
+    if "max_rel_logit_error" in f:
+        parts.append(f"max rel logit error {f['max_rel_logit_error']:.3g} (reported)")
+    return "; ".join(parts) or "-"
+
+
+def _files(art: EngineArtifact) -> Table:
+    """Every file in the artifact folder with its size; the engines' own records say which backend
+    reads it and its checksum."""
+    records = {}
     for e in art.manifest.engines:
-        t.add_row(e["backend"], e["file"], format_bytes(e["bytes"]), e["sha256"][:16] + "…")
+        for r in [e, *(v for v in e.values() if isinstance(v, dict) and "sha256" in v)]:
+            records[r["file"]] = (e["backend"], r["sha256"])
+    records |= {name: ("", sha) for name, sha in art.manifest.tokenizer.get("files", {}).items()}
+    t = Table(title="files")
+    for col in ("file", "size", "engine", "sha256"):
+        t.add_column(col)
+    files = sorted(p for p in art.path.rglob("*") if p.is_file())
+    for path in files:
+        name = str(path.relative_to(art.path))
+        backend, sha = records.get(name, ("", ""))
+        t.add_row(escape(name), format_bytes(path.stat().st_size), backend, sha[:16] + "…" if sha else "")
+    t.add_row("total", format_bytes(sum(p.stat().st_size for p in files)), "", "")
     return t
 
 

@@ -13,11 +13,11 @@ import onnx
 
 from kiln.compiler.backends import ort
 from kiln.compiler.backends.built import BuiltEngines, StageFn
-from kiln.compiler.plan import BuildHost, BuildPlan, QuantRecipe
-from kiln.compiler.resolve import apply_to_config, fallbacks, resolve
+from kiln.compiler.plan import BuildHost, BuildPlan, Fallback, QuantRecipe
+from kiln.compiler.resolve import apply_to_config, fallbacks, refuse_before_export, resolve
 from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.export.sources import ModelSource, load_source
-from kiln.compiler.passes.base import run_pass
+from kiln.compiler.passes.base import PassCheckError, run_pass
 from kiln.compiler.passes.fusion import passes_for
 from kiln.compiler.passes.quantize import QuantizePass
 from kiln.compiler.passes.verify import compare_logits
@@ -41,32 +41,16 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext(), host
         with stage("load model source"):
             src = load_source(config.source)
         plan = resolve(config, src.spec, host)
+        ladder = fallbacks(plan, config, src.spec)
         config = apply_to_config(config, plan)
-        backend = get_backend(config.backend)
-        _refuse_unbuildable(config, backend)
+        _refuse_unbuildable(config, get_backend(config.backend))
+        refuse_before_export(plan, src.spec)
         with stage(f"chose {config.backend} {config.quant.value} ({_chosen(plan)})"):
             pass
-        if not _engine_quantizes(config) and plan.recipe.note:
-            with stage(plan.recipe.note):       # kiln's own kernel, or why not
-                pass
         with stage("export ONNX decoder graph"):
-            model = build_decoder(src.spec, src.weights, _weights_workdir(writer))
-        reports = []
-        unquantized = model
-        for p, check in _passes(src, config, plan):
-            if p.name == "quantize":
-                unquantized = model
-            with stage(f"pass {p.name}"):
-                model, report = run_pass(p, model, check if config.verify else None)
-                reports.append(report.to_dict())
-        if _engine_quantizes(config):
-            built, checked, plan = _build_quantizing_engines(backend, model, src, config, writer.tmp, stage, plan)
-            reports += checked
-        else:
-            built = backend.build_function()(model, src.spec, config, writer.tmp, stage)
-        if config.prefill_engine:
-            built = _add_prefill_engine(built, unquantized, src, config, writer.tmp, stage, plan)
-        reports += built.pass_reports
+            exported = build_decoder(src.spec, src.weights, _weights_workdir(writer))
+        built, reports, plan, tried = _climb(exported, src, config, plan, ladder, writer.tmp, stage)
+        config = apply_to_config(config, plan)
         with stage("write artifact"):
             tokenizer = _copy_tokenizer(src, writer.tmp / TOKENIZER_DIR)
             manifest = Manifest(
@@ -74,9 +58,107 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext(), host
                 kv_layout=built.kv_layout, engines=built.engines,
                 generation=_generation_defaults(src, writer.tmp / TOKENIZER_DIR),
                 tokenizer=tokenizer, passes=reports, source=src.description, versions=current_versions(),
-                choices=plan.choices(), plan=plan.to_dict())
+                choices=plan.choices(), plan={**plan.to_dict(), "ladder": tried})
             shutil.rmtree(_weights_workdir(writer), ignore_errors=True)
             return writer.commit(manifest)
+
+
+def _climb(exported: onnx.ModelProto, src: ModelSource, config: BuildConfig, plan: BuildPlan,
+           ladder: tuple[Fallback, ...], root: Path, stage: StageFn):
+    """Build `plan`; where its quantization fails the check, the next rung of the ladder that changes
+    nothing the user chose (resolve.fallbacks), until one passes. A default build must not fail on a
+    model a later rung passes; an explicit --quant / --backend fails with the next rung named.
+    Returns the engines, the pass reports, the plan built and every rung tried with its figures."""
+    primary, rungs, tried = plan, list(ladder), []
+    while True:
+        config = apply_to_config(config, plan)
+        try:
+            built, reports = _build_rung(exported, src, config, plan, root, stage)
+        except PassCheckError as e:
+            tried.append(_rung_record(plan, e.details, str(e)))
+            _say_rung(stage, tried[-1])
+            step = _next_rung(rungs, primary, e)
+            with stage(step.stage.format(failure=_short(e.details))):
+                pass
+            plan = step.taken(_short(e.details))
+            shutil.rmtree(root / "engines", ignore_errors=True)      # the failed rung's engine files
+            continue
+        tried.append(_rung_record(plan, _check_details(reports), ""))
+        if config.verify:
+            _say_rung(stage, tried[-1])
+        return built, reports, plan, tried
+
+
+def _next_rung(rungs: list[Fallback], primary: BuildPlan, failure: PassCheckError) -> Fallback:
+    """The next rung the build may take; where the user's flags rule it out, the failure, naming it."""
+    if not rungs:
+        raise failure
+    step = rungs.pop(0)
+    if not step.allowed_after(primary):
+        raise PassCheckError(f"{failure}; the next rung of kiln's ladder, {step.name}, changes what you asked "
+                             f"for: {step.how_to_ask()}", failure.details) from failure
+    return step
+
+
+def _build_rung(exported: onnx.ModelProto, src: ModelSource, config: BuildConfig, plan: BuildPlan, root: Path,
+                stage: StageFn) -> tuple[BuiltEngines, list[dict]]:
+    """One plan's passes and engines from the exported graph; raises PassCheckError where it fails its check."""
+    backend = get_backend(config.backend)
+    if not _engine_quantizes(config) and plan.recipe.note:
+        with stage(plan.recipe.note):       # kiln's own kernel, or why not
+            pass
+    reports: list[dict] = []
+    model = unquantized = exported
+    for p, check in _passes(src, config, plan):
+        if p.name == "quantize":
+            unquantized = model
+        with stage(f"pass {p.name}"):
+            model, report = run_pass(p, model, check if config.verify else None)
+            reports.append(report.to_dict())
+    if _engine_quantizes(config):
+        built, checked = _build_quantizing_engines(backend, model, src, config, root, stage, plan)
+        reports += checked
+    else:
+        built = backend.build_function()(model, src.spec, config, root, stage)
+    if config.prefill_engine:
+        built = _add_prefill_engine(built, unquantized, src, config, root, stage, plan)
+    return built, reports + built.pass_reports
+
+
+def _check_details(reports: list[dict]) -> dict:
+    return next((r["details"] for r in reports if r["name"].startswith("quantize")), {})
+
+
+def _rung_record(plan: BuildPlan, details: dict, failure: str) -> dict:
+    """A rung as the manifest's plan records it: which, its check's figures, and why it was left."""
+    figures = {k: details[k] for k in RUNG_FIGURES if k in details}
+    return {"rung": plan.rung, "backend": plan.backend.value, "quant": plan.quant.value,
+            "passed": not failure, "figures": figures, "failure": failure}
+
+
+# The check's figures a rung record keeps (passes/verify_quant.py names them).
+RUNG_FIGURES = ("top1_agreement", "perplexity_increase", "max_rel_logit_error", "chat")
+
+
+def _say_rung(stage: StageFn, record: dict) -> None:
+    verdict = "passed" if record["passed"] else "failed"
+    with stage(f"rung {record['rung']}: {verdict} the check ({figures_line(record['figures']) or 'no figures'})"):
+        pass
+
+
+def figures_line(figures: dict) -> str:
+    """A check's figures in one line: top-1 agreement and perplexity shift per text, the logit error."""
+    parts = []
+    for label, f in (("text", figures), ("chat", figures.get("chat") or {})):
+        if "top1_agreement" in f:
+            parts.append(f"{label}: top-1 {f['top1_agreement']:.3f}, perplexity {f['perplexity_increase']:+.2%}")
+    if "max_rel_logit_error" in figures:
+        parts.append(f"max rel logit error {figures['max_rel_logit_error']:.3g} (reported)")
+    return "; ".join(parts)
+
+
+def _short(details: dict) -> str:
+    return figures_line({k: details[k] for k in RUNG_FIGURES if k in details}) or "its check failed"
 
 
 def _chosen(plan: BuildPlan) -> str:
@@ -151,34 +233,19 @@ def _engine_quantizes(config: BuildConfig) -> bool:
 
 
 def _build_quantizing_engines(backend: Backend, model: onnx.ModelProto, src: ModelSource, config: BuildConfig,
-                              root: Path, stage: StageFn,
-                              plan: BuildPlan) -> tuple[BuiltEngines, list[dict], BuildPlan]:
+                              root: Path, stage: StageFn, plan: BuildPlan) -> tuple[BuiltEngines, list[dict]]:
     """Engines of a backend that quantizes the fp32 graph itself (openvino), fed the calibration text,
-    their check's report, and the plan they were built to. Where an engine fails the check, the next
-    plan of the ladder (resolve.fallbacks: kiln's int8 linears -> OpenVINO's own) is built, and its
-    backend choice says why: a default build must not fail on what a later rung would pass."""
-    from kiln.compiler.passes.base import PassCheckError
+    and their check's report; raises PassCheckError where the engine fails it (the ladder moves on)."""
     from kiln.compiler.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
 
-    build = backend.build_function()
     longest = min(CALIBRATION_TOKENS, src.spec.max_position_embeddings)
     calibration = (_chat_sample(src.tokenizer_dir) + calibration_token_ids(src.tokenizer_dir, longest))[:longest]
-    ladder = list(fallbacks(plan))
-    while True:
-        built = build(model, src.spec, config, root, stage, calibration_ids=calibration, recipe=plan.recipe)
-        if not config.verify:
-            return built, [], plan
-        try:
-            with stage("check the engine's quantization"):
-                return built, [_check_engine_quant(built, model, src, config, root).to_dict()], plan
-        except PassCheckError as e:
-            if not ladder:
-                raise
-            failure = str(e)
-        step = ladder.pop(0)
-        with stage(step.stage.format(failure=failure)):
-            pass
-        plan = step.taken(failure)
+    built = backend.build_function()(model, src.spec, config, root, stage, calibration_ids=calibration,
+                                     recipe=plan.recipe)
+    if not config.verify:
+        return built, []
+    with stage("check the engine's quantization"):
+        return built, [_check_engine_quant(built, model, src, config, root).to_dict()]
 
 
 # A conversation in the model's own chat template, ahead of the calibration text: chat requests start
@@ -198,24 +265,32 @@ def _check_engine_quant(built: BuiltEngines, fp32_model: onnx.ModelProto, src: M
                         root: Path):
     """The quantize pass's check, run on the compiled engine (kiln.compiler.backends.openvino.quant_check)."""
     from kiln.compiler.backends.openvino.quant_check import check_compressed_engine
-    from kiln.compiler.passes.verify_quant import check_token_ids
 
-    tokens = check_token_ids(src.tokenizer_dir, min(512, src.spec.max_position_embeddings))
+    check = _quant_check("quantize", src, config.quant)
     return check_compressed_engine(root, built.engines[0], src.spec, config.buckets, built.kv_layout, fp32_model,
-                                   tokens, config.quant)
+                                   check, config.quant)
 
 
 def _checked_quantize(src: ModelSource, recipe: QuantRecipe) -> tuple[QuantizePass, Callable]:
-    """The quantize pass for a plan's recipe and its check against fp32 on the check text (passes/verify_quant.py)."""
+    """The quantize pass for a plan's recipe and its check against fp32 (passes/verify_quant.py)."""
     from kiln.compiler.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
-    from kiln.compiler.passes.quantize import MIN_TOP1
-    from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
 
     mode = QuantMode(recipe.mode)
     calibration = calibration_token_ids(src.tokenizer_dir, min(CALIBRATION_TOKENS, src.spec.max_position_embeddings))
     quantize = QuantizePass.for_recipe(recipe, calibration_ids=calibration)
-    tokens = check_token_ids(src.tokenizer_dir, min(512, src.spec.max_position_embeddings))
-    return quantize, QuantCheck(quantize.name, tokens, MIN_TOP1[mode])
+    return quantize, _quant_check(quantize.name, src, mode)
+
+
+def _quant_check(name: str, src: ModelSource, mode: QuantMode):
+    """The check of `mode` on the plain check text and on chat in the model's template."""
+    from kiln.compiler.passes.verify_quant import QuantCheck, chat_check_ids, check_token_ids
+
+    longest = min(CHECK_TOKENS, src.spec.max_position_embeddings)
+    return QuantCheck.for_mode(name, mode, check_token_ids(src.tokenizer_dir, longest),
+                               chat_check_ids(src.tokenizer_dir, longest))
+
+
+CHECK_TOKENS = 512         # of each check text: the plain text and the chat
 
 
 def _quant_record(config: BuildConfig, reports: list[dict]) -> dict:

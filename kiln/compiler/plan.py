@@ -63,6 +63,7 @@ class QuantRecipe:
     compute: str = ""                    # the backend's activation precision where it has a choice ("f32" | "bf16")
     kv_cache: str = ""                   # the KV cache precision that goes with it ("" the build's --kv-dtype)
     note: str = ""                       # what the build prints about its linears ("" nothing to say)
+    fp32_layers: tuple[int, ...] = ()    # decoder layers whose linears stay fp32 (the ladder's sensitive rung)
 
     def role(self, name: str) -> RoleKernel:
         return next(r for r in self.roles if r.role == name)
@@ -73,7 +74,7 @@ class QuantRecipe:
     @classmethod
     def from_dict(cls, d: dict) -> "QuantRecipe":
         roles = tuple(RoleKernel(r["role"], Kernel(**r["kernel"]), r["reason"]) for r in d["roles"])
-        return cls(**{**d, "roles": roles})
+        return cls(**{**d, "roles": roles, "fp32_layers": tuple(d.get("fp32_layers", ()))})
 
 
 @dataclass(frozen=True)
@@ -148,10 +149,25 @@ class BuildPlan:
 
 @dataclass(frozen=True)
 class Fallback:
-    """A plan the build moves to when the one before it fails the engine's quantization check."""
+    """A rung of the build's ladder: the plan the build moves to when the one before it fails the
+    quantization check. A rung is taken only where it changes nothing the user chose."""
     plan: BuildPlan
     stage: str                           # what the build says as it moves ("{failure}": the check's message)
     reason: str                          # what the backend choice's reason gains, "{failure}" likewise
+    changes: tuple[str, ...] = ()        # which of the user's choices it changes: "backend", "quant"
+    flags: str = ""                      # the `kiln build` flags that ask for it ("" none do)
+
+    @property
+    def name(self) -> str:
+        return self.plan.rung
+
+    def allowed_after(self, plan: BuildPlan) -> bool:
+        """Whether the build may move here on its own: the user named none of what it changes."""
+        chosen = {"backend": plan.backend, "quant": plan.quant}
+        return all(chosen[what].chosen_by != "user" for what in self.changes)
+
+    def how_to_ask(self) -> str:
+        return f"`{self.flags}`" if self.flags else "`kiln build` without --quant and --backend tries it"
 
     def taken(self, failure: str) -> BuildPlan:
         backend = self.plan.backend

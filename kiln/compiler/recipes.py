@@ -25,6 +25,8 @@ weight-only path takes 4-bit blocks only, and what the CPU recipe avoids was mea
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kiln.compiler.openvino_recipes import computes_bf16, openvino_recipe
 from kiln.compiler.plan import BuildHost, Kernel, QuantRecipe, RoleKernel
 from kiln.contract.backends import Backend
@@ -55,6 +57,17 @@ def quant_recipe(backend: Backend, mode: QuantMode, spec: ModelSpec, host: Build
     if host.ort_ops:
         return _kiln_ops_recipe(mode, host.cpu)
     return _nbits_recipe(mode, spec)
+
+
+def keep_sensitive_fp32(recipe: QuantRecipe, spec: ModelSpec) -> QuantRecipe:
+    """`recipe` with the tensors a quantization error hurts most kept fp32: the LM head and the
+    embedding (one table when tied: every logit and every input reads it) and the first and last
+    layers (the first feeds every later one; the last writes straight into the logits)."""
+    why = "kept fp32: the tensors a quantization error hurts most (the ladder's sensitive rung)"
+    roles = tuple(RoleKernel(r.role, FP32, why) if r.role in ("lm_head", "embedding") else r for r in recipe.roles)
+    layers = tuple(sorted({0, spec.num_layers - 1}))
+    note = f"{recipe.note}; the LM head, the embedding and layers {', '.join(map(str, layers))} fp32".lstrip("; ")
+    return replace(recipe, roles=roles, fp32_layers=layers, note=note)
 
 
 def q8_activations(cpu: HostCPU) -> str:

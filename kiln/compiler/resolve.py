@@ -13,11 +13,12 @@ from kiln.compiler.defaults import AUTO, choose_attention, choose_backend, choos
 from kiln.compiler.openvino_recipes import computes_bf16, openvino_recipe, uses_kiln_linears
 from kiln.compiler.passes.fusion import planned_fusions
 from kiln.compiler.plan import BuildHost, BuildPlan, Choice, Fallback, QuantRecipe
-from kiln.compiler.recipes import quant_recipe
+from kiln.compiler.recipes import keep_sensitive_fp32, quant_recipe
 from kiln.config import BuildConfig
 from kiln.contract.backends import BACKEND_OPTIONS, get_backend
 from kiln.contract.model_spec import ModelSpec
 from kiln.contract.quant import QuantMode
+from kiln.engines.ort import native as ort_native
 
 
 def resolve(config: BuildConfig, spec: ModelSpec, host: BuildHost) -> BuildPlan:
@@ -37,16 +38,74 @@ def resolve(config: BuildConfig, spec: ModelSpec, host: BuildHost) -> BuildPlan:
                      prefill)
 
 
-def fallbacks(plan: BuildPlan) -> tuple[Fallback, ...]:
-    """The plans after `plan`, in order: where kiln's int8 linears fail the check, OpenVINO's own
-    (a default build must not fail on what the plugin's linears would pass)."""
-    if not uses_kiln_linears(plan.recipe):
-        return ()
+def fallbacks(plan: BuildPlan, config: BuildConfig, spec: ModelSpec) -> tuple[Fallback, ...]:
+    """The ladder after `plan`, in order: each rung more accurate than the one before and still the
+    fastest such engine, ending in fp32 weights, so that a default build does not fail on a model a
+    later rung passes. Where kiln's int8 linears run, OpenVINO's own next; then the ort backend at the
+    same mode (blocks of 32 where OpenVINO's int8 is per channel); int8 where the mode was coarser;
+    int8 with the sensitive tensors (the LM head, the embedding, the first and last layers) kept fp32;
+    last, fp32 weights. The build takes a rung only where it changes nothing the user chose
+    (Fallback.allowed_after); the first it may not take is named in the failure."""
+    mode = QuantMode(plan.quant.value)
+    rungs = [_openvino_own(plan)] if uses_kiln_linears(plan.recipe) else []
+    if mode is QuantMode.NONE:
+        return tuple(rungs)
+    if plan.backend.value == "openvino":
+        rungs.append(_on_ort(plan, config, spec, mode))
+    if plan.backend.value in ("openvino", "ort"):
+        if mode is not QuantMode.INT8:
+            rungs.append(_on_ort(plan, config, spec, QuantMode.INT8))
+        rungs.append(_sensitive_fp32(plan, _on_ort(plan, config, spec, QuantMode.INT8).plan, spec))
+    rungs.append(_fp32(plan, config, spec))
+    return tuple(rungs)
+
+
+def _openvino_own(plan: BuildPlan) -> Fallback:
     own = openvino_recipe(QuantMode(plan.quant.value), computes_bf16(plan.host.cpu), kiln_linears=False)
     kv = Choice(own.kv_cache, plan.kv_dtype.chosen_by, _openvino_kv_reason(own))
-    return (Fallback(replace(plan, recipe=own, kv_dtype=kv, rung="openvino's own int8 linears"),
-                     stage="kiln's int8 linears failed the check ({failure}): building on OpenVINO's own",
-                     reason="kiln's int8 linears failed the build's check ({failure}), so OpenVINO's own"),)
+    return Fallback(replace(plan, recipe=own, kv_dtype=kv, rung="openvino's own int8 linears"),
+                    stage="kiln's int8 linears failed the check ({failure}): building on OpenVINO's own",
+                    reason="kiln's int8 linears failed the build's check ({failure}), so OpenVINO's own")
+
+
+def _on_ort(plan: BuildPlan, config: BuildConfig, spec: ModelSpec, mode: QuantMode) -> Fallback:
+    """The ort backend at `mode`: its int8 is in blocks of 32 (kiln's MatMulQ8 or MatMulNBits)."""
+    rung = resolve(replace(config, backend="ort", quant=mode), spec, plan.host)
+    backend = _relabelled(plan.backend, rung.backend, "ONNX Runtime: the next rung of the ladder")
+    quant = _relabelled(plan.quant, rung.quant, f"{mode.value} weights: the next rung of the ladder")
+    changes = tuple(what for what, a, b in (("backend", plan.backend, backend), ("quant", plan.quant, quant))
+                    if a.value != b.value)
+    label = f"ort {mode.value} ({rung.recipe.role('qkv').kernel.op}, blocks of 32)"
+    return Fallback(replace(rung, backend=backend, quant=quant, rung=label),
+                    stage=f"{{failure}}: building {label}", reason=f"the rung before failed the build's check "
+                    f"({{failure}}), so {label}", changes=changes, flags=f"--backend ort --quant {mode.value}")
+
+
+def _sensitive_fp32(primary: BuildPlan, plan: BuildPlan, spec: ModelSpec) -> Fallback:
+    """`plan` (the ort int8 rung) with the LM head, the embedding and the first and last layers fp32."""
+    recipe = keep_sensitive_fp32(plan.recipe, spec)
+    label = f"ort {plan.quant.value}, the LM head, embedding and layers {', '.join(map(str, recipe.fp32_layers))} fp32"
+    quant = Choice(plan.quant.value, AUTO, f"{plan.quant.value} weights but the tensors a quantization error "
+                   "hurts most, kept fp32: the next rung of the ladder")
+    return Fallback(replace(plan, recipe=recipe, quant=quant, rung=label), stage=f"{{failure}}: building {label}",
+                    reason=f"the rung before failed the build's check ({{failure}}), so {label}",
+                    changes=("quant",) + (("backend",) if primary.backend.value != "ort" else ()))
+
+
+def _fp32(plan: BuildPlan, config: BuildConfig, spec: ModelSpec) -> Fallback:
+    """fp32 weights, on the backend the user named or the auto choice for fp32: exact, so it passes."""
+    rung = resolve(replace(config, quant=QuantMode.NONE), spec, plan.host)
+    quant = Choice(QuantMode.NONE.value, AUTO, "fp32 weights: every quantized rung failed the build's check")
+    changes = ("quant",) + (("backend",) if rung.backend.value != plan.backend.value else ())
+    label = f"{rung.backend.value} fp32"
+    return Fallback(replace(rung, quant=quant, rung=label), stage=f"{{failure}}: building {label}",
+                    reason=f"the rung before failed the build's check ({{failure}}), so {label}", changes=changes,
+                    flags="--quant none" + (f" --backend {rung.backend.value}" if "backend" in changes else ""))
+
+
+def _relabelled(primary: Choice, rung: Choice, reason: str) -> Choice:
+    """The rung's choice as the ladder made it: the primary's where unchanged, else kiln's with `reason`."""
+    return primary if primary.value == rung.value else Choice(rung.value, AUTO, reason)
 
 
 def apply_to_config(config: BuildConfig, plan: BuildPlan) -> BuildConfig:
@@ -79,3 +138,31 @@ def _openvino_kv_reason(recipe: QuantRecipe) -> str:
     if not recipe.kv_cache or recipe.kv_cache == "f32":
         return "f32 with f32 compute: fp32 engines keep HF parity"
     return f"the plugin's cache for the {recipe.mode} recipe ({recipe.compute} compute)"
+
+
+def refuse_before_export(plan: BuildPlan, spec: ModelSpec) -> None:
+    """What cannot work, refused before the export and the passes spend their time: a backend the
+    user named that cannot run here or does not cover the model, and a recipe whose ops this build
+    host lacks (the auto choices never pick these; a named one would fail only at compile or load)."""
+    if plan.backend.value == "openvino":
+        _refuse_openvino(plan, spec)
+    if plan.recipe.ops() & NATIVE_OPS and not plan.host.ort_ops:
+        raise ValueError(f"the {plan.recipe.mode} recipe runs on kiln's op library, which is not built here: "
+                         f"run `{ort_native.BUILD_COMMAND}`")
+    if plan.attention.value == "native" and not plan.host.ort_ops:
+        raise ValueError("--attention native runs kiln's PagedAttention op, and kiln's op library is not built "
+                         f"here: run `{ort_native.BUILD_COMMAND}`, or build --attention standard")
+
+
+def _refuse_openvino(plan: BuildPlan, spec: ModelSpec) -> None:
+    from kiln.compiler.backends.openvino.coverage import uncovered
+
+    if not plan.host.openvino:
+        raise ValueError("--backend openvino needs the openvino package, which is not installed here "
+                         "(it comes with `pip install kiln`)")
+    missing = uncovered(spec)
+    if missing:
+        raise ValueError(f"the openvino backend does not cover {missing} yet; build with --backend ort")
+
+
+NATIVE_OPS = frozenset({"kiln.MatMulQ8", "kiln.MatMulQ4Min"})

@@ -10,6 +10,7 @@ import pytest
 from onnx import numpy_helper
 
 from kiln.compiler.passes.base import PassCheckError, run_pass
+from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.passes.kv_io import KvIoPass
 from kiln.contract.quant import QuantMode
 from kiln.compiler.passes.quantize import MIN_TOP1, QuantizePass
@@ -80,7 +81,7 @@ def test_a_correct_quantized_graph_passes_and_reports_its_quality(tiny, tiny_sou
     d = report.details
     assert d["check_tokens"] == 512 and d["check_text"] == "kiln/data/check.txt"
     assert MIN_TOP1[mode] <= d["top1_agreement"] <= 1.0
-    assert report.max_rel_error <= QuantizePass(mode).rel_tolerance
+    assert report.max_rel_error == d["max_rel_logit_error"] and report.tolerance is None    # reported, no gate
     assert d["perplexity"] > 1 and d["perplexity_fp32"] > 1 and d["perplexity"] != d["perplexity_fp32"]
 
 
@@ -94,11 +95,14 @@ def test_none_measures_fp32_once(tiny_sources, check_ids, tiny):
 
 @pytest.mark.parametrize("breaker", [scrambled_scales, shifted_groups])
 @pytest.mark.parametrize("mode", QUANTIZED)
-def test_a_broken_quantized_graph_fails_with_the_pass_name(tiny, tiny_sources, check_ids, mode, breaker):
-    spec, model = tiny
-    name = next(n for n, s in tiny_sources.items() if s.spec == spec)
+def test_a_broken_quantized_graph_fails_with_the_pass_name(tiny_sources, check_ids, mode, breaker):
+    """On tiny-llama. tiny-qwen2's tied unit-scale table makes every position predict its own input
+    token by a margin no broken linear moves (its perplexity is astronomic), so its greedy answers
+    and its perplexity stay: the gate measures what a user sees, and there nothing changes."""
+    src = tiny_sources["tiny-llama"]
+    model = build_decoder(src.spec, src.weights)
     with pytest.raises(PassCheckError, match="pass 'quantize' failed its numeric check"):
-        run_pass(BrokenQuantize(mode, breaker), model, quant_check(check_ids[name], mode))
+        run_pass(BrokenQuantize(mode, breaker), model, quant_check(check_ids["tiny-llama"], mode))
 
 
 def test_a_build_with_a_broken_quantizer_fails(monkeypatch, tmp_path):

@@ -40,6 +40,10 @@ def weight_matmuls(model: onnx.ModelProto) -> list[onnx.NodeProto]:
             and not n.name.endswith(OFFSET_NODES)]
 
 
+# The logit error a sound recipe stays under on the tiny presets (a broken linear's is several times it).
+SANE_REL_ERROR = {QuantMode.INT8: 0.15, QuantMode.INT4: 0.25}
+
+
 def producer(model: onnx.ModelProto, tensor: str) -> onnx.NodeProto:
     return next(n for n in model.graph.node if tensor in n.output)
 
@@ -63,7 +67,7 @@ def test_every_linear_and_the_embedding_are_quantized(models, name, mode):
     assert d["matmuls_quantized"] == 15 and d["bits"] == mode.bits and d["block_size"] == 32
     assert d["table_bits"] == 8
     assert all("not an initializer" in s["reason"] for s in d["skipped"])   # only attention's QK / PV
-    assert report.max_rel_error <= QuantizePass(mode).rel_tolerance
+    assert report.max_rel_error <= SANE_REL_ERROR[mode]
 
 
 def test_tied_4bit_table_is_a_view_of_the_lm_heads_table(models):

@@ -124,6 +124,10 @@ def test_without_kilns_libraries_int8_goes_to_openvinos_own_linears():
     """On AVX2 ort's int8 is faster only on kiln's kernel; without the library, OpenVINO again."""
     assert plan_for("avx2", libraries=False).backend.value == "openvino"
     assert ops(plan_for("avx512-vnni", libraries=False)) == OV_INT8
+    # the reason says the default moved for a missing library, and how to build it
+    assert native.BUILD_COMMAND in plan_for("avx2", libraries=False).backend.reason
+    assert "kiln.engines.openvino.native.build" in plan_for("avx512-vnni", libraries=False).backend.reason
+    assert plan_for("amx", libraries=False).backend.reason == plan_for("amx").backend.reason   # nothing to miss
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "ort-cuda"])
@@ -145,16 +149,51 @@ def test_openvino_skips_its_fusions_with_their_reasons():
     assert not any(f.applies for f in plan_for("amx", "ort", "int8", fuse=False).fusions)
 
 
+def ladder(cpu: str, backend: str = "auto", quant: str | None = None, libraries: bool = True, **config):
+    mode = None if quant is None else QuantMode(quant)
+    config = BuildConfig(source="x", out="x", backend=backend, quant=mode, **config)
+    plan = resolve(config, SMOLLM2, host(cpu, libraries))
+    return plan, fallbacks(plan, config, SMOLLM2)
+
+
 @needs_openvino
 def test_the_fallback_ladder_after_kilns_int8_linears_is_openvinos_own():
-    plan = plan_for("avx512-vnni")
-    (step,) = fallbacks(plan)
+    plan, rungs = ladder("avx512-vnni")
+    step = rungs[0]
     taken = step.taken("top-1 0.5 < 0.9")
     assert ops(taken) == OV_INT8 and taken.recipe.compute == "bf16" and taken.kv_dtype.value == "u8"
     assert taken.backend.reason.endswith("; kiln's int8 linears failed the build's check (top-1 0.5 < 0.9), "
                                          "so OpenVINO's own")
-    assert "building on OpenVINO's own" in step.stage
-    assert fallbacks(plan_for("amx")) == () and fallbacks(plan_for("avx2", "ort", "int8")) == ()
+    assert "building on OpenVINO's own" in step.stage and step.changes == ()
+
+
+@needs_openvino
+def test_the_default_ladder_runs_from_the_fastest_engine_to_fp32():
+    plan, rungs = ladder("avx512-vnni")
+    assert [(r.plan.backend.value, r.plan.quant.value, r.changes) for r in rungs] == [
+        ("openvino", "int8", ()), ("ort", "int8", ("backend",)), ("ort", "int8", ("quant", "backend")),
+        ("ort", "none", ("quant", "backend"))]
+    assert ops(rungs[1].plan) == Q8 and rungs[1].flags == "--backend ort --quant int8"
+    sensitive = rungs[2].plan.recipe
+    assert sensitive.fp32_layers == (0, 29) and ops(rungs[2].plan)["lm_head"] == ops(rungs[2].plan)["embedding"] == "fp32"
+    assert ops(rungs[2].plan)["qkv"] == "kiln.MatMulQ8" and rungs[2].flags == ""
+    assert ops(rungs[3].plan) == FP32 and rungs[3].flags == "--quant none --backend ort"
+    assert all(r.allowed_after(plan) for r in rungs)
+    amx_plan, amx = ladder("amx")                    # OpenVINO's own linears first: no kiln rung
+    assert [r.plan.backend.value for r in amx] == ["ort", "ort", "ort"]
+
+
+@needs_openvino
+def test_a_rung_that_changes_what_the_user_named_is_not_taken():
+    plan, rungs = ladder("avx512-vnni", quant="int8")
+    assert [r.allowed_after(plan) for r in rungs] == [True, True, False, False]
+    plan, rungs = ladder("avx2", "ort", "int8")
+    assert [r.name for r in rungs][-1] == "ort fp32" and not any(r.allowed_after(plan) for r in rungs)
+    plan, rungs = ladder("avx2", "ort")              # the backend named, the quant auto
+    assert [r.allowed_after(plan) for r in rungs] == [True, True]
+    plan, rungs = ladder("avx2", "ort", "int4")
+    assert [(r.plan.quant.value, r.flags) for r in rungs][0] == ("int8", "--backend ort --quant int8")
+    assert ladder("avx2", "ort", "none")[1] == ()
 
 
 @needs_openvino

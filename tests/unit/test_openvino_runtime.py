@@ -176,11 +176,13 @@ def test_engine_quant_check_refuses_beyond_tolerance(ov_tiny_llama_int8):
     from kiln.compiler.export.decoder_graph import build_decoder
     from kiln.compiler.export.sources import load_source
     from kiln.compiler.passes.base import PassCheckError
+    from kiln.compiler.passes.verify_quant import QuantCheck
     from kiln.contract.quant import QuantMode
 
     m = EngineArtifact.load(ov_tiny_llama_int8).manifest
     src = load_source("tiny-llama")
     tokens = np.random.default_rng(3).integers(0, m.spec.vocab_size, 40).tolist()
+    check = QuantCheck.for_mode("quantize", QuantMode.NONE, tokens)
     with pytest.raises(PassCheckError, match="numeric check"):
         check_compressed_engine(ov_tiny_llama_int8, m.engines[0], m.spec, m.buckets, m.kv_layout,
-                                build_decoder(src.spec, src.weights), tokens, QuantMode.NONE)
+                                build_decoder(src.spec, src.weights), check, QuantMode.NONE)

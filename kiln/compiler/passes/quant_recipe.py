@@ -32,6 +32,18 @@ def pass_options(recipe: QuantRecipe) -> dict:
     head = recipe.role("lm_head").kernel
     if HEAD_KERNEL_OF.get(head.op, "nbits") != "nbits":
         options["head_kernel"] = HEAD_KERNEL_OF[head.op]
+    return options | _fp32_options(recipe)
+
+
+def _fp32_options(recipe: QuantRecipe) -> dict:
+    """What a recipe keeps fp32 (kiln.compiler.recipes.keep_sensitive_fp32), as the pass's settings."""
+    options: dict = {}
+    if recipe.role("lm_head").kernel.op == "fp32":
+        options["quantize_lm_head"] = False
+    if recipe.role("embedding").kernel.op == "fp32":
+        options["quantize_embedding"] = False
+    if recipe.fp32_layers:
+        options["fp32_linears"] = tuple(f"layers.{i}" for i in recipe.fp32_layers)
     return options
 
 

@@ -34,6 +34,7 @@ from kiln.compiler.passes.q4min_linear import ensure_kiln_opset, q4min_linear, q
 from kiln.compiler.passes.quant_tables import QuantizedTable, embedding_node, lm_head_node, quantize_embedding
 from kiln.compiler.passes.quant_tables import weight_quantizer
 from kiln.compiler.passes.quant_recipe import pass_options
+from kiln.compiler.passes.verify_quant import QUANT_GATES
 from kiln.compiler.plan import QuantRecipe
 from kiln.contract.quant import QuantMode
 from kiln.compiler.graph_utils import MS_DOMAIN, ensure_ms_opset
@@ -41,15 +42,8 @@ from kiln.engines.ort import native
 
 
 
-# The quantize check (passes/verify_quant.py), on the first 512 tokens of kiln/data/check.txt:
-# max |Δlogit| / max |logit| <= rel tolerance, and top-1 agreement with fp32 >= MIN_TOP1.
-# The bounds sit between what the default recipes measured on SmolLM2, tiny-llama and tiny-qwen2
-# (random weights: near-uniform logits, so argmax ties flip easily) and what graphs with a linear's
-# scales shuffled measured, so a sound build passes with room and a broken linear fails; all 4-bit
-# searched fails on SmolLM2. w8a8 gets a looser rel bound than int8: one activation scale per call
-# rounds harder than MatMulNBits' blocks of 32. The figures: docs/results/2026-12-06-figures-from-code-comments.md.
-REL_TOLERANCE = {QuantMode.NONE: 0.0, QuantMode.INT8: 0.15, QuantMode.INT4: 0.25, QuantMode.W8A8: 0.30}
-MIN_TOP1 = {QuantMode.NONE: 1.0, QuantMode.INT8: 0.90, QuantMode.INT4: 0.70, QuantMode.W8A8: 0.80}
+# The quantize check's gate per mode is passes/verify_quant.py's QUANT_GATES; its top-1 minimums, by mode:
+MIN_TOP1 = {mode: gate.min_top1 for mode, gate in QUANT_GATES.items()}
 
 
 # The INT4 defaults, the ort backend's recipe without kiln's op library (kiln/compiler/recipes.py):
@@ -105,7 +99,7 @@ class QuantizePass:
                  int8_kernel: str | None = None, nbits_linears: tuple[str, ...] = NBITS_LINEARS,
                  int4_rounding: str | None = None, calibration_ids: list[int] | None = None,
                  offset_linears: tuple[str, ...] = (), head_kernel: str = "nbits", q8_activations: str = "int8",
-                 weight_range: int | None = None):
+                 weight_range: int | None = None, fp32_linears: tuple[str, ...] = ()):
         """table_bits: bits of the embedding and LM head; int8_linears: node-name segments (e.g.
         "down_proj") of linears kept at 8 bits. None takes the mode's recipe; (4, ()) is pure int4.
         block_offsets: 4-bit linears keep a float minimum per block (passes/block_offsets.py).
@@ -118,7 +112,8 @@ class QuantizePass:
         (4-bit on kiln.MatMulQ4Min); with either of kiln's, the embedding keeps a table of its own.
         q8_activations: what every kiln.MatMulQ8 quantizes its activations to, "int8" or "int16".
         weight_range: the "dynamic" linears' largest weight magnitude (None: what this CPU runs right,
-        kiln/compiler/recipes.py w8a8_weight_range). A build passes none of these: for_recipe sets them."""
+        kiln/compiler/recipes.py w8a8_weight_range). fp32_linears: node-name segments (e.g. "layers.0") of
+        linears left fp32. A build passes none of these: for_recipe sets them."""
         if q8_activations not in Q8_ACCURACY_LEVELS:
             raise ValueError(f"q8_activations must be one of {tuple(Q8_ACCURACY_LEVELS)}, not {q8_activations!r}")
         self.q8_activations = q8_activations
@@ -141,8 +136,9 @@ class QuantizePass:
         self.quantize_embedding, self.quantize_lm_head = quantize_embedding, quantize_lm_head
         self.table_bits = table_bits or _TABLE_BITS.get(mode)
         self.int8_linears = tuple(_INT8_LINEARS.get(mode, ()) if int8_linears is None else int8_linears)
-        self.rel_tolerance = REL_TOLERANCE[mode]
+        self.rel_tolerance = None       # its check gates on top-1 and perplexity (verify_quant.py)
         self.weight_range = weight_range
+        self.fp32_linears = tuple(fp32_linears)
         self._details: dict = {"mode": mode.value}
 
     @classmethod
@@ -215,7 +211,7 @@ class _Rewrite:
             "int8_linears": list(self.p.int8_linears), "matmuls_quantized": len(self.quantized),
             "matmuls_by_bits": dict(Counter(_bits(n) for n in self.quantized.values())), "skipped": self.skipped,
             "lm_head": self._head_note(), "embedding": embed_note, "head_kernel": self.p.head_kernel,
-            "q8_activations": self.p.q8_activations,
+            "q8_activations": self.p.q8_activations, "fp32_linears": list(self.p.fp32_linears),
         }
 
     @property
@@ -237,6 +233,8 @@ class _Rewrite:
         reason = _skip_reason(node, self.inits, self.p.block_size)
         if is_head and not self.p.quantize_lm_head:
             reason = "LM head kept fp32 (quantize_lm_head=False)"
+        elif reason is None and set(node.name.split("/")) & set(self.p.fp32_linears):
+            reason = "kept fp32 (fp32_linears)"
         if reason:
             self.skipped.append({"node": node.name, "reason": reason})
             return [node]
