@@ -47,6 +47,10 @@ WARM_UP_PROMPT_TOKENS = 64
 # tool-call parsing run on this many worker threads, never on the event loop: /health and the
 # streams in flight keep being served while a huge prompt is refused.
 PREPARE_WORKERS = 2
+# Requests being prepared or queued for a worker: each holds its body (up to --max-body-size), so
+# past this many a request is refused at once (429, Retry-After) rather than queued, and a few
+# clients sending costly bodies cannot hold preparation up for everyone or grow memory unbounded.
+MAX_PREPARING = 32
 ENDPOINTS = {"completion": (CompletionRequest, prepare_completion), "chat": (ChatCompletionRequest, prepare_chat)}
 
 
@@ -67,6 +71,7 @@ class Server:
         if self.semantic is not None:
             self.metrics.registry.register(self.semantic)
         self.workers = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="kiln-prepare")
+        self.num_preparing = 0           # requests inside preparing() (event-loop thread only)
 
     def start(self) -> None:
         c = self.config
@@ -111,6 +116,18 @@ class Server:
         salt = f"api-key:{key_name}" if key_name is not None and self.config.per_key_cache_salt else None
         return RequestOptions(self.config.allow_control_tokens_in_messages, salt, self.config.strict_api,
                               self.config.tool_call_parser)
+
+    @contextlib.contextmanager
+    def preparing(self):
+        """A request's place in preparation, or ApiError(429) when MAX_PREPARING hold one."""
+        if self.num_preparing >= MAX_PREPARING:
+            raise ApiError(429, f"server busy: {self.num_preparing} requests are being prepared (max "
+                           f"{MAX_PREPARING}); retry in 1 s", code="prepare_queue_full", headers={"Retry-After": "1"})
+        self.num_preparing += 1
+        try:
+            yield
+        finally:
+            self.num_preparing -= 1
 
     async def off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.workers, partial(fn, *args))
@@ -237,11 +254,12 @@ async def _prepare(server: Server, request: HttpRequest, kind: str):
     key_name = server.check(request)
     raw = await read_body(request, server.config.max_body_bytes)
     options = server.options(key_name)
-    prepared = await server.off_loop(_prepare_body, server, kind, raw, options)
-    semantic = None
-    if server.semantic is not None:           # embedding is CPU work: off the loop too
-        bypass = "no-cache" in request.headers.get("cache-control", "").lower()
-        semantic = await server.off_loop(server.semantic.prepare, raw, prepared, options.cache_salt, bypass)
+    with server.preparing():
+        prepared = await server.off_loop(_prepare_body, server, kind, raw, options)
+        semantic = None
+        if server.semantic is not None:           # embedding is CPU work: off the loop too
+            bypass = "no-cache" in request.headers.get("cache-control", "").lower()
+            semantic = await server.off_loop(server.semantic.prepare, raw, prepared, options.cache_salt, bypass)
     return prepared, semantic
 
 

@@ -105,7 +105,7 @@ def prepare_completion(body: CompletionRequest, tok: Tokenizer, limits: EngineLi
                           "per request", "prompt")
     for prompt in prompts:
         if isinstance(prompt, str):
-            _check_chars_fit(len(prompt), tok, limits, "prompt")
+            check_chars_fit(len(prompt), tok, limits, "prompt")
     all_ids = [tuple(_prompt_ids(p, tok, limits)) for p in prompts]
     # echo with max_tokens 0 (log-likelihood evaluation): one token is sampled, none returned.
     echo_only = body.echo and body.max_tokens == 0
@@ -124,7 +124,7 @@ def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimi
                  options: RequestOptions = RequestOptions()) -> PreparedRequest:
     tools = plan_tools(body, tok, options.tool_format)
     messages = message_dicts(body.messages)
-    _check_chars_fit(sum(len(text) for text in _texts(messages)), tok, limits, "messages")
+    check_chars_fit(rendered_chars(messages, tools.tools, body.chat_template_kwargs), tok, limits, "messages")
     try:
         ids = tok.encode_chat(messages, tools=tools.tools,
                               control_tokens_in_messages=options.control_tokens_in_messages,
@@ -151,11 +151,20 @@ def message_dicts(messages) -> list[dict]:
     return [_message_dict(i, m) for i, m in enumerate(messages)]
 
 
+def rendered_chars(*values) -> int:
+    """The characters of every string (dict keys too) the chat template may render: messages,
+    tool definitions, template kwargs. NOTE: all of them, since a tool description or a template
+    variable costs the renderer and the tokenizer as much as message text does."""
+    return sum(len(text) for value in values for text in _texts(value))
+
+
 def _texts(value):
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
-        for v in value.values():
+        for k, v in value.items():
+            if isinstance(k, str):
+                yield k
             yield from _texts(v)
     elif isinstance(value, (list, tuple)):
         for v in value:
@@ -169,7 +178,9 @@ def _cache_salt(key_salt: str | None, body_salt: str | None) -> str | None:
     return f"{key_salt}\0{body_salt}"
 
 
-def _check_chars_fit(num_chars: int, tok: Tokenizer, limits: EngineLimits, param: str) -> None:
+def check_chars_fit(num_chars: int, tok: Tokenizer, limits: EngineLimits, param: str) -> None:
+    """400 when the characters alone prove the prompt longer than the context (before any
+    rendering or tokenizing: the chat endpoints and /tokenize)."""
     at_least = num_chars // (CHARS_BOUND_SLACK * getattr(tok, "max_token_chars", num_chars or 1) or 1)
     limit = min(limits.max_model_len, limits.kv_tokens)
     if at_least >= limit:

@@ -95,8 +95,9 @@ async def _answer(server, request: HttpRequest, model, handler) -> Response:
         key_name = server.check(request)
         raw = await read_body(request, server.config.max_body_bytes)
         options = server.options(key_name)
-        body, ignored = await server.off_loop(_parse, server, model, raw, options.strict_api)
-        answer = await server.off_loop(handler, server, body, options)
+        with server.preparing():
+            body, ignored = await server.off_loop(_parse, server, model, raw, options.strict_api)
+            answer = await server.off_loop(handler, server, body, options)
     except ApiError as e:
         return server.rejected(e)
     return JSONResponse(answer, headers=ignored_fields_header(ignored))
@@ -111,17 +112,19 @@ def _parse(server, model, raw: bytes, strict: bool):
 
 
 def _tokenized(server, body: TokenizeRequest, options) -> dict:
-    from kiln.serving.requests import message_dicts       # the chat endpoint's own message rules
+    # the chat endpoint's own message rules and bounds: /tokenize costs what a prompt costs
+    from kiln.serving.requests import check_chars_fit, message_dicts, rendered_chars
 
     tok = server.llm.tokenizer
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("send one of 'prompt' or 'messages'", "prompt")
-    if len(body.prompt or "") > server.config.max_body_bytes:
-        raise bad_request("the prompt is too long", "prompt")
     if body.prompt is not None:
+        check_chars_fit(len(body.prompt), tok, server.limits, "prompt")
         ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:
-        ids = _chat_ids(tok, message_dicts(body.messages), body, options)
+        messages = message_dicts(body.messages)
+        check_chars_fit(rendered_chars(messages, body.chat_template_kwargs), tok, server.limits, "messages")
+        ids = _chat_ids(tok, messages, body, options)
     return {"count": len(ids), "max_model_len": server.limits.max_model_len, "tokens": ids}
 
 

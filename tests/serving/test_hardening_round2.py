@@ -6,6 +6,7 @@ in-process app where a test needs the server's objects, `kiln serve` where it ne
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -105,3 +106,51 @@ def test_tokenize_without_the_generation_prompt_keeps_control_tokens_as_text(ser
                                            "add_generation_prompt": add})
         assert r.status_code == 200, r.text
         assert r.json()["tokens"].count(im_start) == (2 if add else 1)
+
+
+# ---- 5. the preparation pool: bounded, every rendered field counted, /tokenize bounded -----------
+
+LONG = "a" * 200_000          # characters that prove a prompt longer than the tiny model's context
+
+
+def test_template_kwargs_count_in_the_character_pre_check(served):
+    client, _ = served
+    r = _chat(client, chat_template_kwargs={"note": LONG})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded" and "characters" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body", [{"prompt": LONG},
+                                  {"messages": [{"role": "user", "content": LONG}], "add_generation_prompt": False}])
+def test_tokenize_is_bounded_like_a_prompt(served, body):
+    client, _ = served
+    r = client.post("/tokenize", json=body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:300]
+
+
+def test_a_full_preparation_queue_answers_429_with_retry_after(served):
+    client, _ = served
+    server = client.app.state.server
+    release = threading.Event()
+    blockers = [server.workers.submit(release.wait, 30) for _ in range(app_module.PREPARE_WORKERS)]
+    statuses: list = []
+
+    def tokenize():
+        r = client.post("/tokenize", json={"prompt": "hello"})
+        statuses.append((r.status_code, r.headers.get("retry-after")))
+
+    threads = [threading.Thread(target=tokenize) for _ in range(getattr(app_module, "MAX_PREPARING", 32) + 8)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while not statuses and time.monotonic() < deadline:
+        time.sleep(0.05)
+    release.set()
+    for t in threads:
+        t.join(30)
+    for b in blockers:
+        b.result(5)
+    refused = [s for s in statuses if s[0] == 429]
+    assert refused and all(retry == "1" for _, retry in refused), statuses
+    assert {s for s, _ in statuses} == {200, 429}
+    assert client.get("/health").status_code == 200
