@@ -64,7 +64,27 @@ def choose_backend(requested: str, quant: QuantMode, spec: ModelSpec, host: Buil
     if quant is QuantMode.INT8 and openvino_int8_runs_kiln_linears(host):
         return Choice("openvino", AUTO, "OpenVINO with kiln's int8 linears (activations smoothed and quantized "
                       f"per row, AVX-512 VNNI): the fastest int8 engine on this {host.cpu.machine} CPU")
-    return Choice("openvino", AUTO, f"OpenVINO: the fastest {quant.value} engine on this {host.cpu.machine} CPU")
+    return Choice("openvino", AUTO, f"OpenVINO: the fastest {quant.value} engine on this {host.cpu.machine} CPU"
+                  + _library_missing_note(quant, host))
+
+
+def _library_missing_note(quant: QuantMode, host: BuildHost) -> str:
+    """Said after an auto backend reason when one of kiln's op libraries, had it been built here, would
+    have changed the choice: "" otherwise. A default that moved for a missing library says so."""
+    from dataclasses import replace
+
+    from kiln.engines.openvino import native as ov_native
+
+    if quant is not QuantMode.INT8:
+        return ""
+    if not host.ort_ops and kiln_int8_is_faster_here(replace(host, ort_ops=True)):
+        return (f" while kiln's op library is not built here (`{ort_native.BUILD_COMMAND}` builds it; with it, "
+                "ort's kiln.MatMulQ8 is faster on this AVX2 CPU without AVX-512 or VNNI)")
+    if not host.openvino_ops and openvino_int8_runs_kiln_linears(replace(host, openvino_ops=True)):
+        return (f", on the plugin's own linears: kiln's OpenVINO op library is not built here "
+                f"(`{ov_native.BUILD_COMMAND}` builds it, and this AVX-512 VNNI CPU then runs kiln's faster "
+                "int8 linears)")
+    return ""
 
 
 def openvino_blocker(quant: QuantMode, spec: ModelSpec, host: BuildHost) -> str:

@@ -63,6 +63,8 @@ def kernel_units() -> list[Unit]:
         units.append(Unit(path.name, level))
     units += [Unit("paged_attention.cc", level, (f"-DKILN_ATTEND_TASK=AttendTask{name}",))
               for level, name in ATTENTION_LEVELS.items()]
+    units += [Unit("paged_attention_u8.cc", level, (f"-DKILN_ATTEND_U8=AttendU8{name}", f"-DKILN_STORE_ROW=StoreRow{name}"))
+              for level, name in ATTENTION_LEVELS.items()]
     return units
 
 
@@ -124,6 +126,11 @@ def _vague_symbols(obj: Path) -> list[str]:
             if len(line.split(" ", 2)) == 3 and line.split(" ", 2)[1] in ("W", "V", "u")]
 
 
+def _writable(folder: Path) -> bool:
+    """Whether the build can write `folder` (or create it in its parent)."""
+    return os.access(folder if folder.exists() else folder.parent, os.W_OK)
+
+
 def build_kernels(cxx: str) -> tuple[list[Path], str | None]:
     """(the kernel objects, None) or ([], what failed). Compiled once for all op libraries: objects
     whose source, headers and flags are unchanged are kept."""
@@ -159,6 +166,10 @@ def build_library(lib: OpLibrary, compiler_path: str | None = None, force: bool 
     cxx = compiler_path or compiler()
     if cxx is None:
         return None, f"no C++ compiler (g++) found: {lib.without}"
+    locked = [d for d in (OUT_DIR, lib.library.parent) if not _writable(d)]
+    if locked:
+        return None, (f"{locked[0]} is not writable (kiln is installed for another user): {lib.without}; "
+                      "run the build as the user who installed kiln")
     objects, failed = build_kernels(cxx)
     lib.library.parent.mkdir(exist_ok=True)
     tmp = lib.library.with_suffix(".so.tmp")
@@ -183,8 +194,12 @@ def build_library(lib: OpLibrary, compiler_path: str | None = None, force: bool 
 
 ORT_NATIVE = KERNELS.parent / "engines" / "ort" / "native"
 OPENVINO_NATIVE = KERNELS.parent / "engines" / "openvino" / "native"
-ORT_WITHOUT = "int4 builds use MatMulNBits only"
-OPENVINO_WITHOUT = "openvino int8 builds keep the plugin's linears"
+# What a machine without each library runs instead: said by every build that leaves one out.
+ORT_WITHOUT = ("ort builds run ONNX Runtime's own kernels instead of kiln.MatMulQ4Min, kiln.MatMulQ8 and "
+               "kiln.PagedAttention (int8 and int4 linears on MatMulNBits, attention as a paged gather), int8 "
+               "on an AVX2 CPU without AVX-512 goes to OpenVINO, and an artifact built with them does not load")
+OPENVINO_WITHOUT = ("openvino int8 builds keep the plugin's own linears instead of kiln.LinearI8 (AVX-512 VNNI), "
+                    "and an artifact built with them does not load")
 
 
 def ort_library() -> OpLibrary:
@@ -229,7 +244,10 @@ def openvino_library() -> OpLibrary:
         library=OPENVINO_NATIVE / "_build" / "libkiln_ov_ops.so",
         flags=("-O3", "-std=c++17", "-fPIC", "-DOV_THREAD=OV_THREAD_TBB", "-Wall", "-Wno-unused-parameter",
                f"-I{include}"),
-        link=(f"-L{libs}", *(f"-l:{n}" for n in _runtime_libraries(libs)), f"-Wl,-rpath,{libs}"),
+        # the rpath: the openvino wheel beside this kiln in site-packages (a wheel built elsewhere), then
+        # the one it was built against (a checkout)
+        link=(f"-L{libs}", *(f"-l:{n}" for n in _runtime_libraries(libs)),
+              "-Wl,-rpath,$ORIGIN/../../../../../openvino/libs", f"-Wl,-rpath,{libs}"),
         without=OPENVINO_WITHOUT, release=openvino.get_version())
 
 
@@ -241,7 +259,10 @@ def build_openvino(compiler_path: str | None = None, force: bool = False) -> tup
     try:
         lib = openvino_library()
     except (ImportError, FileNotFoundError) as e:
-        return None, f"the openvino wheel's headers or libraries are missing ({e}): {OPENVINO_WITHOUT}"
+        # e.g. an isolated package build, whose environment holds only setuptools
+        return None, (f"the openvino wheel's headers or libraries are not in this environment ({e}): "
+                      f"{OPENVINO_WITHOUT}; `python -m kiln.engines.openvino.native.build` builds it where "
+                      "kiln and openvino are installed")
     return build_library(lib, compiler_path, force)
 
 

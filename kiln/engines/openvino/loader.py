@@ -99,7 +99,7 @@ def _check_kiln_kernels(root: Path) -> None:
 
     if not native.available():
         raise ArtifactError(f"{root}: its linears are kiln's own OpenVINO operations and the op library is not "
-                            f"built here: run `{native.BUILD_COMMAND}` (needs g++), or {REBUILD} --quant int8 "
+                            f"built here: run `{native.build_command()}` (needs g++), or {REBUILD} --quant int8 "
                             f"on a machine without it")
     missing = [f for f in native.REQUIRED_FLAGS if f not in native.cpu_flags()]
     if missing:

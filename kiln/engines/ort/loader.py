@@ -35,8 +35,8 @@ def _require_native_ops(artifact: EngineArtifact) -> None:
     needed = sorted({op for e in artifact.manifest.engines if e["backend"] == "ort" for op in e.get("native_ops", ())})
     if needed and not native.available():
         raise ArtifactError(f"{artifact.path}: its ONNX Runtime engine runs {', '.join(needed)} from kiln's op library, "
-                            f"which is not built here: run `{native.BUILD_COMMAND}` (scripts/setup.sh does; it needs "
-                            "a C++ compiler), or rebuild the artifact with `kiln build` on this machine")
+                            f"which is not built here: run `{native.build_command()}` (it needs a C++ compiler, g++), or "
+                            "rebuild the artifact with `kiln build` on this machine")
 
 
 def _require_vnni(artifact: EngineArtifact) -> None:

@@ -1,7 +1,7 @@
 """kiln's OpenVINO extension library: int8 linears with activations quantized per row, on AVX-512 VNNI.
 
-The library (built by `python -m kiln.engines.openvino.native.build`, which scripts/setup.sh runs)
-holds two operations the CPU plugin runs through evaluate(): `kiln.LinearI8` (y = x W^T) and
+The library (built when kiln is installed with openvino in its build environment, or by
+`python -m kiln.engines.openvino.native.build`) holds two operations the CPU plugin runs through evaluate(): `kiln.LinearI8` (y = x W^T) and
 `kiln.GateUpI8` (silu(x Wg^T) * x Wu^T, Llama's gated MLP input), each over int8 codes per output
 channel (kiln/compiler/backends/openvino/int8_linears.py packs them; the layout is kiln/kernels/formats.h's
 I8PerChannel, the arithmetic kiln's kernel library). Each row of x, times its
@@ -12,6 +12,8 @@ row costs more than it saves); vpdpbusd does 64 multiply-adds where the bf16 dot
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 
 DOMAIN = "kiln"
@@ -20,6 +22,13 @@ GATE_UP = "GateUpI8"
 KERNELS = "kiln-int8"          # the engine record's options.kernels when the layers' linears are these
 LIBRARY = Path(__file__).resolve().parent / "_build" / "libkiln_ov_ops.so"
 BUILD_COMMAND = "python -m kiln.engines.openvino.native.build"
+
+
+def build_command() -> str:
+    """BUILD_COMMAND with this install's own interpreter (a bare `python` may be another environment's).
+    It works in any install: the sources ship with the package, and building the package built the
+    library already wherever a C++ compiler was found."""
+    return f"{shlex.quote(sys.executable)} -m kiln.engines.openvino.native.build"
 # The kernel's instructions; AMX parts are left to the plugin, whose AMX tiles are faster still.
 REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni")
 
@@ -35,7 +44,7 @@ def available() -> bool:
 def require() -> Path:
     if not available():
         raise NativeOpsMissing(f"kiln's OpenVINO op library ({DOMAIN}.{LINEAR}) is not built here: run "
-                               f"`{BUILD_COMMAND}` (scripts/setup.sh does) with a C++ compiler installed")
+                               f"`{build_command()}` with a C++ compiler (g++) installed")
     return LIBRARY
 
 

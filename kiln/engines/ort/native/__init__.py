@@ -1,7 +1,7 @@
 """kiln's ONNX Runtime custom-op library: find it, register it on session options, say what it runs.
 
-The library (built by `python -m kiln.engines.ort.native.build`, which scripts/setup.sh runs) holds
-the linears `kiln.MatMulQ4Min`, 4-bit codes with a float scale and a float minimum per block of 32
+The library (built when kiln is installed where g++ is found, or by
+`python -m kiln.engines.ort.native.build`) holds the linears `kiln.MatMulQ4Min`, 4-bit codes with a float scale and a float minimum per block of 32
 (llama.cpp's Q4_1), and `kiln.MatMulQ8`, 8-bit codes with a float scale per block (Q8_0), and
 `kiln.PagedAttention`; their registrations are here, their arithmetic is kiln's kernel library
 (kiln/kernels; the layouts in kiln/kernels/formats.h). An engine graph that uses them cannot load
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ctypes
 from functools import lru_cache
+import shlex
+import sys
 from pathlib import Path
 
 OP_DOMAIN = "kiln"
@@ -19,6 +21,13 @@ OP_TYPE = "MatMulQ4Min"       # 4-bit codes, a float scale and minimum per block
 OP_TYPE_Q8 = "MatMulQ8"       # 8-bit codes, a float scale per block of 32 (Q8_0): the LM head
 LIBRARY = Path(__file__).resolve().parent / "_build" / "libkiln_ort_ops.so"
 BUILD_COMMAND = "python -m kiln.engines.ort.native.build"
+
+
+def build_command() -> str:
+    """BUILD_COMMAND with this install's own interpreter (a bare `python` may be another environment's).
+    It works in any install: the sources ship with the package, and building the package built the
+    library already wherever a C++ compiler was found."""
+    return f"{shlex.quote(sys.executable)} -m kiln.engines.ort.native.build"
 
 
 class NativeOpsMissing(RuntimeError):
@@ -32,7 +41,7 @@ def available() -> bool:
 def require() -> Path:
     if not available():
         raise NativeOpsMissing(f"kiln's ONNX Runtime op library ({OP_DOMAIN}.{OP_TYPE}) is not built here: run "
-                               f"`{BUILD_COMMAND}` (scripts/setup.sh does) with a C++ compiler installed")
+                               f"`{build_command()}` with a C++ compiler (g++) installed")
     return LIBRARY
 
 

@@ -3,8 +3,10 @@ into _build/ beside this file, with the kernel library it compiles in (kiln/kern
 
     python -m kiln.engines.ort.native.build          # scripts/setup.sh runs it; idempotent
 
-No compiler or a failed compile leave no library: kiln then builds int4 without the kernel
-(MatMulNBits only) and says so; nothing else needs it.
+Installing kiln (a wheel, `pip install .`, `pip install -e .`) runs the same build (setup.py) where a
+C++ compiler is found, and ships the sources, so this command also works in an installed kiln. No
+compiler or a failed compile leave no library: ort builds then run ONNX Runtime's own kernels and say
+so (kiln.kernels.build.ORT_WITHOUT); an artifact built on kiln's ops does not load.
 """
 
 from __future__ import annotations
