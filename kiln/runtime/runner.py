@@ -19,7 +19,7 @@ import numpy as np
 from kiln.contract.engine import Engine, PagedBatch
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request
-from kiln.runtime.sampler import Sampler, SamplingState, row_logprobs
+from kiln.runtime.sampler import Sampler, SamplingState, rows_logprobs
 from kiln.runtime.speculative.verify import verify
 from kiln.runtime.step_io import RunnerOutput, ScheduledRequest, SchedulerOutput
 
@@ -164,9 +164,11 @@ def record_prompt_logprobs(scored: list[tuple[ScheduledRequest, np.ndarray]], lo
     row = 0
     for s, rows in scored:
         r, start = s.request, s.request.num_computed_tokens
-        k = r.sampling_params.prompt_logprobs
-        for i in range(len(rows)):
-            token_index = start + i + 1                 # the prompt token this row scores
-            if token_index == len(r.prompt_logprobs) + 1:
-                r.prompt_logprobs.append(row_logprobs(logits[row + i], r.prompt_token_ids[token_index], k))
+        # the rows scoring prompt tokens the request has no logprobs for yet (token start + i + 1)
+        first = len(r.prompt_logprobs) - start
+        new = range(max(first, 0), len(rows)) if first >= 0 else range(0)
+        if len(new):
+            targets = r.prompt_token_ids[start + new.start + 1:start + new.stop + 1]
+            r.prompt_logprobs += rows_logprobs(logits[row + new.start:row + new.stop], targets,
+                                               r.sampling_params.prompt_logprobs)
         row += len(rows)

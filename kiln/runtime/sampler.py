@@ -313,7 +313,23 @@ def row_logprobs(raw: np.ndarray, token_id: int, n: int) -> TokenLogprobs:
 def _row_logprobs(raw: np.ndarray, token_id: int, n: int) -> TokenLogprobs:
     peak = raw.max()
     log_norm = float(peak) + math.log(np.exp(raw - peak).sum(dtype=np.float64))
+    return _ranked(raw, token_id, n, log_norm)
+
+
+def _ranked(raw: np.ndarray, token_id: int, n: int, log_norm: float) -> TokenLogprobs:
     n = min(n, len(raw))
     ranked = sorted(_largest(raw, n).tolist(), key=lambda t: (-raw[t], t)) if n else []
     top = [(t, float(raw[t]) - log_norm) for t in ranked]
     return TokenLogprobs(float(raw[token_id]) - log_norm, top)
+
+
+def rows_logprobs(raw: np.ndarray, token_ids, n: int) -> list[TokenLogprobs]:
+    """row_logprobs of every row of a [rows, vocab] block, the normalisers in one pass over the
+    block (a prompt's rows are scored together: a Python loop over the vocabulary per row held
+    the engine thread, and every other stream, for the whole prompt)."""
+    raw = np.asarray(raw, dtype=np.float32)
+    if not len(raw):
+        return []
+    peak = raw.max(axis=1, keepdims=True)
+    log_norms = peak[:, 0].astype(np.float64) + np.log(np.exp(raw - peak).sum(axis=1, dtype=np.float64))
+    return [_ranked(row, int(t), n, float(norm)) for row, t, norm in zip(raw, token_ids, log_norms)]

@@ -27,7 +27,8 @@ from kiln.serving.errors import ApiError, bad_request, engine_failure
 from kiln.serving.choices import generate_choices
 from kiln.serving.generations import Generations
 from kiln.serving.http_io import (EventStream, RequestGuard, allowed_host_names, check_api_key, decode_body,
-                                  ignored_fields_header, read_body, until_disconnected)
+                                  ignored_fields_header, read_body, rendered_json,
+                                  until_disconnected)
 from kiln.serving.metrics import ServerMetrics
 from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from kiln.serving.requests import EngineLimits, RequestOptions, prepare_chat, prepare_completion
@@ -234,11 +235,9 @@ async def _generate(server: Server, request: HttpRequest, kind: str) -> Response
                            on_close=sub.close, headers=headers)
     try:
         finished, deltas = await until_disconnected(request.receive, _collect(sub))
-        if finished and prepared.parse_tool_calls:       # parsing a long reply is CPU work
-            memo = getattr(sub.source, "parsed", None)
-            body = await server.off_loop(renderer.body, deltas, sub.usage, memo)
-        elif finished:
-            body = renderer.body(deltas, sub.usage)
+        if finished:
+            args = (renderer.body, deltas, sub.usage, getattr(sub.source, "parsed", None))
+            body = await server.off_loop(rendered_json, *args) if prepared.heavy_body else rendered_json(*args)
     except ValueError as e:          # the engine refused it (a limit the checks above missed)
         return server.rejected(bad_request(str(e)))
     except EngineError as e:         # the engine failed mid-step; it serves the next request
@@ -247,7 +246,7 @@ async def _generate(server: Server, request: HttpRequest, kind: str) -> Response
         sub.close()
     if not finished:
         return Response(status_code=499)       # nobody is there to read it
-    return JSONResponse(body, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
 
 
 async def _prepare(server: Server, request: HttpRequest, kind: str):

@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from kiln.runtime.engine_client import EngineError
 from kiln.runtime.sampling_params import MAX_SEED, SamplingParams
 from kiln.serving.errors import ApiError, bad_request, engine_failure
 from kiln.serving.generations import Generations
-from kiln.serving.http_io import EventStream, ignored_fields_header, until_disconnected
+from kiln.serving.http_io import EventStream, ignored_fields_header, rendered_json, until_disconnected
 from kiln.serving.requests import PreparedRequest
 from kiln.serving.responses import Choice, Echo, Renderer
 
@@ -78,10 +78,9 @@ async def generate_choices(server, request, kind: str, prepared: PreparedRequest
                            on_close=close, headers=headers)
     try:
         finished, results = await until_disconnected(request.receive, _collect(choices))
-        if finished and prepared.parse_tool_calls:       # parsing long replies is CPU work
-            body = await server.off_loop(renderer.body_of, choices, results)
-        elif finished:
-            body = renderer.body_of(choices, results)
+        if finished:       # tool calls and logprobs (echo's above all) are CPU work: off the loop
+            args = (renderer.body_of, choices, results)
+            body = await server.off_loop(rendered_json, *args) if prepared.heavy_body else rendered_json(*args)
     except ValueError as e:          # the engine refused one (a limit the checks missed)
         return server.rejected(bad_request(str(e)))
     except EngineError as e:         # the engine failed mid-step; it serves the next request
@@ -90,7 +89,7 @@ async def generate_choices(server, request, kind: str, prepared: PreparedRequest
         close()
     if not finished:
         return Response(status_code=499)       # nobody is there to read it
-    return JSONResponse(body, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
 
 
 async def _collect(choices: list[Choice]) -> list[tuple[list, dict | None]]:

@@ -23,6 +23,16 @@ class Usage:
     cached_tokens: int
 
 
+# What one position's TokenLogprobs holds in memory: the tuple, its float and list, and per top
+# entry a (token id, logprob) tuple of an int and a float.
+LOGPROBS_POSITION_BYTES, LOGPROBS_TOP_ENTRY_BYTES = 200, 130
+
+
+def logprobs_nbytes(positions) -> int:
+    """The memory of a delta's logprobs (None where a position has none)."""
+    return sum(LOGPROBS_POSITION_BYTES + LOGPROBS_TOP_ENTRY_BYTES * len(lp.top) for lp in positions if lp is not None)
+
+
 class Recording:
     """A finished generation, as the response cache stores it."""
 
@@ -31,8 +41,8 @@ class Recording:
     def __init__(self, deltas: list[StreamDelta], usage: Usage):
         self.deltas, self.usage = tuple(deltas), usage
         self.parsed: dict = {}        # the reply's tool calls, parsed once (responses.Renderer.body)
-        self.nbytes = 200 + sum(100 + 4 * len(d.text) + 8 * len(d.token_ids) + 200 * len(d.logprobs)
-                                + 200 * len(d.prompt_logprobs or ()) for d in self.deltas)
+        self.nbytes = 200 + sum(100 + 4 * len(d.text) + 8 * len(d.token_ids) + logprobs_nbytes(d.logprobs)
+                                + logprobs_nbytes(d.prompt_logprobs or ()) for d in self.deltas)
 
     def subscribe(self) -> Subscription:
         return Subscription(self)

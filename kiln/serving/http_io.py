@@ -222,6 +222,16 @@ def _header_safe(name: str) -> str:
     return "".join(c if " " <= c <= "~" and c != "," else f"\\u{ord(c):04x}" for c in name)
 
 
+def json_bytes(body) -> bytes:
+    """A response body as JSONResponse writes it (CPU work for a large body: off the loop)."""
+    return json.dumps(body, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
+
+
+def rendered_json(render: Callable, *args) -> bytes:
+    """render(*args) as JSON bytes: a body built and written in one call on a worker thread."""
+    return json_bytes(render(*args))
+
+
 async def until_disconnected(receive, work: Awaitable[T]) -> tuple[bool, T | None]:
     """Run `work`; if the client disconnects first, cancel it. Returns (finished, result)."""
     task = asyncio.ensure_future(work)

@@ -18,6 +18,11 @@ from kiln.tokenizer import ChatTemplateError, Tokenizer
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
 MAX_CHOICES = 64                       # n x prompts of one request: each is an engine request
+# echo with logprobs k scores every prompt token: a log-softmax over the vocabulary per token on
+# the engine thread and k + 1 entries per token in the body. A request's prompt tokens x (k + 1),
+# over all its choices, is bounded (vLLM bounds prompt_logprobs too): a log-likelihood
+# evaluation of a few full-context prompts fits, 64 of them at logprobs 20 does not.
+MAX_PROMPT_LOGPROB_ENTRIES = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,13 @@ class PreparedRequest:
         return self.params.greedy or self.params.seed is not None
 
     @property
+    def heavy_body(self) -> bool:
+        """Whether building the response body is CPU work for a worker thread, not the event
+        loop: tool calls to parse, or logprobs (an entry per top token per position)."""
+        return bool(self.parse_tool_calls) or self.params.logprobs is not None or \
+            self.params.prompt_logprobs is not None
+
+    @property
     def cache_key(self) -> tuple:
         # The engine's output depends on these alone; how it is rendered (chat or completion,
         # streamed or not) is applied afterwards, so both kinds share one entry.
@@ -114,10 +126,19 @@ def prepare_completion(body: CompletionRequest, tok: Tokenizer, limits: EngineLi
                         limits, "prompt", tok, options=options)
     params = prepared.params
     if body.echo and body.logprobs is not None:
+        _check_prompt_logprobs(sum(map(len, all_ids)) * _num_choices(body), body.logprobs)
         params = replace(params, prompt_logprobs=body.logprobs)
     texts = tuple(p if isinstance(p, str) else None for p in prompts)
     return replace(prepared, prompt_ids=all_ids[0], more_prompts=tuple(all_ids[1:]), params=params,
                    echo=body.echo, echo_only=echo_only, prompt_texts=texts)
+
+
+def _check_prompt_logprobs(prompt_tokens: int, logprobs: int) -> None:
+    entries = prompt_tokens * (logprobs + 1)
+    if entries > MAX_PROMPT_LOGPROB_ENTRIES:
+        raise bad_request(f"echo with logprobs {logprobs} scores {prompt_tokens} prompt tokens (over all prompts "
+                          f"and choices) x {logprobs + 1} = {entries} entries; at most {MAX_PROMPT_LOGPROB_ENTRIES} "
+                          "per request: send fewer or shorter prompts, or fewer logprobs", "logprobs", "invalid_value")
 
 
 def prepare_chat(body: ChatCompletionRequest, tok: Tokenizer, limits: EngineLimits,

@@ -6,6 +6,7 @@ in-process app where a test needs the server's objects, `kiln serve` where it ne
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 
@@ -154,3 +155,43 @@ def test_a_full_preparation_queue_answers_429_with_retry_after(served):
     assert refused and all(retry == "1" for _, retry in refused), statuses
     assert {s for s, _ in statuses} == {200, 429}
     assert client.get("/health").status_code == 200
+
+
+# ---- 3. echo with prompt logprobs: bounded, and counted at its real size in the caches -----------
+
+def _deep_size(value, seen=None) -> int:
+    """What a value holds in memory, its containers and numbers included."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return 0
+    seen.add(id(value))
+    size = sys.getsizeof(value)
+    if isinstance(value, (list, tuple)):
+        size += sum(_deep_size(v, seen) for v in value)
+    return size
+
+
+def test_echo_prompt_logprobs_are_bounded_per_request(served):
+    client, _ = served
+    prompts = [[5 + i % 200 for i in range(1000)]] * 2          # 2,000 prompt tokens
+    body = {"model": MODEL, "prompt": prompts, "echo": True, "logprobs": 20, "max_tokens": 0}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 400, r.text[:200]
+    assert r.json()["error"]["param"] == "logprobs" and "entries" in r.json()["error"]["message"]
+    ok = client.post("/v1/completions", json={**body, "prompt": prompts[0][:200], "logprobs": 5})
+    assert ok.status_code == 200
+    assert len(ok.json()["choices"][0]["logprobs"]["tokens"]) == 200
+
+
+def test_the_response_cache_counts_prompt_logprobs_at_their_real_size(served):
+    client, _ = served
+    cache = client.app.state.server.generations.cache
+    before = cache.nbytes
+    prompt = [7 + i % 100 for i in range(300)]
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 20,
+                                             "max_tokens": 0, "temperature": 0})
+    assert r.status_code == 200
+    stored = max(cache._entries.values(), key=lambda e: e[0])[1]        # the newest recording
+    real = sum(_deep_size(d.prompt_logprobs) for d in stored.deltas)
+    assert real > 200 * 300                      # what the old estimate counted per position
+    assert cache.nbytes - before >= real
