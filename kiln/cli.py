@@ -119,21 +119,26 @@ def _check_artifact_argument(ctx, _param, path: Path) -> Path:
                    "TensorRT (GPU, a profile per bucket range) or ONNX Runtime CUDA (PagedAttention).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
               help="GPU backends' compute precision (default: fp16).")
+@click.option("--kv-cache-memory", default=None,
+              help="tensorrt backend: the KV pool the engine is planned for, e.g. 4GiB (required); give kiln "
+                   "serve the same size or less.")
 @click.option("--no-fuse", is_flag=True, help="Skip the fusion passes.")
 @click.option("--no-verify", is_flag=True, help="Skip the numeric check after each pass.")
 @click.option("--force", is_flag=True, help="Overwrite an existing artifact folder.")
-def build(model, out, quant, prefill_engine, attention, kv_dtype, block_size, backend, precision, no_fuse, no_verify,
-          force):
+def build(model, out, quant, prefill_engine, attention, kv_dtype, block_size, backend, precision, kv_cache_memory,
+          no_fuse, no_verify, force):
     """Build an engine artifact from MODEL: a preset (smollm2-135m, tiny-llama, tiny-qwen2),
     a .gguf file or a Hugging Face checkpoint folder."""
     from kiln.compiler.build import build as run_build
     from kiln.config import BuildConfig
     from kiln.contract.quant import QuantMode
+    from kiln.units import parse_bytes
 
     cfg = BuildConfig(source=model, out=out, quant=None if quant == "auto" else QuantMode(quant), block_size=block_size,
                       fuse=not no_fuse, verify=not no_verify, force=force, backend=backend,
                       precision=precision or "", prefill_engine=prefill_engine or "", attention=attention,
-                      kv_dtype={"fp32": "float32", "fp16": "float16", "int8": "int8"}[kv_dtype])
+                      kv_dtype={"fp32": "float32", "fp16": "float16", "int8": "int8"}[kv_dtype],
+                      kv_cache_memory=parse_bytes(kv_cache_memory) if kv_cache_memory else None)
     t0 = time.perf_counter()
     path = _guarded(lambda: run_build(cfg, stage=rich_stage))
     console.print(f"[bold green]built[/] {path} in {time.perf_counter() - t0:.1f} s")

@@ -40,6 +40,7 @@ class BuildConfig:
     prefill_engine: str = ""      # ORT: a second engine (a QuantMode value, e.g. "w8a8") for calls of many tokens
     attention: str = "auto"       # ORT: the paged graph's attention core, a key of passes.kv_io.ATTENTION_CORES (auto: compiler/defaults.py)
     kv_dtype: str = "float32"     # ORT: the KV pool's element type, a key of passes.kv_io.KV_DTYPES
+    kv_cache_memory: int | None = None   # tensorrt: bytes of the KV pool its optimization profiles are planned for
 
 
 MAX_BATCH_WAIT = 1.0        # seconds: a window is meant to stay far below any TTFT budget

@@ -50,7 +50,8 @@ def test_ort_cuda_refuses_fp32(tmp_path):
 @pytest.mark.parametrize("args, message", [
     ([], "build with --no-fuse"),
     (["--no-fuse", "--quant", "int8"], "has no int8 mode; it builds --quant none | int4"),
-    (["--no-fuse"], "needs a CUDA GPU"),
+    (["--no-fuse"], "pass --kv-cache-memory"),
+    (["--no-fuse", "--kv-cache-memory", "64MiB"], "needs a CUDA GPU"),
 ])
 def test_tensorrt_build_refuses_without_a_gpu_and_leaves_nothing(tmp_path, args, message):
     res, out = _build(tmp_path, "--backend", "tensorrt", *args)
@@ -77,7 +78,7 @@ def test_tensorrt_graph_and_profiles_are_prepared_on_a_cpu(tmp_path, precision, 
     recipe = quant_recipe(get_backend("tensorrt"), QuantMode(quant), src.spec, BuildHost.probe())  # as the build's plan
     model = QuantizePass.for_recipe(recipe).run(build_decoder(src.spec, src.weights))
     config = BuildConfig(source="tiny-llama", out=tmp_path / "unused", fuse=False, precision=precision,
-                         quant=QuantMode(quant))
+                         quant=QuantMode(quant), kv_cache_memory=64 << 20)
     check_graph_for_tensorrt(model, config)
     prepared = prepare_graph(model, src.spec, config, tmp_path, lambda name: nullcontext())
     graph = onnx.load(prepared.onnx_path)
@@ -92,6 +93,9 @@ def test_tensorrt_graph_and_profiles_are_prepared_on_a_cpu(tmp_path, precision, 
     assert onnx.TensorProto.UINT4 not in types
     assert prepared.record["precision"] == precision and prepared.record["weight_quant"]["quant"] == quant
     assert [p["name"] for p in prepared.record["profiles"]][:3] == ["decode-b1-4", "decode-b6-24", "decode-b28-64"]
+    block_bytes = 2 * 2 * 2 * 16 * 16 * (2 if precision == "fp16" else 4)    # L, k/v, kvh, block, hd, dtype
+    assert {tuple(p["dims"]["num_blocks"]) for p in prepared.record["profiles"]} == {
+        (1, (64 << 20) // block_bytes, (64 << 20) // block_bytes)}
     assert set(prepared.inputs) >= {"input_ids", "block_tables", "key_cache.0"}
     reports = {r["name"]: r for r in prepared.reports}
     if precision == "fp32" and quant == "none":
@@ -114,3 +118,16 @@ def test_a_tensorrt_artifact_is_refused_on_a_machine_without_a_gpu(tiny_llama_ar
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="holds a TensorRT engine, which needs a CUDA GPU; this machine has none"):
         load_engine(EngineArtifact.load(copy))
+
+
+def test_the_tensorrt_pool_is_what_kv_cache_memory_holds():
+    from kiln.compiler.backends.tensorrt.build import pool_blocks
+    from kiln.compiler.export.sources import load_source
+
+    spec = load_source("tiny-llama").spec
+    config = BuildConfig(source="tiny-llama", out=None, fuse=False, kv_cache_memory=64 << 20)
+    assert pool_blocks(spec, config) == (64 << 20) // (2 * 2 * 2 * 16 * 16 * 2)     # fp16 blocks
+    with pytest.raises(ValueError, match="pass --kv-cache-memory"):
+        pool_blocks(spec, BuildConfig(source="tiny-llama", out=None, fuse=False))
+    with pytest.raises(ValueError, match="more than TensorRT indexes in one layer's cache"):
+        pool_blocks(spec, BuildConfig(source="tiny-llama", out=None, fuse=False, kv_cache_memory=1 << 45))

@@ -79,7 +79,8 @@ def engines(request, tiny_llama_standard_artifact, tmp_path):
         model = with_weights_inline(onnx.load(graph))
         graph, _ = save_onnx(in_precision(model, "fp16"), tmp_path)
         layout = replace(layout, dtype=kv_dtype("fp16"))
-    profiles = plan_profiles(m.buckets, m.kv_layout.block_size, m.generation["max_model_len"], max_tokens=64)
+    profiles = plan_profiles(m.buckets, m.kv_layout.block_size, m.generation["max_model_len"], NUM_BLOCKS,
+                             max_tokens=64)
     trt_record = {"io": record["io"], "profiles": [p.to_dict() for p in profiles]}
     device = FakeDevice()
     context = OrtExecution(graph, device, {"logits": np.float32, "new_kv": np.dtype(layout.dtype)})
@@ -116,7 +117,7 @@ def test_profile_switches_only_when_the_call_needs_another(engines):
 @pytest.mark.parametrize("max_tokens, calls, rows", [(64, 8, 1), (256, 4, 2), (8192, 1, 8)])
 def test_row_split_calls_cover_every_token_and_logit_once(tiny_llama_standard_artifact, max_tokens, calls, rows):
     m = EngineArtifact.load(tiny_llama_standard_artifact).manifest
-    profiles = plan_profiles(m.buckets, 16, m.generation["max_model_len"], max_tokens=max_tokens)
+    profiles = plan_profiles(m.buckets, 16, m.generation["max_model_len"], NUM_BLOCKS, max_tokens=max_tokens)
     [step] = _long_prefill(m.spec.vocab_size, 16)
     planned = plan_trt_calls(step, m.buckets, 16, profiles)
     assert len(planned) == calls and all(c.shape == (rows, 24) for c in planned)
@@ -128,6 +129,36 @@ def test_row_split_calls_cover_every_token_and_logit_once(tiny_llama_standard_ar
 
 
 def test_allocate_kv_twice_or_too_large_is_refused(engines):
-    trt, _, _, _ = engines
+    trt, _, device, m = engines
     with pytest.raises(RuntimeError, match="called once"):
         trt.allocate_kv(4)
+    fresh = TrtEngine(trt.context, {"io": trt.io, "profiles": [p.to_dict() for p in trt.profiles]}, m.buckets,
+                      trt.kv_layout, device, m.spec.vocab_size)
+    with pytest.raises(ValueError, match=f"built for a pool of at most {NUM_BLOCKS} blocks.*--kv-cache-memory"):
+        fresh.allocate_kv(NUM_BLOCKS + 1)
+
+
+def _every_position(vocab: int, block_size: int) -> list:
+    """A perplexity-style prefill: logits at all 19 positions, more than a call's logits are planned for."""
+    from kiln.contract.engine import PagedBatch
+
+    n = 19
+    table = np.array([3, 5])
+    slots = table[np.arange(n) // block_size] * block_size + np.arange(n) % block_size
+    ids = np.random.default_rng(5).integers(0, vocab, n)
+    return [PagedBatch(ids, np.arange(n), np.array([n]), np.array([0]), [table], slots, np.arange(n))]
+
+
+def test_a_call_reading_more_logits_than_planned_runs_once_per_slice(engines):
+    """The same tokens again for each further slice of positions: same logits, same pool."""
+    from kiln.engines.gpu.profiles import MAX_LOGITS_POSITIONS
+
+    trt, ort, device, m = engines
+    [step] = _every_position(m.spec.vocab_size, m.kv_layout.block_size)
+    planned = plan_trt_calls(step, m.buckets, 16, trt.profiles)
+    assert len(planned) == -(-19 // MAX_LOGITS_POSITIONS)
+    assert all(c.call.feeds["logits_index"].shape[1] <= MAX_LOGITS_POSITIONS for c in planned)
+    got, want = trt.execute(step), ort.execute(step)
+    np.testing.assert_allclose(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+    pool = device.view(trt.pool.address, ort.pool.data.shape, ort.pool.data.dtype)
+    np.testing.assert_allclose(pool, ort.pool.data, rtol=1e-5, atol=1e-6)

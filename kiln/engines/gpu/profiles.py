@@ -6,9 +6,13 @@ prefills, so the grid is cut into ranges:
 
     decode   seq 1..8 (drafts included), one profile per batch range  [1..4] [6..24] [28..64]
     prefill  seq ranges 16..128, 160..512; batch up to max_tokens // seq_hi (activation memory)
+    every profile: num_blocks up to the pool the build's --kv-cache-memory holds (the engine binds
+    the whole pool every call, so that is also the shape to tune for), and logits for at most
+    MAX_LOGITS_POSITIONS positions per sequence (serving reads one, or the drafts)
 
-A call whose batch is larger than every profile covering its length is split by rows (the engine
-does that); a length beyond the grid never reaches the engine (BucketGrid refuses it).
+A call whose batch is larger than every profile covering its length is split by rows, and one that
+reads more logits positions runs once per slice of them (the engine does both); a length beyond
+the grid never reaches the engine (BucketGrid refuses it).
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from dataclasses import dataclass
 from kiln.contract.engine import BucketGrid
 
 DECODE_MAX_SEQ = 8          # new tokens per sequence still planned as decode (speculative drafts)
+MAX_LOGITS_POSITIONS = DECODE_MAX_SEQ   # logits rows per sequence a call reads: the last token, or the drafts
 RANGE_RATIO = 4             # a decode batch range spans at most this factor (hi <= 4 lo)
 PREFILL_RATIO = 8           # a prefill length range spans at most this factor
 MAX_TOKENS = 8192           # batch x seq cap of a prefill profile's max shape
-MAX_KV_BLOCKS = 1 << 20     # the pool's block count is a dynamic dim too: bound it (inputs only)
 MAX_VOLUME = 2**31 - 1      # elements of one tensor: many TensorRT layers index with int32
 
 Range = tuple[int, int, int]           # (min, opt, max)
@@ -55,31 +59,38 @@ class Profile:
         return cls(d["name"], {k: tuple(v) for k, v in d["dims"].items()})
 
 
-def plan_profiles(grid: BucketGrid, block_size: int, max_model_len: int,
-                  max_tokens: int = MAX_TOKENS, block_elements: int = 1) -> list[Profile]:
-    """Decode profiles per batch range, then prefill profiles per length range.
-    block_elements: values in one block of one layer's cache (kv_heads x block_size x head_dim),
-    which bounds the pool's block count so a layer's cache stays under MAX_VOLUME elements."""
+def plan_profiles(grid: BucketGrid, block_size: int, max_model_len: int, pool_blocks: int,
+                  max_tokens: int = MAX_TOKENS) -> list[Profile]:
+    """Decode profiles per batch range, then prefill profiles per length range, for a KV pool of
+    pool_blocks blocks."""
     max_blocks = -(-max_model_len // block_size)
-    pool_blocks = min(MAX_KV_BLOCKS, MAX_VOLUME // block_elements)
     shared = {"max_blocks": (1, min(max_blocks, -(-1024 // block_size)), max_blocks),
-              "num_blocks": (1, pool_blocks, pool_blocks)}
+              "num_blocks": (1, pool_blocks, pool_blocks),
+              "logits_positions": (1, 1, MAX_LOGITS_POSITIONS)}
     decode_seqs = [s for s in grid.seq_lens if s <= DECODE_MAX_SEQ] or [grid.seq_lens[0]]
     profiles = []
     for batches in split_ranges(grid.batch_sizes, RANGE_RATIO):
-        seq = (1, 1, decode_seqs[-1])
         profiles.append(Profile(f"decode-b{batches[0]}-{batches[-1]}", {
-            "batch": (batches[0], _middle(batches), batches[-1]), "seq": seq,
-            "logits_positions": (1, 1, seq[2]), **shared}))
+            "batch": (batches[0], _middle(batches), batches[-1]), "seq": (1, 1, decode_seqs[-1]), **shared}))
     prefill = [s for s in grid.seq_lens if s > decode_seqs[-1]]
     lo = decode_seqs[-1] + 1
     for seqs in split_ranges(prefill, PREFILL_RATIO):
         batch_max = max([b for b in grid.batch_sizes if b * seqs[-1] <= max_tokens] or [1])
         profiles.append(Profile(f"prefill-s{lo}-{seqs[-1]}", {
-            "batch": (1, 1, batch_max), "seq": (lo, _middle(seqs), seqs[-1]),
-            "logits_positions": (1, 1, seqs[-1]), **shared}))
+            "batch": (1, 1, batch_max), "seq": (lo, _middle(seqs), seqs[-1]), **shared}))
         lo = seqs[-1] + 1
     return profiles
+
+
+def max_pool_blocks(block_elements: int) -> int:
+    """The most blocks one layer's cache may hold: block_elements values a block (kv_heads x
+    block_size x head_dim), and the whole cache under MAX_VOLUME elements."""
+    return MAX_VOLUME // block_elements
+
+
+def logits_positions(profiles: list[Profile]) -> int:
+    """The most logits positions per sequence every profile takes: a call reading more is sliced."""
+    return min(p.dims["logits_positions"][2] for p in profiles)
 
 
 def split_ranges(sizes: tuple[int, ...] | list[int], ratio: int) -> list[list[int]]:

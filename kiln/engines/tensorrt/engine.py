@@ -88,7 +88,9 @@ class TrtEngine:
             raise RuntimeError("allocate_kv() is called once; the KV pool is already on the device")
         limit = min(p.dims["num_blocks"][2] for p in self.profiles)
         if num_blocks > limit:
-            raise ValueError(f"{num_blocks} KV blocks exceed the engine's profiles ({limit}); use less KV memory")
+            raise ValueError(f"{num_blocks} KV blocks asked for, but this TensorRT engine was built for a pool of at "
+                             f"most {limit} blocks (kiln build --kv-cache-memory); serve with a --kv-cache-memory "
+                             f"no larger than the build's, or rebuild with a larger one")
         nbytes = DevicePool(self.kv_layout, num_blocks, 0).nbytes
         address = self.device.alloc(nbytes)
         # NOTE: zeroed: a NaN left in the unused tail of a block would survive the attention mask.

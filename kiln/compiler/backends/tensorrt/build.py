@@ -23,7 +23,7 @@ from kiln.contract.artifact import file_record
 from kiln.contract.engine import KvLayout
 from kiln.compiler.backends.built import BuiltEngines
 from kiln.compiler.backends.gpu.compare import as_pass_report
-from kiln.engines.gpu.profiles import Profile, plan_profiles
+from kiln.engines.gpu.profiles import Profile, max_pool_blocks, plan_profiles
 from kiln.compiler.backends.gpu.onnx_files import save_onnx, with_weights_inline
 from kiln.compiler.backends.tensorrt.graph import in_precision, kv_dtype
 from kiln.compiler.backends.tensorrt.weights import int4_weight_only
@@ -60,6 +60,7 @@ def build_tensorrt(model: onnx.ModelProto, spec: ModelSpec, config, root: Path,
     from kiln.engines.tensorrt.library import import_tensorrt
 
     check_graph_for_tensorrt(model, config)
+    pool_blocks(spec, config)
     try:
         require_cuda("building a TensorRT engine")
         import_tensorrt()
@@ -83,6 +84,25 @@ def check_graph_for_tensorrt(model: onnx.ModelProto, config) -> None:
     if custom:
         raise ValueError(f"the tensorrt backend takes standard ONNX ops, and this graph has {', '.join(custom)} "
                          "(ONNX Runtime fusions); build with --no-fuse (TensorRT fuses on its own)")
+
+
+def pool_blocks(spec: ModelSpec, config) -> int:
+    """The KV pool the optimization profiles are planned for: the blocks --kv-cache-memory holds.
+    The engine binds the whole pool every call, so this is the shape TensorRT tunes for, and the
+    largest pool the engine accepts at run time."""
+    if config.kv_cache_memory is None:
+        raise ValueError("the tensorrt backend plans its optimization profiles for the KV pool it will serve "
+                         "with: pass --kv-cache-memory (the size kiln serve will be given, e.g. 4GiB)")
+    layout = _kv_layout(spec, config)
+    blocks = config.kv_cache_memory // layout.bytes_per_block
+    if blocks < 1:
+        raise ValueError(f"--kv-cache-memory {config.kv_cache_memory} bytes holds no KV block "
+                         f"({layout.bytes_per_block} bytes each); pass a larger size")
+    most = max_pool_blocks(spec.num_kv_heads * config.block_size * spec.head_dim)
+    if blocks > most:
+        raise ValueError(f"--kv-cache-memory holds {blocks} KV blocks, more than TensorRT indexes in one layer's "
+                         f"cache ({most}: int32 element offsets); pass a smaller size")
+    return blocks
 
 
 def precision_of(config) -> str:
@@ -117,8 +137,7 @@ def prepare_graph(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, s
             t0 = time.perf_counter()
             compare = compare_graph_precision(paged, onnx_path, spec, config, precision)
             reports.append(as_pass_report(compare, len(paged.graph.node), time.perf_counter() - t0))
-    profiles = plan_profiles(config.buckets, config.block_size, spec.max_position_embeddings,
-                             block_elements=spec.num_kv_heads * config.block_size * spec.head_dim)
+    profiles = plan_profiles(config.buckets, config.block_size, spec.max_position_embeddings, pool_blocks(spec, config))
     record = {"backend": BACKEND, "onnx": file_record(root, onnx_path), "io": io, "precision": precision,
               "weight_quant": weight_quant, "profiles": [p.to_dict() for p in profiles]}
     if weights_file is not None:
