@@ -71,3 +71,82 @@ def test_polygraphy_compares_engines_per_output(tiny_llama_standard_artifact, tm
     tight = compare_engines(engine_runner("fp32", lambda: load_engine(artifact)), fp16, steps,
                             {"logits": (1e-6, 1e-6)})
     assert not tight["passed"] and tight["outputs"]["logits"]["max_abs_error"] > 1e-4
+
+
+def _as_ort_cuda_artifact(source: Path, tmp_path: Path, **record) -> Path:
+    """A copy of an artifact whose engine record says ort-cuda, with these record fields."""
+    import json
+    import shutil
+
+    copy = tmp_path / "ort-cuda"
+    shutil.copytree(source, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["engines"][0] |= {"backend": "ort-cuda", **record}
+    for key in [k for k, v in record.items() if v is None]:
+        del manifest["engines"][0][key]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def _other_minor(version: str) -> str:
+    major, minor = version.split(".")[:2]
+    return f"{major}.{int(minor) - 1}.1"
+
+
+def test_an_ort_cuda_artifact_of_another_onnxruntime_minor_release_is_refused(tiny_llama_artifact, tmp_path):
+    """Refused before anything else, GPU or not: the message names both releases and what to do."""
+    import onnxruntime as ort
+
+    from kiln.engines.load import load_engine
+
+    built = _other_minor(ort.__version__)
+    copy = _as_ort_cuda_artifact(tiny_llama_artifact, tmp_path, onnxruntime=built)
+    with pytest.raises(ArtifactError, match=rf"built with onnxruntime {built}; this machine has onnxruntime "
+                                            rf"{ort.__version__}") as e:
+        load_engine(EngineArtifact.load(copy))
+    major, minor = built.split(".")[:2]
+    assert f"onnxruntime-gpu=={major}.{minor}.*" in str(e.value) and "kiln build --backend ort-cuda" in str(e.value)
+
+
+def test_the_onnxruntime_release_check(tmp_path):
+    from kiln.engines.gpu.compat import check_onnxruntime_record
+
+    check_onnxruntime_record(tmp_path, {"onnxruntime": "1.32.0"}, "1.32.1")          # a patch release loads
+    with pytest.raises(ArtifactError, match="records no onnxruntime release"):
+        check_onnxruntime_record(tmp_path, {}, "1.32.0")
+    with pytest.raises(ArtifactError, match="built with onnxruntime 1.31.1; this machine has onnxruntime 1.32.0"):
+        check_onnxruntime_record(tmp_path, {"onnxruntime": "1.31.1"}, "1.32.0")
+
+
+def test_the_same_onnxruntime_release_goes_on_to_the_gpu_check(tiny_llama_artifact, tmp_path):
+    import onnxruntime as ort
+
+    from kiln.engines.gpu.device import cuda_device_count
+    from kiln.engines.load import load_engine
+
+    if cuda_device_count() > 0:
+        pytest.skip("checks the refusal of a machine without a GPU")
+    copy = _as_ort_cuda_artifact(tiny_llama_artifact, tmp_path, onnxruntime=ort.__version__)
+    with pytest.raises(ArtifactError, match="needs a CUDA GPU"):
+        load_engine(EngineArtifact.load(copy))
+
+
+def test_the_cuda_session_preloads_the_cuda_libraries_first(monkeypatch, tmp_path):
+    """onnxruntime-gpu installed with its [cuda,cudnn] extras finds CUDA and cuDNN in the nvidia pip
+    packages only once preload_dlls() has loaded them: it runs before the session is made."""
+    from kiln.engines.ort_cuda import engine
+
+    calls = []
+
+    class Session:
+        def __init__(self, path, opts, providers):
+            calls.append("session")
+
+        def get_providers(self):
+            return [engine.CUDA, "CPUExecutionProvider"]
+
+    monkeypatch.setattr(engine.ort, "get_available_providers", lambda: [engine.CUDA, "CPUExecutionProvider"])
+    monkeypatch.setattr(engine.ort, "preload_dlls", lambda **kw: calls.append("preload"), raising=False)
+    monkeypatch.setattr(engine.ort, "InferenceSession", Session)
+    engine.cuda_session(tmp_path / "model.onnx")
+    assert calls == ["preload", "session"]

@@ -3,6 +3,10 @@
 A TensorRT engine is specific to the TensorRT release and, by default, to the GPU model that built
 it (its kernels were chosen by timing on that device); loading it elsewhere either fails deep in
 deserialization or runs untuned. kiln records both and refuses up front, saying what to do.
+
+An ort-cuda graph is checked against the contrib-op schemas (PagedAttention's among them) of the
+onnxruntime that built it; those change between minor releases, so another minor release is
+refused the same way (a patch release loads).
 """
 
 from __future__ import annotations
@@ -36,3 +40,18 @@ def check_tensorrt_record(root: Path, record: dict, tensorrt_version: str, devic
         raise ArtifactError(f"{root} holds an engine tuned on {want.name}; this GPU is {device.name} "
                             f"(same compute capability, but TensorRT engines are specific to the GPU "
                             f"model that built them); {rebuild}")
+
+
+ORT_CUDA_REBUILD = "or rebuild the artifact here with `kiln build --backend ort-cuda`"
+
+
+def check_onnxruntime_record(root: Path, record: dict, onnxruntime_version: str) -> None:
+    built = record.get("onnxruntime")
+    if not built:
+        raise ArtifactError(f"{root}: the ort-cuda engine record records no onnxruntime release; "
+                            f"{ORT_CUDA_REBUILD.removeprefix('or ')}")
+    if release(built, 2) != release(onnxruntime_version, 2):
+        raise ArtifactError(f"{root} was built with onnxruntime {built}; this machine has onnxruntime "
+                            f"{onnxruntime_version}, another minor release, whose contrib ops may differ; "
+                            f"install onnxruntime-gpu=={release(built, 2)}.* with its CUDA libraries (the GPU "
+                            f"guide's install section) {ORT_CUDA_REBUILD}")

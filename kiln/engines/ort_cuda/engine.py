@@ -34,15 +34,31 @@ class CudaProviderMissing(RuntimeError):
 def cuda_session(model_path: Path, device_id: int = 0) -> ort.InferenceSession:
     if CUDA not in ort.get_available_providers():
         raise CudaProviderMissing(f"onnxruntime {ort.__version__} here is a CPU build; install "
-                                  "onnxruntime-gpu (the README's GPU section says how)")
+                                  "onnxruntime-gpu with its CUDA libraries (the GPU guide says how)")
+    preload_cuda_libraries()
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     session = ort.InferenceSession(str(model_path), opts, providers=[(CUDA, {"device_id": device_id})])
     # NOTE: ONNX Runtime falls back to CPU silently when the CUDA libraries fail to load.
     if CUDA not in session.get_providers():
         raise CudaProviderMissing("onnxruntime-gpu could not start its CUDA provider (CUDA or cuDNN "
-                                  "libraries missing or of another major version; see its log above)")
+                                  "libraries missing or of another major version; install "
+                                  "onnxruntime-gpu[cuda,cudnn] or put CUDA and cuDNN on the library path; "
+                                  "see its log above)")
     return session
+
+
+def preload_cuda_libraries() -> None:
+    """Load CUDA and cuDNN before the provider needs them. onnxruntime-gpu's [cuda,cudnn] extras
+    install them as nvidia pip packages, outside the loader's search path, and only preload_dlls()
+    finds them there; with CUDA installed system-wide it finds nothing more to do."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    try:
+        preload(cuda=True, cudnn=True)
+    except OSError:
+        pass        # cuda_session then finds no CUDA provider and says what to install
 
 
 class OrtCudaEngine:
