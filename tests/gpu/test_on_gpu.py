@@ -50,7 +50,8 @@ def test_cuda_memory_does_what_the_fake_device_does():
 def test_tensorrt_build_checks_against_ort_cpu_and_generates(tmp_path):
     need_gpu(tensorrt=True)
     out = tmp_path / "trt"
-    res = CliRunner().invoke(main, ["build", "tiny-llama", "--out", str(out), "--backend", "tensorrt", "--no-fuse"])
+    res = CliRunner().invoke(main, ["build", "tiny-llama", "--out", str(out), "--backend", "tensorrt", "--no-fuse",
+                                  "--kv-cache-memory", "16MiB"])
     assert res.exit_code == 0, res.output
     record = json.loads((out / "manifest.json").read_text())["engines"][0]
     assert record["compare"]["passed"] and record["device"]["compute_capability"]
@@ -68,7 +69,7 @@ def test_ort_cuda_build_compares_on_the_gpu_and_generates(tmp_path):
     assert len(_generate(out)) == 8
 
 
-@pytest.mark.parametrize("backend, args", [("ort-cuda", []), ("tensorrt", ["--no-fuse"])])
+@pytest.mark.parametrize("backend, args", [("ort-cuda", []), ("tensorrt", ["--no-fuse", "--kv-cache-memory", "16MiB"])])
 def test_kiln_serve_streams_from_a_gpu_engine(tmp_path, backend, args):
     """The OpenAI-compatible server on a GPU artifact, driven by the official client."""
     need_gpu(tensorrt=backend == "tensorrt", ort_cuda=backend == "ort-cuda")
