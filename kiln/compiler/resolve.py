@@ -64,7 +64,7 @@ def _openvino_own(plan: BuildPlan) -> Fallback:
     own = openvino_recipe(QuantMode(plan.quant.value), computes_bf16(plan.host.cpu), kiln_linears=False)
     kv = Choice(own.kv_cache, plan.kv_dtype.chosen_by, _openvino_kv_reason(own))
     return Fallback(replace(plan, recipe=own, kv_dtype=kv, rung="openvino's own int8 linears"),
-                    stage="kiln's int8 linears failed the check ({failure}): building on OpenVINO's own",
+                    stage="the next rung: building on OpenVINO's own int8 linears",
                     reason="kiln's int8 linears failed the build's check ({failure}), so OpenVINO's own")
 
 
@@ -77,7 +77,7 @@ def _on_ort(plan: BuildPlan, config: BuildConfig, spec: ModelSpec, mode: QuantMo
                     if a.value != b.value)
     label = f"ort {mode.value} ({rung.recipe.role('qkv').kernel.op}, blocks of 32)"
     return Fallback(replace(rung, backend=backend, quant=quant, rung=label),
-                    stage=f"{{failure}}: building {label}", reason=f"the rung before failed the build's check "
+                    stage=f"the next rung: {label}", reason=f"the rung before failed the build's check "
                     f"({{failure}}), so {label}", changes=changes, flags=f"--backend ort --quant {mode.value}")
 
 
@@ -87,7 +87,7 @@ def _sensitive_fp32(primary: BuildPlan, plan: BuildPlan, spec: ModelSpec) -> Fal
     label = f"ort {plan.quant.value}, the LM head, embedding and layers {', '.join(map(str, recipe.fp32_layers))} fp32"
     quant = Choice(plan.quant.value, AUTO, f"{plan.quant.value} weights but the tensors a quantization error "
                    "hurts most, kept fp32: the next rung of the ladder")
-    return Fallback(replace(plan, recipe=recipe, quant=quant, rung=label), stage=f"{{failure}}: building {label}",
+    return Fallback(replace(plan, recipe=recipe, quant=quant, rung=label), stage=f"the next rung: {label}",
                     reason=f"the rung before failed the build's check ({{failure}}), so {label}",
                     changes=("quant",) + (("backend",) if primary.backend.value != "ort" else ()))
 
@@ -98,7 +98,7 @@ def _fp32(plan: BuildPlan, config: BuildConfig, spec: ModelSpec) -> Fallback:
     quant = Choice(QuantMode.NONE.value, AUTO, "fp32 weights: every quantized rung failed the build's check")
     changes = ("quant",) + (("backend",) if rung.backend.value != plan.backend.value else ())
     label = f"{rung.backend.value} fp32"
-    return Fallback(replace(rung, quant=quant, rung=label), stage=f"{{failure}}: building {label}",
+    return Fallback(replace(rung, quant=quant, rung=label), stage=f"the next rung: {label}",
                     reason=f"the rung before failed the build's check ({{failure}}), so {label}", changes=changes,
                     flags="--quant none" + (f" --backend {rung.backend.value}" if "backend" in changes else ""))
 

@@ -77,12 +77,17 @@ class Written:
 
 
 def write_gguf(name: str, folder: Path, quants=MIXED, seed: int = 0, arch: str | None = None,
-               with_tokenizer: bool = True, eot_token_id: int | None = None) -> Written:
-    """A tiny `name` model as a GGUF file in `folder`, and its HF reference model."""
+               with_tokenizer: bool = True, eot_token_id: int | None = None, vocab_size: int | None = None,
+               embed_std: float = 1.0, config: dict | None = None) -> Written:
+    """A tiny `name` model as a GGUF file in `folder`, and its HF reference model. vocab_size: the
+    tokenizer padded with unused tokens to that many (as Gemma 3's 262,144); embed_std: the
+    embedding's scale (unit by default); config: further config overrides."""
     arch_default, cls_name, overrides = MODELS[name]
     arch = arch or arch_default
     tok = spm_tokenizer() if arch.startswith("gemma") else byte_level_tokenizer()
-    model = _hf_model(cls_name, BASE | overrides | tok["ids"], len(tok["tokens"]), seed)
+    if vocab_size:
+        tok = padded(tok, vocab_size)
+    model = _hf_model(cls_name, BASE | overrides | (config or {}) | tok["ids"], len(tok["tokens"]), seed, embed_std)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"tiny-{name}.gguf"
     metadata = _metadata(model.config) | (_tokenizer_metadata(tok) if with_tokenizer else {})
@@ -91,7 +96,7 @@ def write_gguf(name: str, folder: Path, quants=MIXED, seed: int = 0, arch: str |
     return Written(path, model.eval(), tok)
 
 
-def _hf_model(cls_name: str, cfg: dict, vocab: int, seed: int):
+def _hf_model(cls_name: str, cfg: dict, vocab: int, seed: int, embed_std: float = 1.0):
     import transformers
 
     torch.manual_seed(seed)
@@ -103,7 +108,7 @@ def _hf_model(cls_name: str, cfg: dict, vocab: int, seed: int):
             if p.ndim == 1:
                 p.copy_((1 if pname.endswith("norm.weight") else 0) + 0.1 * torch.randn(p.shape, generator=g))
             else:
-                p.copy_(torch.randn(p.shape, generator=g) * (1 if "embed" in pname else p.shape[1] ** -0.5))
+                p.copy_(torch.randn(p.shape, generator=g) * (embed_std if "embed" in pname else p.shape[1] ** -0.5))
     return model
 
 
@@ -235,6 +240,14 @@ def spm_tokenizer() -> dict:
     return dict(model="llama", pre="default", tokens=tokens, types=types, merges=None, scores=scores,
                 bos=2, eos=1, pad=0, add_bos=True, template=GEMMA_TEMPLATE,
                 ids=dict(bos_token_id=2, eos_token_id=1, pad_token_id=0))
+
+
+def padded(tok: dict, vocab_size: int) -> dict:
+    """The tokenizer with unused tokens appended up to vocab_size (published vocabularies carry many)."""
+    extra = vocab_size - len(tok["tokens"])
+    scores = None if tok["scores"] is None else tok["scores"] + [0.0] * extra
+    return dict(tok, tokens=tok["tokens"] + [f"<unused{i}>" for i in range(extra)], types=tok["types"] + [5] * extra,
+                scores=scores)
 
 
 def _tokenizer_metadata(tok: dict) -> dict:
