@@ -219,30 +219,44 @@ def _security_options(fn):
     """Who may call the server and from where (docs/serving.md, Security and tenants)."""
     options = [
         click.option("--api-key-file", "api_key_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
-                     help="Accept several API keys: a file of 'name key' lines; each key gets its own prefix cache."),
+                     help="Accept several API keys: a file of 'name key [priority=LOW:HIGH]' lines; each key gets "
+                          "its own prefix cache."),
         click.option("--allowed-hosts", "allowed_hosts", default=None,
                      help="Comma-separated Host names served ('*': any; default: loopback names on loopback)."),
         click.option("--cors-origins", "cors_origins", default=None,
                      help="Comma-separated browser origins allowed to call the API (default: none)."),
         click.option("--allow-control-tokens-in-messages", "allow_control_tokens_in_messages", is_flag=True,
                      help="Parse special-token text inside messages as control tokens (the old behaviour)."),
+        click.option("--public-endpoints", "public_endpoints", default=None,
+                     help="Comma-separated endpoints answered without the API key (default: /health,/ready)."),
+        click.option("--max-key-contexts", "max_key_contexts", type=int, default=None,
+                     help="With API keys: a key's requests in flight may reserve N contexts of tokens "
+                          "(choices x (prompt + max_tokens)); 429 past it (default 64; 0 = no bound)."),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
 
 
-SECURITY_OPTIONS = ("api_key_file", "allowed_hosts", "cors_origins", "allow_control_tokens_in_messages")
+SECURITY_OPTIONS = ("api_key_file", "allowed_hosts", "cors_origins", "allow_control_tokens_in_messages",
+                    "public_endpoints", "max_key_contexts")
 
 
-def _security_config(api_key_file, allowed_hosts, cors_origins, allow_control_tokens_in_messages) -> dict:
-    from kiln.serving.http_io import read_api_key_file
+def _security_config(api_key_file, allowed_hosts, cors_origins, allow_control_tokens_in_messages,
+                     public_endpoints, max_key_contexts) -> dict:
+    from kiln.serving.http_io import read_api_key_file, read_api_key_grants
 
     def names(text):
         return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
-    return dict(api_keys=read_api_key_file(api_key_file) if api_key_file else (),
-                allowed_hosts=names(allowed_hosts), cors_origins=names(cors_origins) or (),
-                allow_control_tokens_in_messages=allow_control_tokens_in_messages)
+    out = dict(api_keys=read_api_key_file(api_key_file) if api_key_file else (),
+               key_priorities=read_api_key_grants(api_key_file) if api_key_file else (),
+               allowed_hosts=names(allowed_hosts), cors_origins=names(cors_origins) or (),
+               allow_control_tokens_in_messages=allow_control_tokens_in_messages)
+    if public_endpoints is not None:
+        out["public_endpoints"] = names(public_endpoints)
+    if max_key_contexts is not None:
+        out["max_key_contexts"] = max_key_contexts or None
+    return out
 
 
 def _api_options(fn):

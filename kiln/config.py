@@ -208,6 +208,10 @@ DEFAULT_TTFT_REFUSE_FACTOR = 5.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
+# The endpoints outside /v1 that need the API key when one is set, unless public_endpoints names them.
+KEYED_ENDPOINTS = ("/health", "/ready", "/metrics", "/version", "/openapi.json", "/docs")
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """The HTTP server's own knobs; the runtime's (KV memory, scheduler) stay in RuntimeConfig."""
@@ -252,6 +256,14 @@ class ServeConfig:
     # Security and tenants (docs/serving.md). api_keys: (name, key) pairs, from --api-key-file;
     # each key gets its own prefix-cache salt unless per_key_cache_salt is off.
     api_keys: tuple[tuple[str, str], ...] = ()
+    # (key name, lowest, highest): the `priority` range a key may send (--api-key-file's
+    # priority=LOW:HIGH); other keys get requests.DEFAULT_PRIORITY_RANGE.
+    key_priorities: tuple[tuple[str, int, int], ...] = ()
+    # With API keys: a key's requests in flight reserve at most this many contexts of tokens
+    # (choices x (prompt + max_tokens)); past it 429. None: no bound.
+    max_key_contexts: int | None = 64
+    # Endpoints outside /v1 that answer without the key when one is set (the health probes).
+    public_endpoints: tuple[str, ...] = ("/health", "/ready")
     per_key_cache_salt: bool = True
     allow_control_tokens_in_messages: bool = False   # special-token text in messages stays text
     allowed_hosts: tuple[str, ...] | None = None     # None: loopback names when bound to loopback
@@ -275,7 +287,10 @@ class ServeConfig:
             raise ValueError(f"ttft_refuse_factor must be a finite number >= 1, got {self.ttft_refuse_factor}")
         if self.request_timeout is not None and self.request_timeout <= 0:
             raise ValueError(f"request_timeout must be positive, got {self.request_timeout}")
-        for name in ("max_waiting", "max_waiting_tokens", "limit_concurrency", "max_body_bytes"):
+        unknown = sorted(set(self.public_endpoints) - set(KEYED_ENDPOINTS))
+        if unknown:
+            raise ValueError(f"public_endpoints may name {', '.join(KEYED_ENDPOINTS)}; got {', '.join(unknown)}")
+        for name in ("max_waiting", "max_waiting_tokens", "limit_concurrency", "max_body_bytes", "max_key_contexts"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")

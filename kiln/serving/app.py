@@ -31,7 +31,9 @@ from kiln.serving.http_io import (EventStream, RequestGuard, allowed_host_names,
                                   until_disconnected)
 from kiln.serving.metrics import ServerMetrics
 from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from kiln.serving.requests import EngineLimits, RequestOptions, prepare_chat, prepare_completion
+from kiln.serving.key_budget import KeyBudget
+from kiln.serving.requests import (DEFAULT_PRIORITY_RANGE, EngineLimits, RequestOptions, prepare_chat,
+                                   prepare_completion)
 from kiln.serving.response_cache import ResponseCache
 from kiln.serving.responses import Renderer
 from kiln.serving.utility_routes import utility_routes
@@ -73,6 +75,9 @@ class Server:
             self.metrics.registry.register(self.semantic)
         self.workers = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="kiln-prepare")
         self.num_preparing = 0           # requests inside preparing() (event-loop thread only)
+        self.key_budget = KeyBudget(None if config.max_key_contexts is None else
+                                    config.max_key_contexts * min(self.limits.max_model_len, self.limits.kv_tokens))
+        self._priorities = {name: (low, high) for name, low, high in config.key_priorities}
 
     def start(self) -> None:
         c = self.config
@@ -116,7 +121,20 @@ class Server:
     def options(self, key_name: str | None) -> RequestOptions:
         salt = f"api-key:{key_name}" if key_name is not None and self.config.per_key_cache_salt else None
         return RequestOptions(self.config.allow_control_tokens_in_messages, salt, self.config.strict_api,
-                              self.config.tool_call_parser)
+                              self.config.tool_call_parser, self._priorities.get(key_name, DEFAULT_PRIORITY_RANGE))
+
+    def keyed(self, path: str, endpoint):
+        """The endpoint behind the API key (when one is set) unless --public-endpoints names it."""
+        if path in self.config.public_endpoints:
+            return endpoint
+
+        async def checked(request: HttpRequest) -> Response:
+            try:
+                check_api_key(request, self.config.api_key, self.config.api_keys)
+            except ApiError as e:
+                return self.rejected(e)
+            return await endpoint(request)
+        return checked
 
     @contextlib.contextmanager
     def preparing(self):
@@ -162,9 +180,9 @@ def create_app(llm, config: ServeConfig, model_name: str) -> Starlette:
             server.stop()
 
     routes = [
-        Route("/health", partial(_health, server)),
-        Route("/ready", partial(_ready, server)),
-        Route("/metrics", partial(_metrics, server)),
+        Route("/health", server.keyed("/health", partial(_health, server))),
+        Route("/ready", server.keyed("/ready", partial(_ready, server))),
+        Route("/metrics", server.keyed("/metrics", partial(_metrics, server))),
         Route("/v1/models", partial(_models, server)),
         Route("/v1/completions", partial(_generate, server, kind="completion"), methods=["POST"]),
         Route("/v1/chat/completions", partial(_generate, server, kind="chat"), methods=["POST"]),
@@ -217,8 +235,26 @@ async def _models(server: Server, request: HttpRequest) -> Response:
 
 
 async def _generate(server: Server, request: HttpRequest, kind: str) -> Response:
+    """The request's answer, its tokens reserved against its key's budget until the answer ends
+    (a stream's last byte, or the whole body)."""
     try:
-        prepared, semantic = await _prepare(server, request, kind)
+        key_name, prepared, semantic = await _prepare(server, request, kind)
+        release = server.key_budget.charge(key_name, prepared.reserved_tokens)
+    except ApiError as e:
+        return server.rejected(e)
+    response = None
+    try:
+        response = await _answer(server, request, kind, prepared, semantic)
+        return response
+    finally:
+        if isinstance(response, EventStream):
+            response.add_on_close(release)
+        else:
+            release()
+
+
+async def _answer(server: Server, request: HttpRequest, kind: str, prepared, semantic) -> Response:
+    try:
         if prepared.n > 1 or prepared.more_prompts or prepared.echo:
             return await generate_choices(server, request, kind, prepared)
         sub = server.semantic.open(server.generations, prepared, semantic) if semantic else \
@@ -259,7 +295,7 @@ async def _prepare(server: Server, request: HttpRequest, kind: str):
         if server.semantic is not None:           # embedding is CPU work: off the loop too
             bypass = "no-cache" in request.headers.get("cache-control", "").lower()
             semantic = await server.off_loop(server.semantic.prepare, raw, prepared, options.cache_salt, bypass)
-    return prepared, semantic
+    return key_name, prepared, semantic
 
 
 def _prepare_body(server: Server, kind: str, raw: bytes, options: RequestOptions):

@@ -129,25 +129,49 @@ def check_api_key(request: HttpRequest, api_key: str | None,
 
 
 def read_api_key_file(path) -> tuple[tuple[str, str], ...]:
-    """`name key` lines (blank lines and # comments skipped) -> ((name, key), ...)."""
+    """`name key [priority=LOW:HIGH]` lines (blank lines and # comments skipped) -> ((name, key), ...)."""
+    return tuple((name, key) for name, key, _ in _api_key_lines(path))
+
+
+def read_api_key_grants(path) -> tuple[tuple[str, int, int], ...]:
+    """The priority ranges an --api-key-file grants: ((name, lowest, highest), ...) for the keys
+    whose line ends with `priority=LOW:HIGH`."""
+    return tuple((name, *grant) for name, _, grant in _api_key_lines(path) if grant is not None)
+
+
+def _api_key_lines(path):
     from pathlib import Path
 
-    pairs, names, seen = [], set(), set()
+    lines, names, seen = [], set(), set()
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         parts = line.split()
-        if len(parts) != 2:
-            raise ValueError(f"{path}:{number}: expected 'name key', got {len(parts)} fields")
-        name, key = parts
+        if len(parts) not in (2, 3):
+            raise ValueError(f"{path}:{number}: expected 'name key [priority=LOW:HIGH]', got {len(parts)} fields")
+        name, key = parts[:2]
         if name in names or key in seen:
             raise ValueError(f"{path}:{number}: the name or key is given twice")
         names.add(name), seen.add(key)
-        pairs.append((name, key))
-    if not pairs:
+        lines.append((name, key, _priority_grant(parts[2], f"{path}:{number}") if len(parts) == 3 else None))
+    if not lines:
         raise ValueError(f"{path} holds no 'name key' lines")
-    return tuple(pairs)
+    return lines
+
+
+def _priority_grant(field: str, where: str) -> tuple[int, int]:
+    """`priority=LOW:HIGH` -> (LOW, HIGH): the `priority` values the key may send."""
+    name, _, value = field.partition("=")
+    low, _, high = value.partition(":")
+    try:
+        grant = int(low), int(high)
+    except ValueError:
+        grant = None
+    if name != "priority" or grant is None or grant[0] > grant[1] or max(map(abs, grant)) > 1 << 31:
+        raise ValueError(f"{where}: the third field must be priority=LOW:HIGH (integers, LOW <= HIGH), "
+                         f"got {field!r}")
+    return grant
 
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -260,6 +284,17 @@ class EventStream(StreamingResponse):
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self.on_close = on_close
+
+    def add_on_close(self, fn: Callable[[], None]) -> None:
+        """Call fn too when the stream ends."""
+        first = self.on_close
+
+        def both() -> None:
+            try:
+                first()
+            finally:
+                fn()
+        self.on_close = both
 
     async def __call__(self, scope, receive, send) -> None:
         try:

@@ -17,6 +17,13 @@ from kiln.serving.structured_requests import ToolPlan, bind, plan_tools, structu
 from kiln.tokenizer import ChatTemplateError, Tokenizer
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
+# Chat's default max_tokens is the whole context for one choice, this for n > 1: n choices each
+# reserving the context would let one request fill the waiting queue (each choice is admitted).
+DEFAULT_MULTI_CHOICE_MAX_TOKENS = 512
+# The `priority` a key may send unless --api-key-file grants it a range: 0 or later (under
+# --scheduling-policy priority lower runs first), so no caller jumps the queue unless the operator
+# says so; values outside the range are clamped to it.
+DEFAULT_PRIORITY_RANGE = (0, 1_000_000)
 MAX_CHOICES = 64                       # n x prompts of one request: each is an engine request
 # echo with logprobs k scores every prompt token: a log-softmax over the vocabulary per token on
 # the engine thread and k + 1 entries per token in the body. A request's prompt tokens x (k + 1),
@@ -55,6 +62,7 @@ class RequestOptions:
     cache_salt: str | None = None              # the API key's prefix-cache salt (a body's nests in it)
     strict_api: bool = False                   # unknown body fields: 400 (True) or dropped and named
     tool_format: str | None = None             # --tool-call-parser; None: the template's syntax
+    priority_range: tuple[int, int] = DEFAULT_PRIORITY_RANGE    # the caller's key's grant (--api-key-file)
 
 
 # A prompt of n characters is at least n / (the longest token's characters) tokens; halved again
@@ -94,6 +102,12 @@ class PreparedRequest:
     @property
     def deterministic(self) -> bool:
         return self.params.greedy or self.params.seed is not None
+
+    @property
+    def reserved_tokens(self) -> int:
+        """What the request may hold of the KV pool: each choice its prompt and max_tokens (the
+        charge against its key's budget)."""
+        return self.n * sum(len(p) + self.params.max_tokens for p in self.prompts)
 
     @property
     def heavy_body(self) -> bool:
@@ -213,11 +227,12 @@ def _prepare(kind, body, ids, max_tokens, logprobs, limits, prompt_param, tok,
              tools: ToolPlan = ToolPlan(), options: RequestOptions = RequestOptions()) -> PreparedRequest:
     n = _num_choices(body)
     _check_prompt_fits(len(ids), limits, prompt_param)
-    max_tokens = _max_tokens(kind, max_tokens, len(ids), limits)
+    max_tokens = _max_tokens(kind, max_tokens, len(ids), limits, n)
     spec, field = structured_output(body, tools)
     salt = _cache_salt(options.cache_salt, body.cache_salt)
     params = _sampling_params(body, max_tokens, logprobs, _logit_bias(body.logit_bias, limits),
-                              None if spec is None else bind(spec, field, tok, limits), salt, limits)
+                              None if spec is None else bind(spec, field, tok, limits), salt, limits,
+                              options.priority_range)
     options_ = body.stream_options
     include_usage = bool(body.stream and options_ and options_.include_usage)
     continuous = bool(body.stream and options_ and options_.continuous_usage_stats)
@@ -286,11 +301,14 @@ def _check_prompt_fits(num_prompt: int, limits: EngineLimits, param: str) -> Non
                           f"tokens, one of which must be left for the answer", param, "context_length_exceeded")
 
 
-def _max_tokens(kind: str, requested: int | None, num_prompt: int, limits: EngineLimits) -> int:
+def _max_tokens(kind: str, requested: int | None, num_prompt: int, limits: EngineLimits, n: int = 1) -> int:
     room = min(limits.max_model_len, limits.kv_tokens) - num_prompt
     if requested is None:
-        # Chat answers may use the whole context (as OpenAI's do); completions default to 16.
-        return room if kind == "chat" else min(DEFAULT_COMPLETION_MAX_TOKENS, room)
+        # Chat answers may use the whole context (as OpenAI's do), several choices a finite
+        # default; completions default to 16.
+        default = DEFAULT_COMPLETION_MAX_TOKENS if kind != "chat" else \
+            DEFAULT_MULTI_CHOICE_MAX_TOKENS if n > 1 else room
+        return min(default, room)
     if requested < 1:
         raise bad_request(f"max_tokens must be at least 1, got {requested}", "max_tokens")
     if requested > room:
@@ -312,7 +330,7 @@ def _logit_bias(bias: dict[str, float] | None, limits: EngineLimits) -> dict[int
     return out
 
 
-def _vllm_knobs(body, limits: EngineLimits) -> dict:
+def _vllm_knobs(body, limits: EngineLimits, priority_range: tuple[int, int] = DEFAULT_PRIORITY_RANGE) -> dict:
     """vLLM's sampling extensions the body sets, checked against this engine."""
     given = dict(min_tokens=body.min_tokens, skip_special_tokens=body.skip_special_tokens,
                  include_stop_str_in_output=body.include_stop_str_in_output)
@@ -327,12 +345,14 @@ def _vllm_knobs(body, limits: EngineLimits) -> dict:
             # vLLM's answer too: a priority the scheduler would not honour is refused, not ignored.
             raise bad_request("priority needs a server started with --scheduling-policy priority",
                               "priority", "invalid_value")
-        knobs["priority"] = body.priority
+        low, high = priority_range
+        knobs["priority"] = min(max(body.priority, low), high)
     return knobs
 
 
 def _sampling_params(body, max_tokens: int, logprobs: int | None, logit_bias: dict[int, float],
-                     structured, cache_salt: str | None, limits: EngineLimits) -> SamplingParams:
+                     structured, cache_salt: str | None, limits: EngineLimits,
+                     priority_range: tuple[int, int] = DEFAULT_PRIORITY_RANGE) -> SamplingParams:
     given = dict(temperature=body.temperature, top_p=body.top_p, min_p=body.min_p,
                  presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                  repetition_penalty=body.repetition_penalty, seed=body.seed)
@@ -340,7 +360,7 @@ def _sampling_params(body, max_tokens: int, logprobs: int | None, logit_bias: di
     if body.top_k is not None:
         knobs["top_k"] = 0 if body.top_k == -1 else body.top_k       # vLLM's -1 also means "off"
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    knobs.update(_vllm_knobs(body, limits))
+    knobs.update(_vllm_knobs(body, limits, priority_range))
     try:
         return SamplingParams(max_tokens=max_tokens, stop=stop, ignore_eos=body.ignore_eos,
                               logprobs=logprobs, logit_bias=logit_bias, structured=structured,

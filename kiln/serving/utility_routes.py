@@ -49,9 +49,9 @@ def utility_routes(server) -> list[Route]:
     return [
         Route("/tokenize", partial(_tokenize, server), methods=["POST"]),
         Route("/detokenize", partial(_detokenize, server), methods=["POST"]),
-        Route("/version", lambda request: JSONResponse({"version": kiln_version()})),
-        Route("/openapi.json", lambda request: JSONResponse(spec)),
-        Route("/docs", lambda request: HTMLResponse(page)),
+        Route("/version", server.keyed("/version", partial(_json, {"version": kiln_version()}))),
+        Route("/openapi.json", server.keyed("/openapi.json", partial(_json, spec))),
+        Route("/docs", server.keyed("/docs", partial(_html, page))),
     ]
 
 
@@ -80,6 +80,14 @@ def docs_page(spec: dict) -> str:
             f"<h1>{title}</h1><p>kiln {html.escape(spec['info']['version'])}. The request bodies' schemas are in "
             f"<a href='/openapi.json'>/openapi.json</a>.</p><table border='1' cellpadding='4'>"
             f"<tr><th>method</th><th>path</th><th>what it does</th></tr>{rows}</table></body></html>")
+
+
+async def _json(payload, request: HttpRequest) -> Response:
+    return JSONResponse(payload)
+
+
+async def _html(page: str, request: HttpRequest) -> Response:
+    return HTMLResponse(page)
 
 
 async def _tokenize(server, request: HttpRequest) -> Response:

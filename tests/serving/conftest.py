@@ -30,6 +30,8 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         cmd = [str(KILN), "serve", str(artifact), "--port", str(self.port), *flags]
+        # /metrics needs the key when the server has one (--public-endpoints does not name it)
+        self.api_key = flags[flags.index("--api-key") + 1] if "--api-key" in flags else None
         self._log = open(log_path, "wb")
         env = {k: v for k, v in os.environ.items() if k != "KILN_API_KEY"}   # only --api-key counts here
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
@@ -67,7 +69,10 @@ class ServerProcess:
         return self.proc.returncode
 
     def metrics(self) -> dict[str, float]:
-        return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=10).text)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        r = httpx.get(f"{self.url}/metrics", timeout=10, headers=headers)
+        r.raise_for_status()
+        return parse_metrics(r.text)
 
     def rss_bytes(self) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():

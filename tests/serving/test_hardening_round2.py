@@ -195,3 +195,122 @@ def test_the_response_cache_counts_prompt_logprobs_at_their_real_size(served):
     real = sum(_deep_size(d.prompt_logprobs) for d in stored.deltas)
     assert real > 200 * 300                      # what the old estimate counted per position
     assert cache.nbytes - before >= real
+
+
+def _prepared(server, kind: str, body: dict, key: str | None = None):
+    """The request as the server prepares it for `key` (its real path, without generating)."""
+    raw = json.dumps({"model": MODEL, **body}).encode()
+    return app_module.prepare_body(kind, raw, server.llm.tokenizer, server.limits, MODEL, server.options(key))
+
+
+# ---- 4. priority is a right the key file grants -------------------------------------------------
+
+def test_priority_is_clamped_unless_the_key_file_grants_a_range(tiny_llama_artifact, tmp_path):
+    from dataclasses import replace
+
+    from kiln.config import SchedulingPolicy
+    from kiln.serving.http_io import read_api_key_file, read_api_key_grants
+
+    keys = tmp_path / "keys"
+    keys.write_text("ops key-ops priority=-10:10\nuser key-user\n")
+    assert read_api_key_grants(keys) == (("ops", -10, 10),)
+    runtime = RuntimeConfig(kv_cache_memory=16 << 20, threads=1)
+    runtime = replace(runtime, scheduler=replace(runtime.scheduler, policy=SchedulingPolicy.PRIORITY))
+    llm = LLM(tiny_llama_artifact, runtime)
+    config = ServeConfig(ttft_slo=0, api_keys=read_api_key_file(keys), key_priorities=read_api_key_grants(keys))
+    server = app_module.Server(llm, config, MODEL)
+    try:
+        def priority(key, value):
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "priority": value}
+            return _prepared(server, "chat", body, key).params.priority
+        assert priority("user", -10**9) == 0                 # no grant: nobody jumps the queue
+        assert priority("user", 5) == 5                      # a caller may always go later
+        assert priority("ops", -10**9) == -10 and priority("ops", -3) == -3 and priority("ops", 99) == 10
+    finally:
+        server.stop()
+
+
+def test_kiln_serve_takes_priority_grants_in_the_key_file(start_server, tiny_llama_artifact, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("ops key-ops priority=-10:10\nuser key-user\n")
+    server = start_server(tiny_llama_artifact, *TINY_FLAGS, "--ttft-slo", "0", "--scheduling-policy", "priority",
+                          "--api-key-file", str(keys))
+    for key in ("key-ops", "key-user"):
+        r = httpx.post(f"{server.url}/v1/completions", timeout=60, headers={"Authorization": f"Bearer {key}"},
+                       json={"prompt": "hi", "max_tokens": 1, "priority": -100})
+        assert r.status_code == 200, r.text
+    bad = tmp_path / "bad"
+    bad.write_text("ops key-ops priority=10:-10\n")
+    from kiln.serving.http_io import read_api_key_file
+    with pytest.raises(ValueError, match="priority=LOW:HIGH"):
+        read_api_key_file(bad)
+
+
+# ---- 6. n amplification: a finite default, and a per-key budget of choices x tokens ---------------
+
+def test_several_choices_get_a_finite_default_max_tokens(served):
+    client, _ = served
+    server = client.app.state.server
+    one = _prepared(server, "chat", {"messages": [{"role": "user", "content": "hi"}]})
+    four = _prepared(server, "chat", {"messages": [{"role": "user", "content": "hi"}], "n": 4})
+    assert one.params.max_tokens > 900                       # one choice: the context, as before
+    assert four.params.max_tokens == 512
+
+
+def test_a_keys_choices_are_charged_against_its_budget(tiny_llama_artifact):
+    client, _ = _client(tiny_llama_artifact, api_keys=(("alice", "key-a"), ("bob", "key-b")), max_key_contexts=2)
+
+    def post(key, n, max_tokens, stream=False):
+        return client.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                           json={"prompt": "hi", "n": n, "max_tokens": max_tokens, "temperature": 1.0,
+                                 "stream": stream})
+
+    with client:
+        _ready(client)
+        budget = client.app.state.server.key_budget
+        assert budget.limit == 2 * 1024                          # two of the tiny model's contexts
+        never = post("key-a", 8, 300)                           # 8 x ~300 tokens: over two contexts alone
+        assert never.status_code == 400 and never.json()["error"]["code"] == "key_budget_exceeded", never.text
+        assert post("key-a", 4, 300).status_code == 200
+        assert post("key-a", 4, 300, stream=True).status_code == 200
+        assert not budget.held                                   # released when the answer ended
+        release = budget.charge("alice", budget.limit - 50)      # alice's other requests, in flight
+        busy = post("key-a", 1, 100)
+        assert busy.status_code == 429 and busy.json()["error"]["code"] == "key_budget", busy.text
+        assert busy.headers["retry-after"] == "1"
+        assert post("key-b", 1, 100).status_code == 200         # bob is not alice
+        release()
+        assert post("key-a", 1, 100).status_code == 200
+
+
+def test_kiln_serve_takes_the_key_budget(start_server, tiny_llama_artifact, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("alice key-a\n")
+    server = start_server(tiny_llama_artifact, *TINY_FLAGS, "--ttft-slo", "0", "--api-key-file", str(keys),
+                          "--max-key-contexts", "1")
+    r = httpx.post(f"{server.url}/v1/completions", timeout=60, headers={"Authorization": "Bearer key-a"},
+                   json={"prompt": "hi", "n": 4, "max_tokens": 300})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "key_budget_exceeded", r.text
+
+
+# ---- 10. the endpoints outside /v1 need the key unless --public-endpoints names them -------------
+
+KEYED = ("/metrics", "/version", "/openapi.json", "/docs")
+
+
+def test_only_the_health_probes_answer_without_the_key(tiny_llama_artifact):
+    client, _ = _client(tiny_llama_artifact, api_key="sesame")
+    with client:
+        _ready(client)                                       # /ready is a probe: open
+        assert client.get("/health").status_code == 200
+        for path in KEYED:
+            assert client.get(path).status_code == 401, path
+            assert client.get(path, headers={"Authorization": "Bearer sesame"}).status_code == 200, path
+
+
+def test_public_endpoints_are_the_operators_choice(start_server, tiny_llama_artifact):
+    server = start_server(tiny_llama_artifact, *TINY_FLAGS, "--api-key", "sesame",
+                          "--public-endpoints", "/health,/ready,/metrics")
+    assert httpx.get(f"{server.url}/metrics").status_code == 200
+    assert httpx.get(f"{server.url}/version").status_code == 401
+    assert httpx.get(f"{server.url}/v1/models").status_code == 401

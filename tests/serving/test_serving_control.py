@@ -47,7 +47,8 @@ def test_api_key(start_server, tiny_llama_artifact):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0).models.list()
     assert httpx.get(f"{server.url}/health").status_code == 200       # probes stay open
-    assert httpx.get(f"{server.url}/metrics").status_code == 200
+    assert httpx.get(f"{server.url}/metrics").status_code == 401      # the rest needs the key
+    assert httpx.get(f"{server.url}/metrics", headers={"Authorization": "Bearer sesame"}).status_code == 200
     # SIGTERM: a graceful exit (uvicorn re-raises the signal once it has shut down)
     assert server.stop() in (0, -15)
     assert "stopped: the engine has shut down" in server.log() and "Traceback" not in server.log()
