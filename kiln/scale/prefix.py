@@ -61,6 +61,10 @@ class RecentPrefixes:
             self._hashes = OrderedDict.fromkeys(kept)
         return kept
 
+    def count_with(self, others: frozenset[int]) -> int:
+        """How many distinct hashes these and `others` (a set) hold together."""
+        return len(others) + sum(1 for h in self._hashes if h not in others)
+
     def has(self, h: int) -> bool:
         return h in self._hashes
 

@@ -80,8 +80,10 @@ class KilnPrefixRouter(RequestRouter):
         # traffic and never stale. The replica's reported load is up to a stats period old (a
         # request caught in flight at the poll would steer every request for a second); it only
         # breaks ties.
-        return Candidate(rid, float(self._in_flight[rid]), _Held(self._reported_hashes(rid, stats), routed),
-                         len(routed), float(stats.get("load", 0)))
+        reported = self._reported_hashes(rid, stats)
+        # its cached work: what it reported holding and what this router sent it since, once each
+        return Candidate(rid, float(self._in_flight[rid]), _Held(reported, routed), routed.count_with(reported),
+                         float(stats.get("load", 0)))
 
     def _reported_hashes(self, rid: str, stats: dict) -> frozenset:
         cached = self._reported.get(rid)

@@ -1,5 +1,7 @@
 """Which replica gets a request: the one holding the longest cached prefix of its prompt, unless
-that replica is overloaded past the stated imbalance; otherwise the least-loaded one.
+that replica is overloaded past the stated imbalance, or the prefix is too small a part of the prompt
+to be worth keeping it there; otherwise the least-loaded one, and among equally loaded replicas the
+one holding the least cached work, so prompts that have no home spread over idle replicas.
 
 Pure logic over plain values (the Serve router in router.py feeds it), so it tests without Ray.
 
@@ -12,10 +14,18 @@ short wait); at high load only a real skew is.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
 from kiln.scale.prefix import matched_blocks
+
+
+# A cached prefix counts when it covers at least this part of the prompt's routed blocks. A chat
+# template's preamble (a system header, a date line) is the first block or two of every prompt: the
+# first replica to serve one holds it, and counting that as a home sent every new prompt there while
+# the other replicas idled. Ray's prefix-affinity router applies a threshold of the same kind.
+MIN_MATCH_FRACTION = 0.2
 
 
 @dataclass(frozen=True)
@@ -37,7 +47,7 @@ class Candidate:
     replica_id: str
     load: float                                  # requests running or waiting there
     held: Container[int] = frozenset()           # block hashes it holds (reported or remembered)
-    num_prefixes: int = 0                        # how many hashes it holds: spreads new prefixes
+    num_prefixes: int = 0                        # cached blocks it holds (reported or routed): its cached work
     reported_load: float = 0.0                   # the replica's own report (may be stale): ties only
 
 
@@ -56,13 +66,15 @@ def choose(candidates: Sequence[Candidate], hashes: Sequence[int], imbalance: Im
     if not candidates:
         raise ValueError("no replica to choose from")
     pool = [c for c in candidates if c.replica_id != avoid] or list(candidates)
-    by_load = sorted(pool, key=lambda c: (c.load, c.num_prefixes, c.reported_load, c.replica_id))
+    by_load = sorted(pool, key=lambda c: (c.load, c.num_prefixes, c.reported_load, _spread(hashes, c.replica_id)))
     least = by_load[0].load
     best, best_len = None, 0
     for c in by_load:                             # ties go to the less loaded
         n = matched_blocks(hashes, c.held)
         if n > best_len:
             best, best_len = c, n
+    if best_len < MIN_MATCH_FRACTION * len(hashes):
+        best, best_len = None, 0                  # too little of the prompt: no home
     reason = "least_loaded"
     if best is not None and not imbalance.overloaded(best.load, least):
         first, reason = best, "prefix"
@@ -72,3 +84,14 @@ def choose(candidates: Sequence[Candidate], hashes: Sequence[int], imbalance: Im
     rest = [c.replica_id for c in by_load if c is not first]
     ranks = [[first.replica_id]] + ([rest] if rest else [])
     return Decision(ranks, best_len if first is best else 0, reason, tuple(c.replica_id for c in pool))
+
+
+def _spread(hashes: Sequence[int], replica_id: str) -> tuple[int, str]:
+    """The last tie-break, between replicas equal in load and cached work: a hash of the prompt's
+    routed blocks with the replica (rendezvous hashing). A prompt ranks the replicas the same way
+    every time, distinct prompts rank them differently, so they do not all go to the lowest id. The
+    last block's chain hash names every block before it: the first would be the same for all
+    prompts that open with one chat template's header."""
+    last = hashes[-1] if hashes else 0
+    digest = hashlib.blake2b(f"{last}:{replica_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big"), replica_id

@@ -115,6 +115,10 @@ def test_a_shared_prefix_lands_on_one_replica_and_distinct_ones_spread(cluster):
     assert len(same) == 1, f"one shared prefix went to {same}"
     spread = {_replica_of(url, f"Topic {i} " * 40) for i in range(6)}
     assert len(spread) == 2, "distinct prefixes all went to one replica"
+    # prompts that open with one template header (a block or two every prompt shares) spread too
+    header = "<|im_start|>system\nYou are a helpful assistant.\n"
+    opened = {_replica_of(url, header + f"Subject {i} " * 40) for i in range(6)}
+    assert len(opened) == 2, "prompts sharing only a template header all went to one replica"
     metrics = httpx.get(f"{url}/metrics").text
     routed = [line for line in metrics.splitlines() if line.startswith("kiln_ingress_requests_total{")]
     assert len(routed) == 2 and all(f'replica="{r}"' in metrics for r in spread)

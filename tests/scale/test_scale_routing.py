@@ -94,3 +94,70 @@ def test_bad_input_is_refused():
         choose([], (1,))
     with pytest.raises(ValueError, match="rel_threshold"):
         Imbalance(4, 0.5)
+
+
+class Replicas:
+    """What the Serve router keeps per replica, without Ray: the hashes it routed there (its cached
+    work) and nothing in flight (requests sent one at a time)."""
+
+    def __init__(self, *ids: str):
+        self.routed = {i: RecentPrefixes() for i in ids}
+
+    def send(self, prompt: list[int]) -> str:
+        hashes = prompt_block_hashes(prompt, BLOCK)
+        candidates = [Candidate(i, 0, _HeldBy(r), r.count_with(frozenset())) for i, r in self.routed.items()]
+        chosen = choose(candidates, hashes).ranks[0][0]
+        self.routed[chosen].add(hashes)
+        return chosen
+
+
+class _HeldBy:
+    def __init__(self, recent: RecentPrefixes):
+        self.recent = recent
+
+    def __contains__(self, h) -> bool:
+        return self.recent.has(h)
+
+
+TEMPLATE = [1, 2, 3, 4]                                   # one block every prompt starts with (a chat header)
+
+
+def system_prompt(i: int) -> list[int]:
+    return TEMPLATE + [1000 * (i + 1) + t for t in range(40)]       # ten blocks of its own
+
+
+def test_distinct_prefixes_sent_one_at_a_time_use_both_replicas_and_shared_ones_stick():
+    replicas = Replicas("a", "b")
+    landed: dict[int, list[str]] = {}
+    for i in range(3):                                    # three system prompts, four questions each
+        for q in range(4):
+            question = [50_000 + 100 * i + 10 * q + t for t in range(6)]
+            landed.setdefault(i, []).append(replicas.send(system_prompt(i) + question))
+    assert {r for rs in landed.values() for r in rs} == {"a", "b"}, landed
+    for i, rs in landed.items():                          # each system prompt stays where it first went
+        assert len(set(rs)) == 1, (i, rs)
+
+
+def test_a_shared_template_block_alone_is_no_home():
+    hashes = prompt_block_hashes(system_prompt(0) + [9, 9], BLOCK)
+    holder = Candidate("a", 0, set(hashes[:1]), num_prefixes=30)     # holds only the template's block
+    idle = Candidate("b", 0)
+    d = choose([holder, idle], hashes)
+    assert d.ranks[0] == ["b"] and d.reason == "least_loaded" and d.matched == 0
+    # a prefix that is a real part of the prompt is a home, however much the holder caches
+    holder = Candidate("a", 0, set(hashes[:5]), num_prefixes=30)
+    assert choose([holder, idle], hashes).ranks[0] == ["a"]
+
+
+def test_equal_replicas_are_ranked_per_prefix_not_by_id():
+    fresh = [Candidate("a", 0), Candidate("b", 0)]
+    firsts = {p: choose(fresh, prompt_block_hashes(system_prompt(p), BLOCK)).ranks[0][0] for p in range(16)}
+    assert set(firsts.values()) == {"a", "b"}, firsts          # distinct prefixes: both replicas
+    again = {p: choose(fresh[::-1], prompt_block_hashes(system_prompt(p), BLOCK)).ranks[0][0] for p in range(16)}
+    assert again == firsts                                   # and each prefix always the same one
+
+
+def test_cached_work_counts_reported_and_routed_hashes_once():
+    recent = RecentPrefixes()
+    recent.add([1, 2, 3])
+    assert recent.count_with(frozenset({2, 3, 4, 5})) == 5 and recent.count_with(frozenset()) == 3
