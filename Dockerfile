@@ -14,7 +14,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # versions are pinned by pyproject.toml itself (onnxruntime, openvino, numpy<2, ray).
 # DL3013 (pin pip versions) does not apply: "." is this repository's own source.
 WORKDIR /opt/kiln/src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY kiln ./kiln
 # hadolint ignore=DL3013
 RUN python -m venv /opt/kiln/venv \

@@ -7,6 +7,7 @@ cluster (or joins --ray-address), runs the application and blocks until SIGINT/S
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from dataclasses import dataclass, fields
@@ -16,9 +17,11 @@ from ray import serve
 from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
 from kiln.config import RuntimeConfig, ServeConfig
+from kiln.runtime.memory import default_kv_budget
 from kiln.scale.ingress import HedgeOptions, Ingress, create_ingress_app
 from kiln.scale.replica import KilnReplica
 from kiln.scale.router import ROUTING_STATS_PERIOD_S
+from kiln.units import parse_bytes
 
 APP_NAME = "kiln"
 
@@ -101,32 +104,36 @@ def application(artifact: str | Path, runtime: RuntimeConfig, config: ServeConfi
 def build_app(args: dict):
     """The builder for `serve run kiln.scale.app:build_app artifact=PATH replicas=2` and for
     Serve config files: `artifact` is required; the others are ScaleOptions and ServeConfig
-    fields (ttft_slo, max_waiting, ...) by name."""
+    fields (ttft_slo, max_waiting, ...) by name, `threads`, and `kv_cache_memory` (each replica's KV
+    pool; by default a quarter of what its node's memory, container limit included, leaves)."""
     args = dict(args)
     if "artifact" not in args:
         raise ValueError("build_app needs artifact=PATH (an engine artifact folder)")
     artifact = args.pop("artifact")
     scale = {f.name: _coerce(args.pop(f.name), f.type) for f in fields(ScaleOptions) if f.name in args}
     threads = args.pop("threads", None)
+    kv_cache_memory = args.pop("kv_cache_memory", None)     # each replica's, e.g. "4GiB"
     serve_fields = {f.name: f for f in fields(ServeConfig)}
     unknown = sorted(set(args) - set(serve_fields))
     if unknown:
         raise ValueError(f"build_app does not know {', '.join(unknown)}")
     config = ServeConfig(**{k: _coerce(v, serve_fields[k].type) for k, v in args.items()})
-    runtime = RuntimeConfig(threads=int(threads) if threads is not None else None)
+    runtime = RuntimeConfig(threads=int(threads) if threads is not None else None,
+                            kv_cache_memory=parse_bytes(kv_cache_memory) if kv_cache_memory is not None else None)
     return application(artifact, runtime, config, ScaleOptions(**scale))
 
 
 def run(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, options: ScaleOptions,
-        ray_address: str | None = None, announce=print) -> None:
-    """Start (or join) Ray, run the application on config.host:config.port, block until a signal."""
+        ray_address: str | None = None, announce=print, ray_node_ip: str | None = None) -> None:
+    """Start (or join) Ray, run the application on config.host:config.port, block until a signal.
+    ray_node_ip: the address a local cluster's own services listen on (default: loopback only)."""
     import ray
 
     if ray_address:
         ray.init(address=ray_address)
     else:
-        cpus = max(options.replica_cpus * (options.max_replicas or options.replicas) + 1, 2)
-        ray.init(num_cpus=cpus, include_dashboard=False)
+        start_local_ray(max(options.replica_cpus * most_replicas(options) + 1, 2), ray_node_ip)
+        runtime = shared_kv_budget(runtime, options)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -139,6 +146,40 @@ def run(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, options: Sc
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def most_replicas(options: ScaleOptions) -> int:
+    return options.max_replicas or options.replicas
+
+
+def shared_kv_budget(runtime: RuntimeConfig, options: ScaleOptions) -> RuntimeConfig:
+    """Replicas on one machine share one KV budget: the default (a fraction of what this process may
+    still take, container limit included) split over the most replicas autoscaling may run. Each
+    replica taking the fraction for itself would promise the machine's memory N times over. A
+    --kv-cache-memory the user gave is each replica's, as given."""
+    if runtime.kv_cache_memory is not None:
+        return runtime
+    return _with(runtime, kv_cache_memory=max(default_kv_budget(runtime) // most_replicas(options), 1))
+
+
+# Ray's switch for its single-machine mode (the default on macOS and Windows): every service it
+# starts takes the loopback address as the node's and listens there.
+RAY_SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def start_local_ray(cpus: float, node_ip: str | None = None) -> None:
+    """A Ray cluster on this machine for kiln's replicas. Its own ports (GCS, raylets, workers,
+    object manager, agents) listen on loopback unless node_ip names the address other machines
+    reach it on; the dashboard is off. Only the Serve HTTP entry point listens where --host says."""
+    import ray
+
+    if node_ip is None:
+        # NOTE: set for the processes Ray starts, and for this one, which read it when ray was imported
+        from ray._private import ray_constants
+
+        os.environ[RAY_SINGLE_MACHINE_ENV] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address=node_ip)
 
 
 def _with(runtime: RuntimeConfig, **changes) -> RuntimeConfig:

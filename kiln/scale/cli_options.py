@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-SCALE_OPTIONS = ("replicas", "ray_address", "replica_cpus", "max_replicas", "drain_timeout", "hedge")
+SCALE_OPTIONS = ("replicas", "ray_address", "ray_node_ip", "replica_cpus", "max_replicas", "drain_timeout",
+                 "hedge")
 
 
 def scale_options(fn):
@@ -14,6 +15,9 @@ def scale_options(fn):
                           "(starts a local Ray cluster unless --ray-address)."),
         click.option("--ray-address", default=None,
                      help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting one."),
+        click.option("--ray-node-ip", default=None,
+                     help="The address the local Ray cluster's own services listen on, for other machines "
+                          "to join it (default: loopback only; the HTTP entry point follows --host)."),
         click.option("--replica-cpus", type=float, default=None,
                      help="Ray CPUs per replica, also its engine threads unless --threads (default 1)."),
         click.option("--max-replicas", type=int, default=None,
@@ -38,7 +42,9 @@ def wants_ray(scale: dict) -> bool:
 def run_on_ray(artifact, runtime, config, scale: dict, announce) -> None:
     from kiln.scale.app import ScaleOptions, run
 
-    given = {k: v for k, v in scale.items() if k not in ("ray_address", "hedge") and v is not None}
+    cluster = ("ray_address", "ray_node_ip", "hedge")
+    given = {k: v for k, v in scale.items() if k not in cluster and v is not None}
     given.setdefault("replicas", 1)
     options = ScaleOptions(**given, hedge=bool(scale.get("hedge")))
-    run(artifact, runtime, config, options, ray_address=scale.get("ray_address"), announce=announce)
+    run(artifact, runtime, config, options, ray_address=scale.get("ray_address"), announce=announce,
+        ray_node_ip=scale.get("ray_node_ip"))

@@ -27,7 +27,14 @@ def test_replicas_start_the_ray_application(started, tmp_path):
     artifact, runtime, config, options = args
     assert (options.replicas, options.max_replicas, options.replica_cpus, options.hedge, options.drain_timeout) == \
         (2, 3, 0.5, True, 12.0)
-    assert config.port == 8123 and kwargs["ray_address"] is None
+    assert config.port == 8123 and kwargs["ray_address"] is None and kwargs["ray_node_ip"] is None
+
+
+def test_ray_node_ip_reaches_the_local_cluster_start(started, tmp_path):
+    result = CliRunner().invoke(main, ["serve", str(tmp_path), "--replicas", "2", "--ray-node-ip", "10.0.0.5"])
+    assert result.exit_code == 0, result.output
+    (args, kwargs), = started
+    assert kwargs["ray_node_ip"] == "10.0.0.5" and args[3].replicas == 2
 
 
 def test_ray_address_alone_joins_with_one_replica(started, tmp_path):

@@ -11,6 +11,7 @@ pytest.importorskip("ray", reason="the scale extra: pip install -e '.[scale]'")
 from ray.serve.schema import ServeDeploySchema  # noqa: E402
 
 from kiln.scale.app import build_app  # noqa: E402
+from kiln.units import parse_bytes  # noqa: E402
 
 CONFIG = Path(__file__).parents[2] / "deploy" / "ray" / "kiln.yaml"
 
@@ -26,6 +27,8 @@ def test_the_serve_config_validates_and_builds(tiny_llama_artifact):
     assert replicas._deployment_config.autoscaling_config.max_replicas == app.args["max_replicas"]
     assert replicas._deployment_config.graceful_shutdown_timeout_s == app.args["drain_timeout"]
     assert replicas.ray_actor_options["num_cpus"] == app.args["replica_cpus"]
+    runtime = replicas.init_args[1]
+    assert runtime.kv_cache_memory == parse_bytes(app.args["kv_cache_memory"])     # the file states it
 
 
 def test_the_builder_refuses_what_it_does_not_know(tiny_llama_artifact):
