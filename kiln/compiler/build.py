@@ -26,6 +26,7 @@ from kiln.contract.artifact import TOKENIZER_DIR, ArtifactWriter, Manifest, curr
 from kiln.contract.backends import BACKEND_OPTIONS, BACKENDS, Backend, get_backend
 from kiln.compiler.defaults import AUTO
 from kiln.contract.quant import QuantMode
+from kiln.inspect_view import rung_figures
 from kiln.tokenizer import TEMPLATE_FILE, Tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", TEMPLATE_FILE)
@@ -78,9 +79,9 @@ def _climb(exported: onnx.ModelProto, src: ModelSource, config: BuildConfig, pla
             tried.append(_rung_record(plan, e.details, str(e)))
             _say_rung(stage, tried[-1])
             step = _next_rung(rungs, primary, e)
-            with stage(step.stage.format(failure=_short(e.details))):
+            with stage(step.stage.format(failure=_short(e))):
                 pass
-            plan = step.taken(_short(e.details))
+            plan = step.taken(_short(e))
             shutil.rmtree(root / "engines", ignore_errors=True)      # the failed rung's engine files
             continue
         tried.append(_rung_record(plan, _check_details(reports), ""))
@@ -142,23 +143,14 @@ RUNG_FIGURES = ("top1_agreement", "perplexity_increase", "max_rel_logit_error", 
 
 def _say_rung(stage: StageFn, record: dict) -> None:
     verdict = "passed" if record["passed"] else "failed"
-    with stage(f"rung {record['rung']}: {verdict} the check ({figures_line(record['figures']) or 'no figures'})"):
+    with stage(f"rung {record['rung']}: {verdict} the check ({rung_figures(record['figures'])})"):
         pass
 
 
-def figures_line(figures: dict) -> str:
-    """A check's figures in one line: top-1 agreement and perplexity shift per text, the logit error."""
-    parts = []
-    for label, f in (("text", figures), ("chat", figures.get("chat") or {})):
-        if "top1_agreement" in f:
-            parts.append(f"{label}: top-1 {f['top1_agreement']:.3f}, perplexity {f['perplexity_increase']:+.2%}")
-    if "max_rel_logit_error" in figures:
-        parts.append(f"max rel logit error {figures['max_rel_logit_error']:.3g} (reported)")
-    return "; ".join(parts)
-
-
-def _short(details: dict) -> str:
-    return figures_line({k: details[k] for k in RUNG_FIGURES if k in details}) or "its check failed"
+def _short(failure: PassCheckError) -> str:
+    """A failed check in a few words: its figures, or its message where it carries none."""
+    figures = {k: failure.details[k] for k in RUNG_FIGURES if k in failure.details}
+    return rung_figures(figures) if figures else str(failure)
 
 
 def _chosen(plan: BuildPlan) -> str:
