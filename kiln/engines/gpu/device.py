@@ -14,6 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
+from kiln.engines.gpu.graphs import CaptureFailed
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -83,6 +85,16 @@ class DeviceMemory(Protocol):
 
     def synchronize(self) -> None: ...
 
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        """Page-locked host memory (uint8): uploads from it are true async copies."""
+        ...
+
+    def capture(self, enqueue) -> object:
+        """A CUDA graph of what enqueue() puts on the stream (not run); raises if it cannot be captured."""
+        ...
+
+    def launch(self, graph: object) -> None: ...
+
 
 class CudaMemory:
     """DeviceMemory on a real GPU through cudart: one stream, allocations freed on close()."""
@@ -94,6 +106,8 @@ class CudaMemory:
         self.info = probe_device(device)
         self.stream = int(_check(self._rt.cudaStreamCreate()))
         self._allocations: list[int] = []
+        self._host: list[int] = []
+        self._graphs: list[tuple] = []
 
     def alloc(self, nbytes: int) -> int:
         address = int(_check(self._rt.cudaMalloc(max(nbytes, 1))))
@@ -101,8 +115,9 @@ class CudaMemory:
         return address
 
     def upload(self, address: int, array: np.ndarray) -> None:
-        # NOTE: pageable host memory: cudaMemcpyAsync stages it before returning, so the caller's
-        # array may be freed afterwards.
+        # NOTE: from pageable host memory cudaMemcpyAsync stages the bytes before returning (the
+        # caller's array may then be freed); from host_buffer() memory it is a true async copy, and
+        # the engines reuse that buffer only after the step's download has synchronized.
         a = np.ascontiguousarray(array)
         _check(self._rt.cudaMemcpyAsync(address, a.ctypes.data, a.nbytes,
                                         self._rt.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream))
@@ -122,9 +137,46 @@ class CudaMemory:
     def synchronize(self) -> None:
         _check(self._rt.cudaStreamSynchronize(self.stream))
 
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        address = int(_check(self._rt.cudaMallocHost(max(nbytes, 1))))
+        self._host.append(address)
+        return np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(address))
+
+    def capture(self, step) -> object:
+        # NOTE: the step runs once uncaptured first: it is this call's work, and TensorRT applies a
+        # shape change on the first enqueue after it, which a capture must not hold.
+        step()
+        try:
+            return self._captured(step)
+        except Exception as e:      # cudart and TensorRT raise their own types
+            raise CaptureFailed(str(e)) from None
+
+    def _captured(self, step) -> object:
+        rt = self._rt
+        # NOTE: thread-local mode: another thread's CUDA calls neither join nor break this capture.
+        _check(rt.cudaStreamBeginCapture(self.stream, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
+        try:
+            step()
+        finally:
+            err, graph = rt.cudaStreamEndCapture(self.stream)     # always: the stream leaves capture mode
+        _check((err, graph))
+        executable = _check(rt.cudaGraphInstantiate(graph, 0))
+        self._graphs.append((graph, executable))
+        return executable
+
+    def launch(self, graph: object) -> None:
+        _check(self._rt.cudaGraphLaunch(graph, self.stream))
+
     def close(self) -> None:
+        for graph, executable in self._graphs:
+            self._rt.cudaGraphExecDestroy(executable)
+            self._rt.cudaGraphDestroy(graph)
+        for address in self._host:
+            self._rt.cudaFreeHost(address)
         for address in self._allocations:
             self._rt.cudaFree(address)
+        self._graphs.clear()
+        self._host.clear()
         self._allocations.clear()
 
 

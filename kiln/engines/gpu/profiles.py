@@ -39,6 +39,11 @@ class Profile:
     def covers(self, sizes: dict[str, int]) -> bool:
         return all(lo <= sizes[d] <= hi for d, (lo, _, hi) in self.dims.items() if d in sizes)
 
+    @property
+    def is_decode(self) -> bool:
+        """A decode profile (plan_profiles names them so): its calls get CUDA graphs."""
+        return self.name.startswith("decode-")
+
     def input_shapes(self, io: dict[str, list]) -> dict[str, tuple[list[int], list[int], list[int]]]:
         """name -> (min, opt, max) shapes of every dynamic input; io: dims as ints or param names."""
         return {name: tuple([self._size(d, k) for d in dims] for k in range(3))

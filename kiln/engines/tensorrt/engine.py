@@ -3,10 +3,10 @@
 allocate_kv() puts the pool in device memory once and binds each layer's key/value cache by
 address; execute() plans bucketed calls (calls.py), switches optimization profile only when a call
 needs another one, sets the call's input shapes, enqueues the engine, and collects (the pool stays
-on the device). NOTE: CUDA graphs per decode bucket are not captured: a graph replays fixed
-shapes, and the gather graph's block-table width (max_blocks) changes from step to step. The way
-there: pad that width up to a power of two (a few graphs per decode bucket, at most twice the
-gathered context), capture execute_async_v3 after one uncaptured run per shape, replay it.
+on the device). A call in a decode profile runs as a CUDA graph (gpu/graphs.py): its block-table
+width is padded up to a power of two so a bucket has few shapes, and the graph holds only the
+engine's enqueue; uploads, the new K/V copies (their slots change every step) and the logits
+download stay outside it, and a profile switch happens before a launch, never inside one.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from kiln.contract.engine import BucketGrid, EngineResult, KvLayout, PagedBatch
 from kiln.engines.gpu.device import DeviceMemory
+from kiln.engines.gpu.graphs import DecodeGraphs, pad_columns, padded_width
 from kiln.engines.gpu.kv_copy import DevicePool
 from kiln.engines.gpu.profiles import Profile
 from kiln.engines.tensorrt.bindings import TrtBuffers, is_cache
@@ -66,9 +67,10 @@ class TrtContext:
 
 class TrtEngine:
     def __init__(self, context: ExecutionContext, record: dict, buckets: BucketGrid, kv_layout: KvLayout,
-                 device: DeviceMemory, vocab_size: int):
+                 device: DeviceMemory, vocab_size: int, cuda_graphs: bool = True):
         self.buckets, self.kv_layout, self.device, self.vocab_size = buckets, kv_layout, device, vocab_size
         self.context = context
+        self.graphs = DecodeGraphs(device, enabled=cuda_graphs, what="tensorrt engine")
         self.profiles = [Profile.from_dict(p) for p in record["profiles"]]
         self.io = record["io"]
         self.buffers = TrtBuffers(device, self.io, self.profiles, kv_layout.dtype)
@@ -121,10 +123,22 @@ class TrtEngine:
             self.context.set_profile(call.profile)
             self._bind_addresses()
             self._profile = call.profile
-        for name, shape in self.buffers.stage(call.call.feeds).items():
+        feeds, key = self._graph_shape(call)
+        for name, shape in self.buffers.stage(feeds).items():
             self.context.set_input_shape(name, shape)
         kv = self.kv_layout
         for name in (n for n in self.io if is_cache(n)):
             self.context.set_input_shape(name, (kv.num_kv_heads, self.pool.num_blocks, kv.block_size, kv.head_dim))
-        self.context.execute()
+        self.graphs.run(key, self.context.execute)
         return self.buffers.collect(call.call, self.pool, self.vocab_size)
+
+    def _graph_shape(self, call: TrtCall) -> tuple[dict[str, np.ndarray], tuple | None]:
+        """The call's feeds and its graph key: a decode call's block table padded to a power-of-two
+        width (zeros: block 0, never read past a sequence's length); other calls have no key."""
+        profile = self.profiles[call.profile]
+        feeds = call.call.feeds
+        if not (self.graphs.enabled and profile.is_decode):
+            return feeds, None
+        width = padded_width(feeds["block_tables"].shape[1], profile.dims["max_blocks"][2])
+        feeds = {**feeds, "block_tables": pad_columns(feeds["block_tables"], width, 0)}
+        return feeds, (call.profile, *feeds["input_ids"].shape, width, feeds["logits_index"].shape[1])
