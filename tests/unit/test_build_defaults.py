@@ -273,3 +273,37 @@ def test_resolving_reads_nothing_of_this_machine(monkeypatch):
         monkeypatch.setattr(target, name, probed)
     for cpu_class, backend, quant, *_ in TABLE:
         plan_for(cpu_class, backend, quant)
+
+
+def test_what_cannot_work_here_is_refused_before_the_export():
+    from kiln.compiler.resolve import refuse_before_export
+
+    no_openvino = BuildHost(describe(CPUS["avx512-vnni"], "x86_64"), ort_ops=True, openvino_ops=False, openvino=False)
+    config = BuildConfig(source="x", out="x", backend="openvino", quant=QuantMode.INT8)
+    with pytest.raises(ValueError, match="needs the openvino package"):
+        refuse_before_export(resolve(config, SMOLLM2, no_openvino), SMOLLM2)
+    plan = plan_for("avx2", "ort", "int8")                     # kiln's MatMulQ8, then the library is gone
+    with pytest.raises(ValueError, match="kiln's op library, which is not built here"):
+        refuse_before_export(dataclasses.replace(plan, host=dataclasses.replace(plan.host, ort_ops=False)), SMOLLM2)
+    native_core = resolve(BuildConfig(source="x", out="x", attention="native"), SMOLLM2, host("avx2", libraries=False))
+    with pytest.raises(ValueError, match="--attention native runs kiln's PagedAttention op"):
+        refuse_before_export(native_core, SMOLLM2)
+    refuse_before_export(plan_for("avx2"), SMOLLM2)            # the auto choices always can
+
+
+def test_a_build_refuses_before_it_exports(tmp_path):
+    from kiln.compiler.build import build
+
+    stages = []
+
+    def stage(name):
+        import contextlib
+
+        stages.append(name)
+        return contextlib.nullcontext()
+
+    no_openvino = BuildHost(describe(CPUS["avx2"], "x86_64"), ort_ops=True, openvino_ops=False, openvino=False)
+    with pytest.raises(ValueError, match="needs the openvino package"):
+        build(BuildConfig(source="tiny-llama", out=tmp_path / "a", backend="openvino", quant=QuantMode.NONE),
+              stage=stage, host=no_openvino)
+    assert stages == ["load model source"] and not (tmp_path / "a").exists()
