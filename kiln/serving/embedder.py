@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-MAX_TOKENS = 128        # all-MiniLM-L6-v2 was trained on 128-token inputs; a question is shorter
+MAX_TOKENS = 128        # all-MiniLM-L6-v2 was trained on 128-token inputs; longer texts get no embedding
 
 
 class EmbedderError(ValueError):
@@ -38,6 +38,14 @@ class Embedder:
         self.session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
         self._inputs = {i.name for i in self.session.get_inputs()}
         self.dim = int(self.embed(["probe"]).shape[1])
+
+    def embed_whole(self, text: str) -> np.ndarray | None:
+        """The text's embedding, or None when it is longer than the MAX_TOKENS the model reads:
+        an embedding of its head alone would match any text with the same head (a long fixed
+        preamble before two different questions), so such a text has none."""
+        if self.tokenizer.encode(text).overflowing:
+            return None
+        return self.embed([text])[0]
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """[len(texts), dim] float32, each row of unit length."""

@@ -6,7 +6,8 @@ sampling parameters, the tenant and every turn but the last user one) and the la
 text. Only entries under the same exact key are compared, so a different system prompt, tool
 list, sampling parameter or earlier turn never shares an answer. Among those, the entry whose
 question embedding is closest by cosine, at or above `threshold`, and whose question passes the
-guards (semantic_guards.py: numbers, dates, negations and named entities agree) is a hit.
+guards (semantic_guards.py: numbers, dates, negations, named entities, polarity and
+prepositional slots agree) is a hit.
 Candidates above the threshold that all fail a guard count as a guard rejection.
 
 The index is bounded in entries and bytes (least recently used out first) and each entry lives

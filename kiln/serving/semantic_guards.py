@@ -8,7 +8,14 @@ is served only when these features of the two questions agree exactly:
 - dates and times: month and weekday names, and relative days ("today", "tomorrow", "last year");
 - negations: "not", "no", "never", "n't", "without" ... (as a multiset: one "not" is not two);
 - named entities: capitalised words, except a sentence's first word when it is a common word
-  ("What", "Is", "Tell"), and "I"; compared without case and possessive ('s).
+  ("What", "Is", "Tell"), and "I"; compared without case and possessive ('s);
+- polarity: words of a known antonym pair ("safe" / "dangerous", "increase" / "decrease",
+  "before" / "after" ...), as the pair's axis and pole (a synonym on the same pole agrees): an
+  axis both questions use must have the same poles;
+- slots: the word after a preposition of place or object ("in paris", "from london", "of
+  france"): for a preposition both questions use, neither may replace the other's word, so that
+  a lowercase name ("weather in paris" / "weather in lyon") or a swap ("celsius to fahrenheit" /
+  "fahrenheit to celsius") is seen although nothing is capitalised.
 
 The rule is deliberately conservative: a paraphrase that changes one of these ("five" for "5" is
 fine, "France's" for "France" is fine, "Fri" for "Friday" is not) only costs a cache miss.
@@ -44,6 +51,39 @@ COMMON_OPENERS = set((
     "any some all each every one help find make create suggest recommend translate calculate convert "
     "let hey hi hello ok okay yes no not why's what's who's how's where's when's").split())
 
+# Antonym pairs: each word's (axis, pole). Synonyms share a pole, so "dangerous" / "harmful" agree.
+_POLES = {
+    "safety": ("safe safer safest harmless", "dangerous unsafe harmful risky hazardous toxic poisonous deadly"),
+    "quality": ("good better best", "bad worse worst"),
+    "legality": ("legal lawful allowed permitted", "illegal unlawful forbidden banned prohibited"),
+    "health": ("healthy healthier", "unhealthy"),
+    "truth": ("true correct right", "false incorrect wrong"),
+    "change": ("increase increases increasing raise raising grow", "decrease decreases decreasing reduce "
+               "reducing lower lowering shrink"),
+    "amount": ("more most maximum max", "less least fewer fewest minimum min"),
+    "price": ("expensive costly", "cheap cheaper cheapest inexpensive"),
+    "speed": ("fast faster fastest quick quicker", "slow slower slowest"),
+    "height": ("high higher highest", "low lowest"),
+    "temperature": ("hot hotter warm warmer", "cold colder cool cooler"),
+    "size": ("big bigger biggest large larger largest", "small smaller smallest little tiny"),
+    "time": ("before earlier", "after later"),
+    "state": ("open opening enable enabled turn_on start", "close closing disable disabled stop"),
+    "trade": ("buy buying", "sell selling"),
+    "membership": ("add adding include including install", "remove removing exclude excluding uninstall "
+                   "delete deleting"),
+    "sign": ("positive plus pros advantages advantage benefits benefit", "negative minus cons "
+             "disadvantages disadvantage drawbacks drawback risks"),
+    "direction": ("up upload import encrypt encode", "down download export decrypt decode"),
+    "outcome": ("win winning accept", "lose losing reject"),
+    "possibility": ("possible", "impossible"),
+}
+POLARITY = {word: (axis, pole) for axis, poles in _POLES.items()
+            for pole, words in zip("+-", poles) for word in words.split()}
+# A slot's preposition, and the words skipped between it and the word it governs.
+SLOT_PREPOSITIONS = {"in", "at", "from", "to", "near", "of", "for", "into", "on", "via", "between"}
+SLOT_SKIPPED = {"the", "a", "an", "my", "your", "our", "their", "his", "her", "its", "this", "that",
+                "these", "those", "some", "any", "me", "us", "them", "it"}
+
 _TOKEN = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?|\d+(?:[.,:/-]\d+)*")
 _SENTENCE_END = re.compile(r"[.!?]\s*$")
 
@@ -54,19 +94,39 @@ class QuestionFeatures:
     dates: frozenset[str]
     negations: tuple[tuple[str, int], ...]      # sorted (word, count) pairs
     entities: frozenset[str]
+    polarity: frozenset[tuple[str, str]] = frozenset()     # (axis, pole)
+    slots: frozenset[tuple[str, str]] = frozenset()        # (preposition, the word after it)
 
     def disagreement(self, other: QuestionFeatures) -> str | None:
-        """The first feature that differs ("numbers", "dates", "negations", "entities"), or None."""
+        """The first feature that differs ("numbers", "dates", "negations", "entities",
+        "polarity", "slots"), or None."""
         for name in ("numbers", "dates", "negations", "entities"):
             if getattr(self, name) != getattr(other, name):
                 return name
-        return None
+        if _swapped(self.polarity, other.polarity):
+            return "polarity"
+        return "slots" if _swapped(self.slots, other.slots) else None
+
+
+def _swapped(mine: frozenset[tuple[str, str]], theirs: frozenset[tuple[str, str]]) -> bool:
+    """Whether a (kind, value) pair of one question was replaced in the other: for some kind both
+    use, each has a value the other lacks. A paraphrase may add or drop one ("how fast" for "the
+    speed of", "a summary of the plot of" for "the plot of"); it may not swap one ("safe" for
+    "dangerous", "in paris" for "in lyon")."""
+    for kind in {k for k, _ in mine} & {k for k, _ in theirs}:
+        a = {v for k, v in mine if k == kind}
+        b = {v for k, v in theirs if k == kind}
+        if a - b and b - a:
+            return True
+    return False
 
 
 def features(text: str) -> QuestionFeatures:
-    numbers, dates, negations, entities = set(), set(), Counter(), set()
+    numbers, dates, negations, entities, polarity = set(), set(), Counter(), set(), set()
     for word, sentence_start in _words(text):
         lower = word.lower()
+        if lower in POLARITY:
+            polarity.add(POLARITY[lower])
         if lower[0].isdigit():
             numbers.add(_number(lower))
             continue
@@ -79,7 +139,25 @@ def features(text: str) -> QuestionFeatures:
         if _is_entity(word, lower, sentence_start):
             entities.add(_strip_possessive(lower))
     return QuestionFeatures(frozenset(numbers), frozenset(dates), tuple(sorted(negations.items())),
-                            frozenset(entities))
+                            frozenset(entities), frozenset(polarity), _slots(text))
+
+
+def _slots(text: str) -> frozenset[tuple[str, str]]:
+    """(preposition, the first word after it that is not an article or a pronoun), each word
+    lowercased and without a plural or possessive ending; numbers are the numbers guard's."""
+    words = [w.lower() for w, _ in _words(text)]
+    slots = set()
+    for i, word in enumerate(words):
+        if word not in SLOT_PREPOSITIONS:
+            continue
+        following = next((w for w in words[i + 1:] if w not in SLOT_SKIPPED), None)
+        if following is not None and not following[0].isdigit() and following not in SLOT_PREPOSITIONS:
+            slots.add((word, _singular(_strip_possessive(following))))
+    return frozenset(slots)
+
+
+def _singular(word: str) -> str:
+    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
 
 
 def _words(text: str):

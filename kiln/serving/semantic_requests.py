@@ -25,7 +25,9 @@ log = logging.getLogger("kiln.serving")
 
 # Body fields that change how an answer is delivered, not what it is; the last user turn is
 # compared semantically; every other field (system prompt, tools, sampling) is part of the key.
-DELIVERY_FIELDS = ("stream", "stream_options", "user", "messages")
+# NOTE: `user` (OpenAI's end-user id) is part of the key: an application that names its end users
+# gets a tenant per user under its API key, so no user plants an answer for another.
+DELIVERY_FIELDS = ("stream", "stream_options", "messages")
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,8 @@ class SemanticResponses:
     def __init__(self, embedder, cache: SemanticCache):
         self.embedder, self.cache = embedder, cache
         self.embedder_failures = 0
-        self.lookups = Counter({"hit": 0, "miss": 0, "guard": 0})     # outcome -> requests
+        # outcome -> requests; "too_long": the question is longer than the embedder reads
+        self.lookups = Counter({"hit": 0, "miss": 0, "guard": 0, "too_long": 0})
         self._stored: weakref.WeakSet = weakref.WeakSet()              # flights already stored
 
     def prepare(self, raw: bytes, prepared, cache_salt: str | None, bypass: bool) -> SemanticRequest | None:
@@ -74,10 +77,13 @@ class SemanticResponses:
             return None
         key, question = parts
         try:
-            embedding = self.embedder.embed([question])[0]
+            embedding = self.embedder.embed_whole(question)
         except Exception:                 # served normally, without the cache
             self.embedder_failures += 1
             log.warning("the semantic cache's embedder failed; serving the request without it", exc_info=True)
+            return None
+        if embedding is None:             # never looked up nor stored: the embedder saw only its head
+            self.lookups["too_long"] += 1
             return None
         query = SemanticQuery(key, question, embedding)
         return SemanticRequest(query, None if bypass else self.cache.lookup(query))
@@ -104,8 +110,9 @@ class SemanticResponses:
     def collect(self):
         """prometheus-client collector: the lookups by outcome, the index's size, embedder failures."""
         lookups = CounterMetricFamily("kiln_semantic_cache_lookups", "Semantic cache lookups by outcome: hit, "
-                                      "miss, or guard (a close question whose numbers, dates, negations or "
-                                      "names differ).", labels=["outcome"])
+                                      "miss, guard (a close question whose numbers, dates, negations, names, "
+                                      "polarity or prepositional slots differ), or too_long (a question longer "
+                                      "than the embedder reads: not looked up nor stored).", labels=["outcome"])
         for outcome, n in sorted(self.lookups.items()):
             lookups.add_metric([outcome], n)
         yield lookups

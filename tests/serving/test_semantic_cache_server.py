@@ -92,7 +92,7 @@ def test_an_embedder_that_fails_leaves_the_request_to_be_served_normally():
     from kiln.serving.semantic_requests import SemanticResponses
 
     class BrokenEmbedder:
-        def embed(self, texts):
+        def embed_whole(self, text):
             raise RuntimeError("the embedding session failed")
 
     responses = SemanticResponses(BrokenEmbedder(), SemanticCache(10, 1 << 20, 60))
