@@ -159,3 +159,129 @@ def test_graphs_off_runs_every_call_eagerly(engines):
     trt.graphs.enabled = False
     _run_both(trt, ort, device, _decodes(m.spec.vocab_size, m.kv_layout.block_size, 4))
     assert trt.graphs.stats.captured == 0 and all(r[0] is None for r in trt.context.runs)
+
+
+# The ort-cuda engine's graphs, on ONNX Runtime CPU with the reference PagedAttention op
+# (paged_attention_ref.py): ONNX Runtime's graph capture itself needs the GPU; its bookkeeping
+# (keys, one binding of fixed device values per key, the graph ids, the fallback) runs here.
+
+class Sessions:
+    """The session, recording for every run whether it used a graph's binding (and which)."""
+
+    def __init__(self, session, fail_graphs: bool = False):
+        self.session, self.fail_graphs, self.runs = session, fail_graphs, []
+        self.engine = None
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+    def run_with_iobinding(self, binding, options):
+        graph = next((k for k, g in self.engine._graph_bindings.items() if g.binding is binding), None)
+        self.runs.append(graph)
+        if graph is not None and self.fail_graphs:
+            raise RuntimeError("This session cannot use the graph capture feature as requested")
+        return self.session.run_with_iobinding(binding, options)
+
+
+@pytest.fixture
+def ort_cuda_doubles(tiny_llama_standard_artifact):
+    pytest.importorskip("onnxruntime_extensions")
+    from dataclasses import replace
+
+    import onnxruntime as ort
+    from onnxruntime_extensions import get_library_path
+    from paged_attention_ref import with_reference_op
+
+    from kiln.compiler.backends.ort_cuda.paged_graph import paged_attention_graph
+    from kiln.compiler.export.decoder_graph import build_decoder
+    from kiln.compiler.export.sources import load_source
+    from kiln.engines.ort_cuda.engine import OrtCudaEngine
+
+    m = EngineArtifact.load(tiny_llama_standard_artifact).manifest
+    src = load_source("tiny-llama")
+    paged = with_reference_op(paged_attention_graph(build_decoder(src.spec, src.weights), src.spec))
+    layout = replace(m.kv_layout, dtype="float32")          # the reference op keeps fp16 values in fp32
+
+    def engine(fail_graphs=False):
+        opts = ort.SessionOptions()
+        opts.register_custom_ops_library(get_library_path())
+        session = Sessions(ort.InferenceSession(paged.SerializeToString(), opts, providers=["CPUExecutionProvider"]),
+                           fail_graphs)
+        e = OrtCudaEngine(session, m.buckets, layout, device="cpu")
+        session.engine = e
+        e.allocate_kv(NUM_BLOCKS)
+        return e
+
+    return engine, m
+
+
+def _ort_cuda_steps(m, steps):
+    return _decodes(m.spec.vocab_size, m.kv_layout.block_size, steps)
+
+
+def test_ort_cuda_decode_steps_run_on_one_fixed_binding_per_key(ort_cuda_doubles):
+    make, m = ort_cuda_doubles
+    graphed, eager = make(), make()
+    eager.graphs.enabled = False
+    for step in _ort_cuda_steps(m, 16):
+        np.testing.assert_allclose(graphed.execute(step).logits, eager.execute(step).logits, rtol=1e-5, atol=1e-5)
+    # context 19 + 1 .. 19 + 16 tokens: 2 blocks, then 3 (padded to 4) from position 32
+    assert set(graphed._graph_bindings) == {(2, 2), (2, 4)}
+    assert graphed.graphs.stats.captured == 2 and graphed.graphs.stats.replayed == 14
+    assert graphed.session.runs[0] is None and all(r is not None for r in graphed.session.runs[1:])
+    assert set(eager.session.runs) == {None}
+    ids = {g.run_options.get_run_config_entry("gpu_graph_id") for g in graphed._graph_bindings.values()}
+    assert ids == {"1", "2"}
+
+
+def test_ort_cuda_values_keep_their_addresses_across_steps(ort_cuda_doubles):
+    make, m = ort_cuda_doubles
+    e = make()
+    seen = {}
+    for step in _ort_cuda_steps(m, 6):
+        e.execute(step)
+        for key, g in e._graph_bindings.items():
+            ptrs = {n: v.data_ptr() for n, v in g.inputs.items()} | {"logits": g.logits.data_ptr()}
+            assert seen.setdefault(key, ptrs) == ptrs
+
+
+def test_ort_cuda_falls_back_to_eager_when_its_graph_run_fails(ort_cuda_doubles, caplog):
+    make, m = ort_cuda_doubles
+    failing, eager = make(fail_graphs=True), make()
+    eager.graphs.enabled = False
+    with caplog.at_level(logging.WARNING, logger="kiln.engines.gpu"):
+        for step in _ort_cuda_steps(m, 4):
+            np.testing.assert_allclose(failing.execute(step).logits, eager.execute(step).logits, rtol=1e-5, atol=1e-5)
+    assert failing.graphs.stats.failed == [(2, 2)] and failing.graphs.stats.replayed == 0
+    assert failing.session.runs.count((2, 2)) == 1            # tried once, then eager for good
+    assert any("ort-cuda engine: CUDA graph capture failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_graph_onnx_runtime_will_not_capture_gets_a_session_without_graphs(monkeypatch, tmp_path, caplog):
+    """ONNX Runtime refuses CUDA graphs for a graph with nodes left on the CPU: the session is made
+    without them, with a log line, and the engine then runs every step eagerly."""
+    from kiln.engines.ort_cuda import engine
+
+    made = []
+
+    class Session:
+        def __init__(self, path, opts, providers):
+            options = providers[0][1]
+            if options.get("enable_cuda_graph") == "1":
+                raise RuntimeError("This session cannot use the CUDA Graph feature as requested by the user as "
+                                   "all compute graph nodes have not been partitioned to the CUDA EP.")
+            made.append(options)
+
+        def get_providers(self):
+            return [engine.CUDA]
+
+        def get_provider_options(self):
+            return {engine.CUDA: {k: str(v) for k, v in made[-1].items()}}
+
+    monkeypatch.setattr(engine.ort, "get_available_providers", lambda: [engine.CUDA, "CPUExecutionProvider"])
+    monkeypatch.setattr(engine.ort, "preload_dlls", lambda **kw: None, raising=False)
+    monkeypatch.setattr(engine.ort, "InferenceSession", Session)
+    with caplog.at_level(logging.WARNING, logger="kiln.engines.gpu"):
+        session = engine.cuda_session(tmp_path / "model.onnx")
+    assert made == [{"device_id": 0}] and not engine.has_cuda_graphs(session)
+    assert any("no CUDA graphs for this graph" in r.getMessage() for r in caplog.records)

@@ -29,25 +29,29 @@ WARMUP = 1          # eager runs of a key before its capture
 
 
 class CaptureFailed(RuntimeError):
-    """No graph could be made of a step; the step's work was done all the same."""
+    """No graph could be made of a step; work_done: whether the step's work was done all the same."""
+
+    def __init__(self, message: str, work_done: bool = True):
+        super().__init__(message)
+        self.work_done = work_done
 
 
 class GraphDevice(Protocol):
     """Graphs on the engine's stream (CudaMemory, ONNX Runtime's own graphs, FakeDevice in tests)."""
 
     def capture(self, step: Callable[[], None]) -> object:
-        """Do the step's work and return a graph of it; CaptureFailed (work done) if none can be made."""
+        """Do the step's work and return a graph of it; CaptureFailed if none can be made."""
         ...
 
     def launch(self, graph: object) -> None: ...
 
 
-def padded_width(width: int, most: int) -> int:
-    """A block-table width padded up to a power of two, at most `most` (the profile's bound)."""
+def padded_width(width: int, most: int | None = None) -> int:
+    """A block-table width padded up to a power of two, at most `most` (a profile's bound) if given."""
     padded = 1
     while padded < width:
         padded *= 2
-    return max(width, min(padded, most))
+    return max(width, padded if most is None else min(padded, most))
 
 
 @dataclass
@@ -84,12 +88,14 @@ class DecodeGraphs:
             step()
             self.stats.eager += 1
             return "eager"
-        return self._capture(key, step)
+        return self._capture(key, step, eager)
 
-    def _capture(self, key: Hashable, step: Callable[[], None]) -> str:
+    def _capture(self, key: Hashable, step: Callable[[], None], eager: Callable[[], None]) -> str:
         try:
             self.graphs[key] = self.device.capture(step)
         except CaptureFailed as e:
+            if not e.work_done:
+                eager()
             self.stats.failed.append(key)
             self.stats.eager += 1
             log.warning("%s: CUDA graph capture failed for decode bucket %s (%s); it runs eagerly from now on",
