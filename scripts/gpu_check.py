@@ -128,10 +128,19 @@ print(ort.__version__, ",".join(ort.get_available_providers()))
 """
 
 PLACEMENTS = """
-import json, sys, collections, onnxruntime as ort
+import json, numpy as np, onnxruntime as ort
+from kiln.contract.artifact import EngineArtifact
+from kiln.compiler.backends.gpu.compare import probe_steps
+from kiln.engines.ort_cuda.feeds import cuda_feeds
 ort.preload_dlls() if hasattr(ort, "preload_dlls") else None
+m = EngineArtifact.load({artifact!r}).manifest
 opts = ort.SessionOptions(); opts.enable_profiling = True; opts.log_severity_level = 3
-s = ort.InferenceSession(sys.argv[1] if len(sys.argv) > 1 else {model!r}, opts, providers=["CUDAExecutionProvider"])
+s = ort.InferenceSession({model!r}, opts, providers=["CUDAExecutionProvider"])
+kv, blocks = m.kv_layout, 16
+feeds = cuda_feeds(probe_steps(m.spec.vocab_size, kv.block_size)[0], kv.block_size, blocks)
+cache = np.zeros((blocks, kv.block_size, kv.num_kv_heads, kv.head_dim), np.float16)
+feeds |= {{i.name: cache for i in s.get_inputs() if "_cache." in i.name}}
+s.run(["logits"], feeds)
 print(json.dumps({{"providers": s.get_providers(), "profile": s.end_profiling()}}))
 """
 
@@ -238,7 +247,7 @@ def run(args, report: list) -> None:
                                         "it was built for, system-wide or as nvidia pip packages")
     step("CUDA provider", report, proc.stdout.strip())
     model = artifacts["ort-cuda"] / "engines" / "ort-cuda" / "model.onnx"
-    proc = child(PLACEMENTS.format(model=str(model)), site)
+    proc = child(PLACEMENTS.format(artifact=str(artifacts["ort-cuda"]), model=str(model)), site)
     if proc.returncode != 0:
         refuse("CUDA session", report, last_line(proc))
     session = json.loads(proc.stdout.strip().splitlines()[-1])
