@@ -26,6 +26,9 @@ def native_sources() -> set[str]:
             if p.suffix in NATIVE_SUFFIXES and "_build" not in p.parts}
 
 
+BUILD_LINES: list[str] = []          # what the package build said of the op libraries
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """A wheel of a copy of this tree (the checkout's own build/ and _build/ folders untouched), built as
@@ -36,8 +39,9 @@ def wheel(tmp_path_factory) -> Path:
     shutil.copytree(ROOT / "kiln", tree / "kiln", ignore=shutil.ignore_patterns("_build", "__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", str(tree), "-w", str(out), "--no-deps",
-                           "--no-build-isolation", "-q"], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
+                           "--no-build-isolation", "-v"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
+    BUILD_LINES[:] = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("kiln:")]
     (built,) = out.glob("kiln-*.whl")
     return built
 
@@ -54,7 +58,7 @@ def test_the_wheel_carries_the_op_libraries_sources(wheel):
 @pytest.mark.skipif(compiler() is None, reason="no C++ compiler: the wheel carries the sources only")
 def test_the_wheel_ships_the_ort_op_library_built_and_it_loads(wheel, tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "kiln/engines/ort/native/_build/libkiln_ort_ops.so" in names
+    assert "kiln/engines/ort/native/_build/libkiln_ort_ops.so" in names, "\n".join(BUILD_LINES)
     zipfile.ZipFile(wheel).extractall(tmp_path)
     code = ("from kiln.engines.ort import native; import kiln; "
             "assert kiln.__file__.startswith(%r), kiln.__file__; print(native.isa())" % str(tmp_path))
