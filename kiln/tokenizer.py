@@ -6,6 +6,7 @@ Needs no transformers: the artifact ships tokenizer.json and the template.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from datetime import datetime
 from functools import cached_property
@@ -130,11 +131,27 @@ class Tokenizer:
     def _holds_special_text(self, text: str) -> bool:
         """A special token inside the text, or a piece of one at either end (two texts rendered
         side by side could complete it: "...<|im_" + "end|>...")."""
-        for tok in self.special_tokens:
-            if tok in text or any(text.endswith(tok[:n]) or text.startswith(tok[-n:])
-                                  for n in range(2, len(tok))):
-                return True
-        return False
+        pattern, heads, tails, longest = self._special_pieces
+        if pattern is None:
+            return False
+        if pattern.search(text):
+            return True
+        ends = range(2, min(longest, len(text) + 1))
+        return any(text[-n:] in heads or text[:n] in tails for n in ends)
+
+    @cached_property
+    def _special_pieces(self):
+        """(a pattern finding any special token, their proper heads and tails of 2 characters or
+        more, the longest token's length): one scan and a few set lookups per client string,
+        however many special tokens the vocabulary has (Llama 3 has hundreds), since a request
+        with many tools has many strings."""
+        tokens = [t for t in self.special_tokens if t]
+        if not tokens:
+            return None, frozenset(), frozenset(), 0
+        pattern = re.compile("|".join(map(re.escape, sorted(tokens, key=len, reverse=True))))
+        heads = frozenset(t[:n] for t in tokens for n in range(2, len(t)))
+        tails = frozenset(t[-n:] for t in tokens for n in range(2, len(t)))
+        return pattern, heads, tails, max(map(len, tokens))
 
     def _encode_with_text_spans(self, inputs: _ClientInputs, rendered: str, add_generation_prompt: bool) -> list[int]:
         # Render again with each client string that holds special-token text replaced by a random
