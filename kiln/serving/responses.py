@@ -153,7 +153,9 @@ class Renderer:
                 if c.index not in started:
                     started.add(c.index)
                     if c.echo is not None:
-                        yield sse(with_usage(self._echo_chunk(c, delta)))
+                        # NOTE: on a thread: with prompt logprobs the chunk holds an entry per
+                        # top token per prompt position, too much to build on the event loop.
+                        yield await asyncio.to_thread(lambda: sse(with_usage(self._echo_chunk(c, delta))))
                 generated += 0 if self.echo_only else len(delta.token_ids)
                 for chunk in self._delta_chunks(c.index, delta):
                     yield sse(with_usage(chunk))

@@ -183,6 +183,15 @@ def test_echo_prompt_logprobs_are_bounded_per_request(served):
     assert len(ok.json()["choices"][0]["logprobs"]["tokens"]) == 200
 
 
+def test_a_streamed_echo_carries_the_same_prompt_logprobs_as_the_whole_body(served):
+    client, _ = served
+    body = {"model": MODEL, "prompt": "the kiln fires", "echo": True, "logprobs": 3, "max_tokens": 0}
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    r = client.post("/v1/completions", json={**body, "stream": True})
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert chunks[0]["choices"][0]["logprobs"] == whole
+
+
 def test_the_response_cache_counts_prompt_logprobs_at_their_real_size(served):
     client, _ = served
     cache = client.app.state.server.generations.cache
