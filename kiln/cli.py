@@ -343,7 +343,8 @@ def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_t
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
 @click.option("--port", default=8000, show_default=True)
 @click.option("--api-key", default=None, envvar="KILN_API_KEY",
-              help="Require 'Authorization: Bearer KEY' on /v1/* (or set KILN_API_KEY, kept out of ps).")
+              help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and the endpoints --public-endpoints "
+                   "does not name (or set KILN_API_KEY, kept out of ps).")
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the folder name).")
 @click.option("--ttft-slo", type=float, default=None,
               help="The TTFT objective, S seconds (default 2; 0 = no TTFT check): requests predicted past it "
