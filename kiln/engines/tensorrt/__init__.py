@@ -5,7 +5,7 @@ kiln.compiler.backends.tensorrt.
 
 library.py   the TensorRT import, guarded
 calls.py     a PagedBatch as TensorRT calls: bucketed [B, S] calls, a profile each, split by rows
-bindings.py  device buffers sized for the largest profile; staging inputs, collecting outputs
-engine.py    TrtEngine (Engine protocol): execution context, CUDA stream, profile switches
+bindings.py  device buffers sized for the largest profile; staging inputs (page-locked), collecting outputs
+engine.py    TrtEngine (Engine protocol): execution context, CUDA stream, profile switches, CUDA graphs
 loader.py    the registered loader: TensorRT release and device checks, then deserialize
 """
