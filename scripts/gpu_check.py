@@ -32,7 +32,7 @@ WORK = ROOT / "out" / "gpu_check"          # git-ignored (/out/)
 PART_BYTES = 56 << 20                      # under the 60 MiB a part may take
 ARTIFACTS = {"ort-cuda": ["--backend", "ort-cuda", "--quant", "int4"],
              "ort": ["--backend", "ort", "--quant", "int4"]}
-NEEDED_MODULES = ("numpy", "onnx", "click", "polygraphy", "pytest", "tokenizers")
+NEEDED_MODULES = ("numpy", "onnx", "click", "polygraphy", "pytest", "tokenizers", "jinja2")
 GREEDY_TOKENS = 16
 STEP_TIMEOUT_S = 240                        # one subprocess step; the whole run stays within 10 minutes
 

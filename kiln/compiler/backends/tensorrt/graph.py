@@ -57,8 +57,9 @@ def in_precision(model: onnx.ModelProto, precision: str) -> onnx.ModelProto:
 
 
 def fp32_islands(g: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """The nodes an fp16 graph keeps in fp32: the rotary angles and every RMSNorm's statistics."""
-    return [*_rotary_angles(g), *_norm_statistics(g)]
+    """The nodes an fp16 graph keeps in fp32: the rotary angles and every RMSNorm's statistics.
+    Named nodes only: the converter blocks nodes by name (kiln's exporter names every node)."""
+    return [n for n in [*_rotary_angles(g), *_norm_statistics(g)] if n.name]
 
 
 def _consumers(g: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
