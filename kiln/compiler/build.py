@@ -18,6 +18,7 @@ from kiln.compiler.resolve import apply_to_config, fallbacks, refuse_before_expo
 from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.export.sources import ModelSource, load_source
 from kiln.compiler.passes.base import PassCheckError, run_pass
+from kiln.compiler.passes.verify_quant import CheckTexts, chat_check_ids, check_token_ids
 from kiln.compiler.passes.fusion import passes_for
 from kiln.compiler.passes.quantize import QuantizePass
 from kiln.compiler.passes.verify import compare_logits
@@ -50,7 +51,8 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext(), host
             pass
         with stage("export ONNX decoder graph"):
             exported = build_decoder(src.spec, src.weights, _weights_workdir(writer))
-        built, reports, plan, tried = _climb(exported, src, config, plan, ladder, writer.tmp, stage)
+        texts = _check_texts(src)
+        built, reports, plan, tried = _climb(exported, src, texts, config, plan, ladder, writer.tmp, stage)
         config = apply_to_config(config, plan)
         with stage("write artifact"):
             tokenizer = _copy_tokenizer(src, writer.tmp / TOKENIZER_DIR)
@@ -64,7 +66,7 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext(), host
             return writer.commit(manifest)
 
 
-def _climb(exported: onnx.ModelProto, src: ModelSource, config: BuildConfig, plan: BuildPlan,
+def _climb(exported: onnx.ModelProto, src: ModelSource, texts: CheckTexts, config: BuildConfig, plan: BuildPlan,
            ladder: tuple[Fallback, ...], root: Path, stage: StageFn):
     """Build `plan`; where its quantization fails the check, the next rung of the ladder that changes
     nothing the user chose (resolve.fallbacks), until one passes. A default build must not fail on a
@@ -74,7 +76,7 @@ def _climb(exported: onnx.ModelProto, src: ModelSource, config: BuildConfig, pla
     while True:
         config = apply_to_config(config, plan)
         try:
-            built, reports = _build_rung(exported, src, config, plan, root, stage)
+            built, reports = _build_rung(exported, src, texts, config, plan, root, stage)
         except PassCheckError as e:
             tried.append(_rung_record(plan, e.details, str(e)))
             _say_rung(stage, tried[-1])
@@ -101,8 +103,8 @@ def _next_rung(rungs: list[Fallback], primary: BuildPlan, failure: PassCheckErro
     return step
 
 
-def _build_rung(exported: onnx.ModelProto, src: ModelSource, config: BuildConfig, plan: BuildPlan, root: Path,
-                stage: StageFn) -> tuple[BuiltEngines, list[dict]]:
+def _build_rung(exported: onnx.ModelProto, src: ModelSource, texts: CheckTexts, config: BuildConfig, plan: BuildPlan,
+                root: Path, stage: StageFn) -> tuple[BuiltEngines, list[dict]]:
     """One plan's passes and engines from the exported graph; raises PassCheckError where it fails its check."""
     backend = get_backend(config.backend)
     if not _engine_quantizes(config) and plan.recipe.note:
@@ -110,19 +112,19 @@ def _build_rung(exported: onnx.ModelProto, src: ModelSource, config: BuildConfig
             pass
     reports: list[dict] = []
     model = unquantized = exported
-    for p, check in _passes(src, config, plan):
+    for p, check in _passes(src, texts, config, plan):
         if p.name == "quantize":
             unquantized = model
         with stage(f"pass {p.name}"):
             model, report = run_pass(p, model, check if config.verify else None)
             reports.append(report.to_dict())
     if _engine_quantizes(config):
-        built, checked = _build_quantizing_engines(backend, model, src, config, root, stage, plan)
+        built, checked = _build_quantizing_engines(backend, model, src, texts, config, root, stage, plan)
         reports += checked
     else:
         built = backend.build_function()(model, src.spec, config, root, stage)
     if config.prefill_engine:
-        built = _add_prefill_engine(built, unquantized, src, config, root, stage, plan)
+        built = _add_prefill_engine(built, unquantized, src, texts, config, root, stage, plan)
     return built, reports + built.pass_reports
 
 
@@ -183,7 +185,8 @@ def _weights_workdir(writer: ArtifactWriter) -> Path:
 PREFILL_MIN_TOKENS = 4
 
 
-def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelSource, config: BuildConfig,
+def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelSource, texts: CheckTexts,
+                        config: BuildConfig,
                         root: Path, stage: StageFn, plan: BuildPlan) -> BuiltEngines:
     """Engines per bucket range: a second ORT engine, quantized `config.prefill_engine` from the same
     fused graph, for calls of PREFILL_MIN_TOKENS tokens or more (prefill chunks, decode batches).
@@ -193,7 +196,7 @@ def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelS
     this engine's calls, so with --attention gqa it gets the standard core; kiln's PagedAttention
     takes any batch and is kept."""
     mode = QuantMode(config.prefill_engine)        # the ort backend: _refuse_unbuildable checked
-    quantize, check = _checked_quantize(src, plan.prefill_recipe)
+    quantize, check = _checked_quantize(src, texts, plan.prefill_recipe)
     with stage(f"pass {quantize.name} ({mode.value}, prefill engine)"):
         model, report = run_pass(quantize, model, check if config.verify else None)
     core = "native" if config.attention == "native" else "standard"
@@ -205,7 +208,7 @@ def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelS
     return BuiltEngines([main, extra], built.kv_layout, built.pass_reports + reports)
 
 
-def _passes(src: ModelSource, config: BuildConfig, plan: BuildPlan) -> list:
+def _passes(src: ModelSource, texts: CheckTexts, config: BuildConfig, plan: BuildPlan) -> list:
     """The backend-neutral passes: the standard decoder graph (dense KV IO) in, fused and quantized out.
     The quantize pass runs in every mode: its check's perplexity on kiln/data/check.txt goes into
     the manifest, and a quantized graph that disagrees with fp32 fails the build."""
@@ -214,7 +217,7 @@ def _passes(src: ModelSource, config: BuildConfig, plan: BuildPlan) -> list:
     passes = [(CleanupPass(), compare_logits)]
     passes += [(p, compare_logits) for p in passes_for(plan.fusions, src.spec)]    # none with --no-fuse
     if not _engine_quantizes(config):
-        passes.append(_checked_quantize(src, plan.recipe))
+        passes.append(_checked_quantize(src, texts, plan.recipe))
     return passes
 
 
@@ -224,8 +227,8 @@ def _engine_quantizes(config: BuildConfig) -> bool:
     return config.quant.value in get_backend(config.backend).compresses_weights
 
 
-def _build_quantizing_engines(backend: Backend, model: onnx.ModelProto, src: ModelSource, config: BuildConfig,
-                              root: Path, stage: StageFn, plan: BuildPlan) -> tuple[BuiltEngines, list[dict]]:
+def _build_quantizing_engines(backend: Backend, model: onnx.ModelProto, src: ModelSource, texts: CheckTexts,
+                              config: BuildConfig,                              root: Path, stage: StageFn, plan: BuildPlan) -> tuple[BuiltEngines, list[dict]]:
     """Engines of a backend that quantizes the fp32 graph itself (openvino), fed the calibration text,
     and their check's report; raises PassCheckError where the engine fails it (the ladder moves on)."""
     from kiln.compiler.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
@@ -237,7 +240,7 @@ def _build_quantizing_engines(backend: Backend, model: onnx.ModelProto, src: Mod
     if not config.verify:
         return built, []
     with stage("check the engine's quantization"):
-        return built, [_check_engine_quant(built, model, src, config, root).to_dict()]
+        return built, [_check_engine_quant(built, model, src, texts, config, root).to_dict()]
 
 
 # A conversation in the model's own chat template, ahead of the calibration text: chat requests start
@@ -253,33 +256,30 @@ def _chat_sample(tokenizer_dir: Path) -> list[int]:
     return tokenizer.encode_chat(CALIBRATION_CHAT) if tokenizer.chat_template else []
 
 
-def _check_engine_quant(built: BuiltEngines, fp32_model: onnx.ModelProto, src: ModelSource, config: BuildConfig,
-                        root: Path):
+def _check_engine_quant(built: BuiltEngines, fp32_model: onnx.ModelProto, src: ModelSource, texts: CheckTexts,
+                        config: BuildConfig, root: Path):
     """The quantize pass's check, run on the compiled engine (kiln.compiler.backends.openvino.quant_check)."""
     from kiln.compiler.backends.openvino.quant_check import check_compressed_engine
 
-    check = _quant_check("quantize", src, config.quant)
+    check = texts.check("quantize", config.quant)
     return check_compressed_engine(root, built.engines[0], src.spec, config.buckets, built.kv_layout, fp32_model,
                                    check, config.quant)
 
 
-def _checked_quantize(src: ModelSource, recipe: QuantRecipe) -> tuple[QuantizePass, Callable]:
+def _checked_quantize(src: ModelSource, texts: CheckTexts, recipe: QuantRecipe) -> tuple[QuantizePass, Callable]:
     """The quantize pass for a plan's recipe and its check against fp32 (passes/verify_quant.py)."""
     from kiln.compiler.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
 
     mode = QuantMode(recipe.mode)
     calibration = calibration_token_ids(src.tokenizer_dir, min(CALIBRATION_TOKENS, src.spec.max_position_embeddings))
     quantize = QuantizePass.for_recipe(recipe, calibration_ids=calibration)
-    return quantize, _quant_check(quantize.name, src, mode)
+    return quantize, texts.check(quantize.name, mode)
 
 
-def _quant_check(name: str, src: ModelSource, mode: QuantMode):
-    """The check of `mode` on the plain check text and on chat in the model's template."""
-    from kiln.compiler.passes.verify_quant import QuantCheck, chat_check_ids, check_token_ids
-
+def _check_texts(src: ModelSource) -> CheckTexts:
+    """The check's texts for this model: the plain text and chat in the model's template."""
     longest = min(CHECK_TOKENS, src.spec.max_position_embeddings)
-    return QuantCheck.for_mode(name, mode, check_token_ids(src.tokenizer_dir, longest),
-                               chat_check_ids(src.tokenizer_dir, longest))
+    return CheckTexts(check_token_ids(src.tokenizer_dir, longest), chat_check_ids(src.tokenizer_dir, longest))
 
 
 CHECK_TOKENS = 512         # of each check text: the plain text and the chat

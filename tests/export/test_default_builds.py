@@ -18,13 +18,14 @@ from gguf_writing import write_gguf
 from kiln.compiler.build import build
 from kiln.compiler.passes.verify_quant import QUANT_GATES
 from kiln.config import BuildConfig
+from kiln.contract.artifact import EngineArtifact
 from kiln.contract.quant import QuantMode
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3"]
 # Gemma 3's published vocabulary, its head tied to the embedding; the embedding's scale puts the
 # logits' spread where a real model's is (several units), not at a random model's near-uniform one.
 LARGE_VOCAB = 262_144
-LARGE_VOCAB_MODEL = dict(vocab_size=LARGE_VOCAB, embed_std=0.3, config=dict(hidden_size=96))
+LARGE_VOCAB_MODEL = dict(vocab_size=LARGE_VOCAB, embed_std=0.3, config=dict(hidden_size=96, max_position_embeddings=128))
 
 
 def manifest_of(path) -> dict:
@@ -81,7 +82,8 @@ def test_a_large_vocabulary_tied_head_model_builds_by_default(large_vocab_gguf, 
     res = CliRunner().invoke(main, ["build", str(large_vocab_gguf), "--out", str(tmp_path / "art")])
     assert res.exit_code == 0, res.output
     manifest = manifest_of(tmp_path / "art")
-    assert manifest["spec"]["vocab_size"] == LARGE_VOCAB and manifest["spec"]["tie_word_embeddings"]
+    spec = EngineArtifact.load(tmp_path / "art").manifest.spec
+    assert spec.vocab_size == LARGE_VOCAB and spec.tie_word_embeddings
     assert manifest["plan"]["ladder"][0]["quant"] == "int8"
     chosen = assert_the_chosen_rung_passed_its_gate(manifest)
     assert f"rung {chosen['rung']}: passed the check" in res.output

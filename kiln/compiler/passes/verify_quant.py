@@ -76,30 +76,58 @@ def chat_check_ids(tokenizer_dir: Path, max_tokens: int) -> list[int]:
     return ids[:max_tokens]
 
 
+class CheckTexts:
+    """A build's check texts (token ids) and fp32's logits over them, computed once: every rung of the
+    ladder is held to the same fp32 reference (the graphs before quantization differ between rungs
+    only by fusions, each checked against the export within a tight tolerance)."""
+
+    def __init__(self, token_ids: list[int], chat_ids: list[int]):
+        self.token_ids, self.chat_ids = token_ids, chat_ids
+        self._fp32: list[np.ndarray] | None = None
+        self.perplexities: dict[int, float] = {}      # fp32's, by text index
+
+    def check(self, pass_name: str, mode: QuantMode) -> "QuantCheck":
+        return QuantCheck.for_mode(pass_name, mode, self.token_ids, self.chat_ids, references=self)
+
+    def fp32_logits(self, model: onnx.ModelProto, texts: list[list[int]]) -> list[np.ndarray]:
+        if self._fp32 is None:
+            self._fp32 = [text_logits(model, ids) for ids in texts]
+        return self._fp32
+
+
 class QuantCheck:
     """check(fp32, quantized) for run_pass; `details()` holds what it measured for the report."""
 
     def __init__(self, pass_name: str, token_ids: list[int], min_top1: float, text: str = "kiln/data/check.txt",
-                 max_perplexity_increase: float = math.inf, chat_ids: list[int] = ()):
+                 max_perplexity_increase: float = math.inf, chat_ids: list[int] = (),
+                 references: CheckTexts | None = None):
         if len(token_ids) < 2:
             raise ValueError("the quantization check needs at least two tokens of text")
         self.pass_name, self.token_ids, self.min_top1, self.text = pass_name, token_ids, min_top1, text
         self.max_perplexity_increase = max_perplexity_increase
         self.chat_ids = list(chat_ids) if len(chat_ids) >= 2 else []
+        self.references = references           # where fp32's logits are kept across checks (None: computed here)
         self._details: dict = {}
 
     @classmethod
-    def for_mode(cls, pass_name: str, mode: QuantMode, token_ids: list[int], chat_ids: list[int] = ()) -> "QuantCheck":
+    def for_mode(cls, pass_name: str, mode: QuantMode, token_ids: list[int], chat_ids: list[int] = (),
+                 references: CheckTexts | None = None) -> "QuantCheck":
         gate = QUANT_GATES[mode]
         return cls(pass_name, token_ids, gate.min_top1, max_perplexity_increase=gate.max_perplexity_increase,
-                   chat_ids=chat_ids)
+                   chat_ids=chat_ids, references=references)
 
     def texts(self) -> list[list[int]]:
         """The token sequences the check runs, the plain text first."""
         return [self.token_ids] + ([self.chat_ids] if self.chat_ids else [])
 
+    def fp32_logits(self, fp32: onnx.ModelProto) -> list[np.ndarray]:
+        """fp32's logits over texts(), from the build's references where it keeps them."""
+        if self.references is not None:
+            return self.references.fp32_logits(fp32, self.texts())
+        return [text_logits(fp32, ids) for ids in self.texts()]
+
     def __call__(self, before: onnx.ModelProto, after: onnx.ModelProto) -> tuple[float, float]:
-        refs = [text_logits(before, ids) for ids in self.texts()]
+        refs = self.fp32_logits(before)
         gots = refs if after is before else [text_logits(after, ids) for ids in self.texts()]
         return self.compare(refs, gots)
 
@@ -108,9 +136,10 @@ class QuantCheck:
         alone): (max abs, max relative error), reported; raises where a text fails its gate. Also
         for engines that quantize weights themselves (the openvino backend), fed from the engine."""
         refs, gots = ([refs], [gots]) if isinstance(refs, np.ndarray) else (refs, gots)
-        err = max(float(np.abs(g - r).max()) for r, g in zip(refs, gots))
-        rel = max(float(np.abs(g - r).max()) / max(float(np.abs(r).max()), 1e-12) for r, g in zip(refs, gots))
-        figures = [self._figures(r, g, ids) for r, g, ids in zip(refs, gots, self.texts())]
+        errors = [float(np.abs(g - r).max()) for r, g in zip(refs, gots)]
+        err = max(errors)
+        rel = max(e / max(float(np.abs(r).max()), 1e-12) for e, r in zip(errors, refs))
+        figures = [self._figures(r, g, ids, i) for i, (r, g, ids) in enumerate(zip(refs, gots, self.texts()))]
         self._details = {"check_text": self.text, "check_tokens": len(self.token_ids), **figures[0],
                          "min_top1_agreement": self.min_top1, "max_rel_logit_error": rel}
         if math.isfinite(self.max_perplexity_increase):
@@ -122,8 +151,12 @@ class QuantCheck:
             self._gate(name, f, rel)
         return err, rel
 
-    def _figures(self, ref: np.ndarray, got: np.ndarray, ids: list[int]) -> dict:
-        ppl_ref, ppl = perplexity_of_logits(ref, ids), perplexity_of_logits(got, ids)
+    def _figures(self, ref: np.ndarray, got: np.ndarray, ids: list[int], index: int) -> dict:
+        kept = self.references.perplexities if self.references is not None else {}
+        if index not in kept:
+            kept[index] = perplexity_of_logits(ref, ids)
+        ppl_ref = kept[index]
+        ppl = ppl_ref if got is ref else perplexity_of_logits(got, ids)
         return {"top1_agreement": float(np.mean(ref.argmax(-1) == got.argmax(-1))), "perplexity_fp32": ppl_ref,
                 "perplexity": ppl, "perplexity_increase": ppl / ppl_ref - 1}
 
