@@ -23,12 +23,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WORK = ROOT / "out" / "gpu_check"          # git-ignored (/out/)
+WORK = ROOT / "out" / "gpu_check"          # git-ignored (/out/): the parts and artifacts to carry
+SCRATCH = Path(tempfile.gettempdir()) / "kiln-gpu-check"   # the wheel put together and unpacked: never carried
 PART_BYTES = 56 << 20                      # under the 60 MiB a part may take
 ARTIFACTS = {"ort-cuda": ["--backend", "ort-cuda", "--quant", "int4"],
              "ort": ["--backend", "ort", "--quant", "int4"]}
@@ -193,7 +195,7 @@ def prepare(args, report: list) -> None:
                                     "-d out/gpu_check where PyPI is reachable")
         record = split(wheel, WORK / "parts")
         step("wheel split", report, f"{record['wheel']} into {len(record['parts'])} parts under out/gpu_check/parts")
-        site = unpack(wheel, WORK / "site-cpu")
+        site = unpack(wheel, SCRATCH / "site-cpu")
     else:
         print("[note] no --wheel: the artifacts are built under the onnxruntime installed here, and the GPU "
               "machine must then have onnxruntime-gpu of that same release", flush=True)
@@ -225,7 +227,7 @@ def run(args, report: list) -> None:
     site = None
     if (WORK / "parts" / "parts.json").exists():
         try:
-            wheel = assemble(WORK / "parts", WORK / "wheel")
+            wheel = assemble(WORK / "parts", SCRATCH / "wheel")
         except ValueError as e:
             refuse("wheel", report, str(e))
         step("wheel", report, f"{wheel.name} put together, sha256 checked")
@@ -239,7 +241,7 @@ def run(args, report: list) -> None:
                               "run python scripts/gpu_check.py run on the GPU machine")
     step("GPU", report, f"{cuda_device_count()} device(s)")
     if wheel is not None:
-        site = unpack(wheel, WORK / "site")
+        site = unpack(wheel, SCRATCH / "site")
         step("onnxruntime-gpu", report, f"unpacked onto PYTHONPATH ({wheel_release(wheel.name)})")
     proc = child(PROVIDER, site)
     if proc.returncode != 0 or "CUDAExecutionProvider" not in proc.stdout:

@@ -22,6 +22,7 @@ def gpu_check(monkeypatch, tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.setattr(module, "WORK", tmp_path / "gpu_check")
+    monkeypatch.setattr(module, "SCRATCH", tmp_path / "scratch")
     monkeypatch.setattr(module, "ROOT", tmp_path)
     return module
 
