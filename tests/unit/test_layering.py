@@ -108,7 +108,8 @@ def test_configs_reach_only_the_contract(graph):
 
 # kiln.scale (Ray Serve) sits on top of the one-process server: it may use these, and nothing of
 # kiln imports it back (kiln serve imports it lazily only through the CLI).
-SCALE_MAY_IMPORT = ("kiln.scale", "kiln.runtime", "kiln.serving", "kiln.contract", "kiln.config", "kiln.tokenizer")
+SCALE_MAY_IMPORT = ("kiln.scale", "kiln.runtime", "kiln.serving", "kiln.contract", "kiln.config", "kiln.tokenizer",
+                    "kiln.units")
 
 
 def test_scale_imports_only_the_layers_below_it(graph):
