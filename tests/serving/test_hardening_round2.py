@@ -17,6 +17,7 @@ from starlette.testclient import TestClient
 from kiln import LLM, RuntimeConfig
 from kiln.config import ServeConfig
 from kiln.serving import app as app_module
+from kiln.serving.errors import ApiError
 from serving_flags import TINY_FLAGS
 
 MODEL = "tiny"
@@ -373,3 +374,22 @@ def test_the_user_field_narrows_the_tenant_below_the_api_key(semantic_server):
     _ask(semantic_server, "What is the tallest mountain in Europe?", user="alice")
     assert _ask(semantic_server, "Which is the tallest mountain in Europe?", user="alice") == "semantic"
     assert _ask(semantic_server, "Which is the tallest mountain in Europe?", user="bob") is None
+
+
+def test_tools_count_in_the_pre_check_and_stay_text_on_the_chat_path(tiny_llama_artifact, tmp_path):
+    template = tmp_path / "tools.jinja"
+    template.write_text(TOOLS_TEMPLATE)
+    llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
+    server = app_module.Server(llm, ServeConfig(ttft_slo=0, chat_template=template), MODEL)
+    try:
+        messages, tools, kwargs = _hostile_chat()
+        body = {"messages": messages, "tools": [{"type": "function", "function": t} for t in tools],
+                "chat_template_kwargs": kwargs, "max_tokens": 1}
+        ids = _prepared(server, "chat", body).prompt_ids
+        assert ids.count(llm.tokenizer.fast.token_to_id("<|im_start|>")) == 5
+        tools[0]["description"] = LONG
+        with pytest.raises(ApiError) as refused:
+            _prepared(server, "chat", {**body, "tools": [{"type": "function", "function": tools[0]}]})
+        assert refused.value.code == "context_length_exceeded" and "characters" in refused.value.message
+    finally:
+        server.stop()
