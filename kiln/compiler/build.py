@@ -52,8 +52,12 @@ def build(config: BuildConfig, stage: StageFn = lambda name: nullcontext(), host
         with stage("export ONNX decoder graph"):
             exported = build_decoder(src.spec, src.weights, _weights_workdir(writer))
         texts = _check_texts(src)
-        built, reports, plan, tried = _climb(exported, src, texts, config, plan, ladder, writer.tmp, stage)
+        built, reports, plan, tried, unquantized = _climb(exported, src, texts, config, plan, ladder, writer.tmp, stage)
         config = apply_to_config(config, plan)
+        if config.prefill_engine:           # the user's own choice: its check fails the build, no ladder
+            main = len(built.pass_reports)
+            built = _add_prefill_engine(built, unquantized, src, texts, config, writer.tmp, stage, plan)
+            reports += built.pass_reports[main:]
         with stage("write artifact"):
             tokenizer = _copy_tokenizer(src, writer.tmp / TOKENIZER_DIR)
             manifest = Manifest(
@@ -71,12 +75,13 @@ def _climb(exported: onnx.ModelProto, src: ModelSource, texts: CheckTexts, confi
     """Build `plan`; where its quantization fails the check, the next rung of the ladder that changes
     nothing the user chose (resolve.fallbacks), until one passes. A default build must not fail on a
     model a later rung passes; an explicit --quant / --backend fails with the next rung named.
-    Returns the engines, the pass reports, the plan built and every rung tried with its figures."""
+    Returns the engines, the pass reports, the plan built, every rung tried with its figures, and
+    the graph before quantization (what a prefill engine is quantized from)."""
     primary, rungs, tried = plan, list(ladder), []
     while True:
         config = apply_to_config(config, plan)
         try:
-            built, reports = _build_rung(exported, src, texts, config, plan, root, stage)
+            built, reports, unquantized = _build_rung(exported, src, texts, config, plan, root, stage)
         except PassCheckError as e:
             tried.append(_rung_record(plan, e.details, str(e)))
             _say_rung(stage, tried[-1])
@@ -89,7 +94,7 @@ def _climb(exported: onnx.ModelProto, src: ModelSource, texts: CheckTexts, confi
         tried.append(_rung_record(plan, _check_details(reports), ""))
         if config.verify:
             _say_rung(stage, tried[-1])
-        return built, reports, plan, tried
+        return built, reports, plan, tried, unquantized
 
 
 def _next_rung(rungs: list[Fallback], primary: BuildPlan, failure: PassCheckError) -> Fallback:
@@ -104,7 +109,7 @@ def _next_rung(rungs: list[Fallback], primary: BuildPlan, failure: PassCheckErro
 
 
 def _build_rung(exported: onnx.ModelProto, src: ModelSource, texts: CheckTexts, config: BuildConfig, plan: BuildPlan,
-                root: Path, stage: StageFn) -> tuple[BuiltEngines, list[dict]]:
+                root: Path, stage: StageFn) -> tuple[BuiltEngines, list[dict], onnx.ModelProto]:
     """One plan's passes and engines from the exported graph; raises PassCheckError where it fails its check."""
     backend = get_backend(config.backend)
     if not _engine_quantizes(config) and plan.recipe.note:
@@ -123,9 +128,7 @@ def _build_rung(exported: onnx.ModelProto, src: ModelSource, texts: CheckTexts, 
         reports += checked
     else:
         built = backend.build_function()(model, src.spec, config, root, stage)
-    if config.prefill_engine:
-        built = _add_prefill_engine(built, unquantized, src, texts, config, root, stage, plan)
-    return built, reports + built.pass_reports
+    return built, reports + built.pass_reports, unquantized
 
 
 def _check_details(reports: list[dict]) -> dict:
