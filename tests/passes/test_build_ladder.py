@@ -64,9 +64,9 @@ def scrambled(monkeypatch):
     monkeypatch.setattr(kiln.compiler.build, "QuantizePass", ScrambledQuantize)
 
 
-def ort_host() -> BuildHost:
+def ort_host(probe=BuildHost.probe) -> BuildHost:
     """This machine without openvino: --backend auto picks ort, whose quantize pass kiln runs."""
-    return replace(BuildHost.probe(), openvino=False, openvino_ops=False)
+    return replace(probe(), openvino=False, openvino_ops=False)
 
 
 def ladder_of(path) -> list[dict]:
@@ -186,3 +186,14 @@ def test_the_gate_checks_the_chat_text_too():
     with pytest.raises(PassCheckError, match="over 64 tokens of chat in the model's template"):
         check.compare([ref, chat_ref], [ref, chat_got])
     assert check.details()["top1_agreement"] == 1.0 and check.details()["chat"]["top1_agreement"] < 0.1
+
+
+def test_kiln_build_prints_each_rung_with_its_figures(tmp_path, auto_quantizes_tiny, scrambled, monkeypatch):
+    from kiln.cli import main
+
+    monkeypatch.setattr(BuildHost, "probe", staticmethod(ort_host))        # what `kiln build` reads
+    res = CliRunner().invoke(main, ["build", "tiny-llama", "--out", str(tmp_path / "art")], terminal_width=400)
+    assert res.exit_code == 0, res.output
+    assert "rung primary: failed the check (text: top-1 0." in res.output and "max rel logit error" in res.output
+    assert "the next rung: ort int8, the LM head, embedding and layers 0, 1 fp32" in res.output
+    assert "layers 0, 1 fp32: passed the check (text: top-1 1.000, perplexity +0.00%" in res.output
