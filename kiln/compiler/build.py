@@ -17,7 +17,7 @@ from kiln.compiler.plan import BuildHost, BuildPlan, Fallback, QuantRecipe
 from kiln.compiler.resolve import apply_to_config, fallbacks, refuse_before_export, resolve
 from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.export.sources import ModelSource, load_source
-from kiln.compiler.passes.base import PassCheckError, run_pass
+from kiln.compiler.passes.base import QuantCheckError, run_pass
 from kiln.compiler.passes.verify_quant import CheckTexts, chat_check_ids, check_token_ids
 from kiln.compiler.passes.fusion import passes_for
 from kiln.compiler.passes.quantize import QuantizePass
@@ -82,7 +82,7 @@ def _climb(exported: onnx.ModelProto, src: ModelSource, texts: CheckTexts, confi
         config = apply_to_config(config, plan)
         try:
             built, reports, unquantized = _build_rung(exported, src, texts, config, plan, root, stage)
-        except PassCheckError as e:
+        except QuantCheckError as e:
             tried.append(_rung_record(plan, e.details, str(e)))
             _say_rung(stage, tried[-1])
             step = _next_rung(rungs, primary, e)
@@ -97,20 +97,21 @@ def _climb(exported: onnx.ModelProto, src: ModelSource, texts: CheckTexts, confi
         return built, reports, plan, tried, unquantized
 
 
-def _next_rung(rungs: list[Fallback], primary: BuildPlan, failure: PassCheckError) -> Fallback:
+def _next_rung(rungs: list[Fallback], primary: BuildPlan, failure: QuantCheckError) -> Fallback:
     """The next rung the build may take; where the user's flags rule it out, the failure, naming it."""
     if not rungs:
         raise failure
     step = rungs.pop(0)
     if not step.allowed_after(primary):
-        raise PassCheckError(f"{failure}; the next rung of kiln's ladder, {step.name}, changes what you asked "
+        raise QuantCheckError(f"{failure}; the next rung of kiln's ladder, {step.name}, changes what you asked "
                              f"for: {step.how_to_ask()}", failure.details) from failure
     return step
 
 
 def _build_rung(exported: onnx.ModelProto, src: ModelSource, texts: CheckTexts, config: BuildConfig, plan: BuildPlan,
                 root: Path, stage: StageFn) -> tuple[BuiltEngines, list[dict], onnx.ModelProto]:
-    """One plan's passes and engines from the exported graph; raises PassCheckError where it fails its check."""
+    """One plan's passes and engines from the exported graph; raises QuantCheckError where its
+    quantization fails the check."""
     backend = get_backend(config.backend)
     if not _engine_quantizes(config) and plan.recipe.note:
         with stage(plan.recipe.note):       # kiln's own kernel, or why not
@@ -152,7 +153,7 @@ def _say_rung(stage: StageFn, record: dict) -> None:
         pass
 
 
-def _short(failure: PassCheckError) -> str:
+def _short(failure: QuantCheckError) -> str:
     """A failed check in a few words: its figures, or its message where it carries none."""
     figures = {k: failure.details[k] for k in RUNG_FIGURES if k in failure.details}
     return rung_figures(figures) if figures else str(failure)
@@ -233,7 +234,7 @@ def _engine_quantizes(config: BuildConfig) -> bool:
 def _build_quantizing_engines(backend: Backend, model: onnx.ModelProto, src: ModelSource, texts: CheckTexts,
                               config: BuildConfig,                              root: Path, stage: StageFn, plan: BuildPlan) -> tuple[BuiltEngines, list[dict]]:
     """Engines of a backend that quantizes the fp32 graph itself (openvino), fed the calibration text,
-    and their check's report; raises PassCheckError where the engine fails it (the ladder moves on)."""
+    and their check's report; raises QuantCheckError where the engine fails it (the ladder moves on)."""
     from kiln.compiler.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
 
     longest = min(CALIBRATION_TOKENS, src.spec.max_position_embeddings)

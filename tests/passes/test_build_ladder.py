@@ -197,3 +197,15 @@ def test_kiln_build_prints_each_rung_with_its_figures(tmp_path, auto_quantizes_t
     assert "rung primary: failed the check (text: top-1 0." in res.output and "max rel logit error" in res.output
     assert "the next rung: ort int8, the LM head, embedding and layers 0, 1 fp32" in res.output
     assert "layers 0, 1 fp32: passed the check (text: top-1 1.000, perplexity +0.00%" in res.output
+
+
+def test_a_pass_that_breaks_the_graph_ends_the_build_without_climbing(tmp_path, auto_quantizes_tiny, monkeypatch):
+    """Only the quantization check's gate moves the build to the next rung: a fusion or cleanup
+    beyond its tolerance is a bug, which no rung would fix."""
+    from kiln.compiler.passes.base import QuantCheckError
+
+    monkeypatch.setattr(kiln.compiler.build, "compare_logits", lambda before, after: (1.0, 1.0))
+    stages = Stages()
+    with pytest.raises(PassCheckError, match="pass 'cleanup' failed its numeric check") as failed:
+        build(BuildConfig(source="tiny-llama", out=tmp_path / "art"), stage=stages, host=ort_host())
+    assert not isinstance(failed.value, QuantCheckError) and "next rung" not in stages.text()

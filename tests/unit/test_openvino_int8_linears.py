@@ -169,7 +169,7 @@ def test_a_build_whose_kiln_linears_fail_the_check_takes_the_plugins(tmp_path, m
     import json
 
     from kiln.compiler import build as build_module
-    from kiln.compiler.passes.base import PassCheckError
+    from kiln.compiler.passes.base import QuantCheckError
     from kiln.config import BuildConfig
     from kiln.contract.quant import QuantMode
 
@@ -179,7 +179,7 @@ def test_a_build_whose_kiln_linears_fail_the_check_takes_the_plugins(tmp_path, m
     def check_refusing_kiln_linears(built, *args):
         checked.append(built.engines[0]["options"]["kernels"])
         if built.engines[0]["options"]["kernels"]:
-            raise PassCheckError("top-1 agreement with fp32 0.5 < 0.9 (as if)")
+            raise QuantCheckError("top-1 agreement with fp32 0.5 < 0.9 (as if)")
         return real_check(built, *args)
 
     monkeypatch.setattr(build_module, "_check_engine_quant", check_refusing_kiln_linears)

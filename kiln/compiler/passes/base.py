@@ -18,6 +18,11 @@ class PassCheckError(RuntimeError):
         self.details = dict(details or {})
 
 
+class QuantCheckError(PassCheckError):
+    """The quantization check's gate failed (passes/verify_quant.py): the one failure a build's
+    ladder answers with its next rung. Any other pass beyond its tolerance is a bug and ends the build."""
+
+
 @dataclass
 class PassReport:
     name: str

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 
 from kiln.compiler.eval.perplexity import CHECK_TEXT, perplexity_of_logits, text_logits
-from kiln.compiler.passes.base import PassCheckError
+from kiln.compiler.passes.base import QuantCheckError
 from kiln.contract.quant import QuantMode
 
 
@@ -164,10 +164,10 @@ class QuantCheck:
         where = f"pass {self.pass_name!r} failed its numeric check"
         logit = f"max relative logit error {rel:.3g}, reported"
         if not f["top1_agreement"] >= self.min_top1:
-            raise PassCheckError(f"{where}: top-1 agreement with fp32 {f['top1_agreement']:.3f} < {self.min_top1:.3f} "
+            raise QuantCheckError(f"{where}: top-1 agreement with fp32 {f['top1_agreement']:.3f} < {self.min_top1:.3f} "
                                  f"over {text} ({logit})", self._details)
         if not f["perplexity_increase"] <= self.max_perplexity_increase:
-            raise PassCheckError(f"{where}: perplexity {f['perplexity_increase']:+.2%} over fp32's > "
+            raise QuantCheckError(f"{where}: perplexity {f['perplexity_increase']:+.2%} over fp32's > "
                                  f"{self.max_perplexity_increase:+.0%} over {text} ({logit})", self._details)
 
     def details(self) -> dict:
