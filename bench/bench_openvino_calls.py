@@ -32,6 +32,7 @@ from kiln.contract.engine import PagedBatch
 from kiln.engines.openvino.engine import _block_shape, cache_inputs, core_for
 from kiln.engines.openvino.feeds import paged_feeds
 from kiln.engines.openvino.options import KV_DTYPES, OpenVinoOptions
+from kiln.engines.openvino.kiln_attention import with_library_operations
 from kiln.engines.openvino.paged_graph import paged_model
 
 OPTION_TYPES = {"dynamic_quantization_group_size": int}
@@ -49,7 +50,9 @@ def compile_variant(variant: str, threads: int, static_feeds: dict | None = None
                       **{k: OPTION_TYPES.get(k, str)(v) for k, v in pairs.items() if not k.startswith("+")})
     raw = {k[1:]: v for k, v in pairs.items() if k.startswith("+")}
     core = core_for(options)
-    model = paged_model(core.read_model(artifact.path / record["file"]), artifact.manifest.spec)
+    model = paged_model(core.read_model(artifact.path / record["file"]), artifact.manifest.spec, options.attention)
+    if options.attention:
+        model = with_library_operations(core, model)
     if static_feeds is not None:
         model.reshape({name: ov.PartialShape(list(np.shape(value))) for name, value in static_feeds.items()})
     return core.compile_model(model, "CPU", {**options.compile_properties(threads), **raw})

@@ -80,7 +80,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             quant_modes=("none", "int8", "int4", "w8a8"), options=tuple(BACKEND_OPTIONS), cpu_int4_recipe=True),
     Backend("openvino", "kiln.compiler.backends.openvino.compile:build_engines",
             "kiln.engines.openvino.loader:load_openvino_engine", "cpu", quant_modes=("none", "int8", "int4"),
-            compresses_weights=("int8", "int4"), skipped_fusions=OPENVINO_SKIPPED_FUSIONS),
+            options=("attention",), compresses_weights=("int8", "int4"), skipped_fusions=OPENVINO_SKIPPED_FUSIONS),
     Backend("tensorrt", "kiln.compiler.backends.tensorrt.build:build_engines",
             "kiln.engines.tensorrt.loader:load_tensorrt_engine", "cuda", quant_modes=("none", "int4"),
             skipped_fusions=GPU_SKIPPED_FUSIONS),

@@ -63,7 +63,7 @@ def kernel_units() -> list[Unit]:
         units.append(Unit(path.name, level))
     units += [Unit("paged_attention.cc", level, (f"-DKILN_ATTEND_TASK=AttendTask{name}",))
               for level, name in ATTENTION_LEVELS.items()]
-    units += [Unit("paged_attention_u8.cc", level, (f"-DKILN_ATTEND_U8=AttendU8{name}", f"-DKILN_STORE_ROW=StoreRow{name}"))
+    units += [Unit("paged_kv_attention.cc", level, (f"-DKILN_ATTEND_KV=AttendKv{name}", f"-DKILN_STORE_TOKEN=StoreToken{name}"))
               for level, name in ATTENTION_LEVELS.items()]
     return units
 
@@ -240,7 +240,8 @@ def openvino_library() -> OpLibrary:
     include, libs = openvino_dirs()
     return OpLibrary(
         title="kiln's OpenVINO op library",
-        sources=(OPENVINO_NATIVE / "linear_i8_op.cpp",), headers=(),
+        sources=(OPENVINO_NATIVE / "linear_i8_op.cpp", OPENVINO_NATIVE / "paged_attention_op.cpp"),
+        headers=(OPENVINO_NATIVE / "paged_attention_op.h",),
         library=OPENVINO_NATIVE / "_build" / "libkiln_ov_ops.so",
         flags=("-O3", "-std=c++17", "-fPIC", "-DOV_THREAD=OV_THREAD_TBB", "-Wall", "-Wno-unused-parameter",
                f"-I{include}"),

@@ -20,12 +20,20 @@ Kernels Build(Isa isa) {
   Kernels k;
   ScalarKernels(&k);
   k.attend = AttendTaskScalar;
+  k.attend_kv = AttendKvScalar;
+  k.store_token = StoreTokenScalar;
   if (isa >= Isa::kAvx2) {
     Avx2Kernels(&k);
     k.attend = AttendTaskAvx2;
+    k.attend_kv = AttendKvAvx2;
+    k.store_token = StoreTokenAvx2;
   }
   // avx512 without VNNI: the avx2 linears (their vpdpbusd is the gain), AVX-512 attention
-  if (isa >= Isa::kAvx512) k.attend = AttendTaskAvx512;
+  if (isa >= Isa::kAvx512) {
+    k.attend = AttendTaskAvx512;
+    k.attend_kv = AttendKvAvx512;
+    k.store_token = StoreTokenAvx512;
+  }
   if (isa >= Isa::kAvx512Vnni) Avx512VnniKernels(&k);
   if (isa >= Isa::kAmx && AmxKernels != nullptr) AmxKernels(&k);
   return k;

@@ -14,6 +14,7 @@
 #include "formats.h"
 #include "isa.h"
 #include "paged_attention.h"
+#include "paged_kv_attention.h"
 
 namespace kiln {
 
@@ -96,6 +97,8 @@ struct Kernels {
   LinearFn<Int16Rows> q8_0_i16 = nullptr;     //                    accuracy_level 2
   LinearFn<FloatRows> q8_0_f32 = nullptr;     //                    accuracy_level 0
   AttendFn attend = nullptr;                  // kiln.PagedAttention
+  AttendKvFn attend_kv = nullptr;             // kiln.PagedAttentionU8 / F16 (OpenVINO)
+  StoreTokenFn store_token = nullptr;         //   its cache rows
   // kiln.LinearI8 / kiln.GateUpI8 (OpenVINO): from avx512vnni up; null below
   QuantizeU8Fn quantize_u8 = nullptr;
   I8LinearFn i8_linear = nullptr;

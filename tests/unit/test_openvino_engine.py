@@ -207,3 +207,36 @@ def test_u8_cache_bytes_count_the_scales(int8_setup):
     assert per_layer > 2 * spec.num_kv_heads * engine.block_size * spec.head_dim    # scales beside values
     assert engine.kv_layout.bytes_per_block == kv["bytes_per_block"] == spec.num_layers * per_layer
     assert sum(c.get_byte_size() for c in engine._caches) == 3 * kv["bytes_per_block"]
+
+
+# kiln's own paged attention (kiln_attention.py) in the same engine: a f16 cache keeps about three
+# decimal digits, a u8 one about two, so the bounds are the storage's; a wrong block or mask is still
+# off by O(1).
+KILN_ATTENTION_RTOL = {"kiln-f16": 5e-3, "kiln-u8": 5e-2}
+
+
+@pytest.fixture(scope="module", params=sorted(KILN_ATTENTION_RTOL))
+def kiln_attention_setup(request, tmp_path_factory):
+    from kiln.engines.openvino import native
+    from kiln.engines.openvino.options import OpenVinoOptions
+
+    if not native.available():
+        pytest.skip("kiln's OpenVINO op library is not built")
+    spec, model = standard_graph("tiny-llama")
+    root = tmp_path_factory.mktemp(f"ov-{request.param}")
+    record = compile_openvino(model, spec, root / "engines" / "openvino", OpenVinoOptions(attention=request.param))[0]
+    return (spec, record, root, KvLayout(**record["kv_layout"]), DenseReference(spec, model)), request.param
+
+
+def test_kiln_attention_steps_match_the_dense_graph(kiln_attention_setup, monkeypatch):
+    setup, attention = kiln_attention_setup
+    spec, record, *_ , reference = setup
+    assert record["options"]["attention"] == attention and record["kv_cache"]["element_type"] == "u8"
+    monkeypatch.setattr(__import__(__name__), "RTOL", KILN_ATTENTION_RTOL[attention])
+    engine = _engine(setup)
+    rng = np.random.default_rng(4)
+    lengths = [3, 40, 70, 33, 100]
+    seqs = Sequences([rng.integers(0, spec.vocab_size, n).tolist() for n in lengths],
+                     engine.block_size, engine.num_blocks, seed=5)
+    for chunk in ({0: 2, 1: 31, 2: 32, 3: 1, 4: 64}, {0: 1, 1: 1, 2: 5, 3: 31, 4: 1}, {1: 8, 2: 33, 3: 1, 4: 35}):
+        _check(engine, seqs, reference, chunk)

@@ -16,6 +16,7 @@ import openvino as ov
 from kiln.contract.engine import BucketGrid, EngineResult, KvLayout, PagedBatch
 from kiln.engines.openvino.feeds import paged_feeds
 from kiln.engines.openvino.options import KV_DTYPES, OpenVinoOptions
+from kiln.engines.openvino import kiln_attention
 from kiln.engines.openvino.paged_graph import paged_attention_extension, paged_model
 from kiln.contract.model_spec import ModelSpec
 
@@ -27,7 +28,7 @@ GATHER_LAYOUT = "paged-gather"      # kiln's paged gather in the graph (gathered
 def core_for(options: OpenVinoOptions) -> ov.Core:
     """A Core that can read what these options built: with kiln's op library where the linears are kiln's."""
     core = ov.Core()
-    if options.kernels:
+    if options.needs_kiln_library:
         from kiln.engines.openvino import native
 
         core.add_extension(str(native.require()))
@@ -37,7 +38,10 @@ def core_for(options: OpenVinoOptions) -> ov.Core:
 def compile_paged(xml: Path, spec: ModelSpec, options: OpenVinoOptions, threads: int) -> ov.CompiledModel:
     """Read the standard IR, rewrite it to the paged model, compile it for this CPU."""
     core = core_for(options)
-    return core.compile_model(paged_model(core.read_model(xml), spec), "CPU", options.compile_properties(threads))
+    model = paged_model(core.read_model(xml), spec, options.attention)
+    if options.attention:
+        model = kiln_attention.with_library_operations(core, model)
+    return core.compile_model(model, "CPU", options.compile_properties(threads))
 
 
 def import_paged(blob: Path, spec: ModelSpec, options: OpenVinoOptions,

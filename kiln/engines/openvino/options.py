@@ -37,6 +37,13 @@ class OpenVinoOptions:
     # "kiln-int8": the layers' linears are kiln's own operations (kiln/engines/openvino/native), so a
     # Core must add kiln's library before it reads or imports the model. "": the plugin's own.
     kernels: str = ""
+    # "kiln-u8": attention is kiln's own operation over its own u8 cache (kiln/engines/openvino/
+    # kiln_attention.py), which also needs kiln's library. "": the plugin's PagedAttentionExtension.
+    attention: str = ""
+
+    @property
+    def needs_kiln_library(self) -> bool:
+        return bool(self.kernels or self.attention)
 
     @property
     def compresses_weights(self) -> bool:
@@ -61,7 +68,7 @@ class OpenVinoOptions:
         return self
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "attention" or v}   # records before it stay equal
 
     @classmethod
     def from_dict(cls, d: dict) -> "OpenVinoOptions":

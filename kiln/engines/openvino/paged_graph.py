@@ -37,6 +37,7 @@ from openvino import opset13 as ops
 from openvino._pyopenvino.op import _PagedAttentionExtension
 
 from kiln.contract.model_spec import ModelSpec
+from kiln.engines.openvino import kiln_attention
 
 I32, I64 = ov.Type.i32, ov.Type.i64
 
@@ -75,10 +76,13 @@ def unsupported(spec: ModelSpec) -> str:
     return ""
 
 
-def paged_model(ov_model: ov.Model, spec: ModelSpec) -> ov.Model:
-    """ov_model: the standard graph with its cuts marked. Returns the packed, paged model."""
-    if unsupported(spec):
-        raise ValueError(f"the openvino backend does not support {unsupported(spec)}")
+def paged_model(ov_model: ov.Model, spec: ModelSpec, attention: str = "") -> ov.Model:
+    """ov_model: the standard graph with its cuts marked. Returns the packed, paged model, its
+    attention the plugin's operation ("") or kiln's (a kiln_attention format's name)."""
+    fmt = kiln_attention.cache_format(attention) if attention else None
+    why_not = unsupported(spec) if fmt is None else kiln_attention.supports(spec)
+    if why_not:
+        raise ValueError(f"the openvino backend does not support {why_not}")
     outputs = outputs_by_tensor_name(ov_model)
     missing = [n for n in [FINAL, cut_name(spec.num_layers - 1, "out")] if n not in outputs]
     if missing:
@@ -88,10 +92,9 @@ def paged_model(ov_model: ov.Model, spec: ModelSpec) -> ov.Model:
     caches = []
     for i in range(spec.num_layers):
         cut = {c: outputs[cut_name(i, c)] for c in CUTS}
-        key_cache, value_cache = (_parameter(f"{kind}_cache.{i}", ov.Type.dynamic, ov.PartialShape.dynamic(4))
-                                  for kind in ("key", "value"))
+        key_cache, value_cache = (_cache_parameter(f"{kind}_cache.{i}", spec, fmt) for kind in ("key", "value"))
         caches += [key_cache, value_cache]
-        attn = _paged_attention(spec, cut, key_cache, value_cache, seq, spec.layer_window(i))
+        attn = _paged_attention(spec, cut, key_cache, value_cache, seq, spec.layer_window(i), fmt)
         cut["out"].replace(ops.unsqueeze(attn, _i64([0])).output(0))
     _last_positions_per_sequence(outputs, params[1], seq["subsequence_begins"])
     logits_indices = _parameter(LOGITS_INDICES, I64, [-1])
@@ -133,11 +136,22 @@ def _last_positions_per_sequence(outputs: dict, position_ids, begins) -> None:
         out.replace(per_token.output(0))
 
 
-def _paged_attention(spec: ModelSpec, cut: dict, key_cache, value_cache, seq: dict, window: int):
+def _cache_parameter(name: str, spec: ModelSpec, fmt):
+    if fmt is not None:
+        return kiln_attention.cache_parameter(name, spec, fmt)
+    return _parameter(name, ov.Type.dynamic, ov.PartialShape.dynamic(4))      # the plugin decides
+
+
+def _paged_attention(spec: ModelSpec, cut: dict, key_cache, value_cache, seq: dict, window: int, fmt=None):
     hd, heads, kvh = spec.head_dim, spec.num_heads, spec.num_kv_heads
     q = ops.reshape(cut["q"], _i64([-1, heads * hd]), special_zero=False)
     k = ops.reshape(cut["k"], _i64([-1, kvh * hd]), special_zero=False)
     v = ops.reshape(cut["v"], _i64([-1, kvh * hd]), special_zero=False)
+    if fmt is not None:
+        # NOTE: the same scale and window rule as the plugin's operation (see _attention_inputs)
+        inputs = kiln_attention.attention_inputs(q, k, v, key_cache, value_cache, seq, spec.head_dim ** -0.5, window,
+                                                 spec.attn_softcap or 0.0)
+        return kiln_attention.operation(fmt, inputs).output(0)
     return paged_attention_op(spec, _attention_inputs(spec, q, k, v, key_cache, value_cache, seq, window)).output(0)
 
 

@@ -27,6 +27,7 @@ from kiln.contract.engine import KvLayout
 from kiln.engines.openvino.engine import (GATHER_LAYOUT, PAGED_LAYOUT, compile_gathered, compile_paged,
                                           describe_kv_cache, import_gathered, import_paged)
 from kiln.compiler.backends.openvino.coverage import attention_core
+from kiln.engines.openvino import kiln_attention
 from kiln.engines.openvino.options import OpenVinoOptions
 from kiln.compiler.backends.built import BuiltEngines, StageFn
 from kiln.compiler.backends.openvino.cuts import mark_cuts
@@ -59,7 +60,8 @@ def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, s
     them); recipe: the build plan's quantization recipe (None: the one this host's plan has for config.quant)."""
     reports = []
     options = options_for_recipe(recipe) if recipe is not None else options_for_quant(config.quant)
-    layout, why = attention_core(spec)
+    options = with_attention(options, config.attention, spec)
+    layout, why = attention_core(spec) if not options.attention else (PAGED_LAYOUT, "kiln's paged attention")
     gather = layout == GATHER_LAYOUT
     if gather:
         options = replace(gather_options(options), kernels="")     # kiln's linears: paged layout only
@@ -74,6 +76,19 @@ def build_engines(model: onnx.ModelProto, spec: ModelSpec, config, root: Path, s
                                    gather_block_size=config.block_size if gather else 0,
                                    calibration_ids=calibration_ids)
     return BuiltEngines(records, KvLayout(**records[0]["kv_layout"]), reports)
+
+
+def with_attention(options: OpenVinoOptions, requested: str, spec: ModelSpec) -> OpenVinoOptions:
+    """--attention native: kiln's own paged attention over its u8 cache (kiln_attention.py) in place
+    of the plugin's operation; anything else keeps the plugin's."""
+    if requested != "native":
+        return options
+    why_not = kiln_attention.supports(spec)
+    if why_not:
+        raise ValueError(f"--attention native: kiln's paged attention for OpenVINO does not take {why_not}")
+    fmt = kiln_attention.KILN_F16
+    return replace(options, attention=fmt.name, kv_cache_precision="u8" if fmt is kiln_attention.KILN_U8 else "f16",
+                   key_cache_quant_mode="")
 
 
 def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "paged_attention_op.h"
 
 namespace kiln {
 namespace ov_ops {
@@ -163,4 +164,6 @@ extern "C" __attribute__((visibility("default"))) void kiln_ov_linear_i8(const f
 OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
     std::make_shared<ov::OpExtension<kiln::ov_ops::LinearI8>>(),
     std::make_shared<ov::OpExtension<kiln::ov_ops::GateUpI8>>(),
+    std::make_shared<ov::OpExtension<kiln::ov_ops::PagedAttentionU8>>(),
+    std::make_shared<ov::OpExtension<kiln::ov_ops::PagedAttentionF16>>(),
 }));

@@ -1,0 +1,350 @@
+// kiln.PagedAttentionU8's and kiln.PagedAttentionF16's arithmetic (paged_kv_attention.h). build.py
+// compiles this file once per level with that level's flags, naming its entries
+// -DKILN_ATTEND_KV=AttendKv<Level> and -DKILN_STORE_TOKEN=StoreToken<Level>; the kernel table
+// (kernels.h) picks the copy for the CPU.
+//
+// A task is one sequence, one kv head and a run of its new tokens: every query head of the group
+// (GQA) meets each key and value once per task, so a decode step reads the cache once per kv head,
+// not once per query head. Keys are stored transposed in their block (paged_attention_u8.h), so 16
+// keys' codes of one head dimension are one load: a query's 16 scores are one multiply-add per head
+// dimension, with no sums across lanes. The softmax runs as the blocks come (flash decoding), so each
+// block's keys and values are read once. NOTE: like every per-level file it instantiates no std::
+// template.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "kernels.h"
+#include "paged_kv_attention.h"
+
+#if !defined(KILN_ATTEND_KV) || !defined(KILN_STORE_TOKEN)
+#error "compiled per level by kiln/kernels/build.py, which names the copies (-DKILN_ATTEND_KV=AttendKvAvx2 ...)"
+#endif
+
+namespace kiln {
+namespace {
+
+#include "attention_math.h"     // Lanes, Load, Total, ExpLanes, ExpAndSum (inside this anonymous namespace)
+
+typedef uint8_t Codes __attribute__((vector_size(16)));
+
+constexpr int kLanes = 16;
+constexpr int kQueryGroup = 4;      // query vectors whose sums one pass keeps in registers
+constexpr int kMaxBlockHalves = 4;  // blocks of up to 64 tokens, 16 at a time
+const Lanes kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+// The element formats: 16 consecutive elements as floats, and what a stored token carries.
+struct U8Codes {
+  static constexpr KvFormat kFormat = KvFormat::kU8;
+  static constexpr int kBytes = 1;
+  static constexpr bool kAffine = true;     // a scale and a minimum per token
+  static KILN_INLINE Lanes Widen(const uint8_t* codes) {
+#ifdef __AVX512F__
+    // NOTE: spelled out: GCC's generic conversion of 16 u8 lanes went through scalar code
+    const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
+    Lanes x;
+    std::memcpy(&x, &v, sizeof x);
+    return x;
+#else
+    Codes c;
+    std::memcpy(&c, codes, sizeof c);
+    return __builtin_convertvector(__builtin_convertvector(c, LaneIndex), Lanes);
+#endif
+  }
+};
+
+// An IEEE half float's value (the scalar copy's path; the others convert 8 or 16 at once).
+KILN_INLINE float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else {
+    float f = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -f : f;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+struct F16Values {
+  static constexpr KvFormat kFormat = KvFormat::kF16;
+  static constexpr int kBytes = 2;
+  static constexpr bool kAffine = false;
+  static KILN_INLINE Lanes Widen(const uint8_t* halves) {
+    Lanes x;
+#if defined(__AVX512F__)
+    const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(halves)));
+    std::memcpy(&x, &v, sizeof x);
+#elif defined(__F16C__)
+    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves)));
+    const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves) + 1));
+    std::memcpy(&x, &lo, sizeof lo);
+    std::memcpy(reinterpret_cast<float*>(&x) + 8, &hi, sizeof hi);
+#else
+    for (int i = 0; i < kLanes; ++i) {
+      uint16_t h;
+      std::memcpy(&h, halves + 2 * i, sizeof h);
+      x[i] = HalfToFloat(h);
+    }
+#endif
+    return x;
+  }
+};
+
+KILN_INLINE int64_t FirstKey(const AttentionParams& p, int64_t position) {
+  return p.window > 0 && position - p.window + 1 > 0 ? position - p.window + 1 : 0;
+}
+
+// One query vector of a task: a token's query for one head, and the keys it sees.
+struct Query {
+  const float* x;
+  float sum;                  // of x: the keys' minimum times it is their rows' share of each score
+  int64_t first, last;        // keys first .. last
+  float* out;
+};
+
+struct Span {
+  int64_t base, lo, hi;       // blocks from base (lo's block start); keys lo .. hi are read
+};
+
+KILN_INLINE void Prefetch(const uint8_t* from, size_t bytes) {
+  for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(from + at, 0, 3);
+}
+
+// The running softmax of J queries over the keys seen so far (flash decoding): the largest score,
+// the sum of e^(score - largest), and the weighted sums of values, all scaled to that largest.
+template <int J, int C>
+struct Running {
+  float top[J], total[J], minimum_share[J];
+  Lanes acc[J][C];
+
+  Running() {
+    for (int j = 0; j < J; ++j) {
+      top[j] = -INFINITY;
+      total[j] = minimum_share[j] = 0.f;
+      for (int c = 0; c < C; ++c) acc[j][c] = Lanes{};
+    }
+  }
+};
+
+// The scores of J queries for the 16 keys from t0 (h16 into their block): -inf where a query does
+// not see the key.
+template <typename F, int J>
+KILN_INLINE void ScoreKeys(const AttentionParams& p, const Segment& seg, int bs, int hd, int h16, int64_t t0,
+                           const Query* qs, Lanes* scores) {
+  Lanes acc[J];
+  for (int j = 0; j < J; ++j) acc[j] = Lanes{};
+  for (int d = 0; d < hd; ++d) {
+    const Lanes c = F::Widen(seg.codes + (static_cast<size_t>(d) * bs + h16) * F::kBytes);
+    for (int j = 0; j < J; ++j) acc[j] += qs[j].x[d] * c;
+  }
+  if constexpr (F::kAffine) {
+    const Lanes scale = Load(seg.scale + h16), minimum = Load(seg.minimum + h16);
+    for (int j = 0; j < J; ++j) acc[j] = acc[j] * scale + minimum * qs[j].sum;
+  }
+  const Lanes key = kIota + static_cast<float>(t0);            // positions are exact in float below 2^24
+  for (int j = 0; j < J; ++j) {
+    Lanes x = acc[j] * p.scale;
+    if (p.softcap > 0.f)
+      for (int i = 0; i < kLanes; ++i) x[i] = p.softcap * std::tanh(x[i] / p.softcap);
+    const Lanes first = Lanes{} + static_cast<float>(qs[j].first), last = Lanes{} + static_cast<float>(qs[j].last);
+    scores[j] = (key >= first) & (key <= last) ? x : Lanes{} - INFINITY;
+  }
+}
+
+KILN_INLINE float Largest(Lanes v) {
+  float top = v[0];
+  for (int i = 1; i < kLanes; ++i) top = v[i] > top ? v[i] : top;
+  return top;
+}
+
+// One block of keys [b0, b0 + bs) into the running softmax: its scores, the rescale when a query's
+// largest score grows, then its values weighted by e^(score - largest).
+template <typename F, int J, int C>
+KILN_INLINE void TakeBlock(const PackedAttention& s, const AttentionParams& p, const Segment& keys,
+                           const Segment& values, int64_t b0, const Span& span, const Query* qs, Running<J, C>& run) {
+  const int bs = s.block_size, hd = C * kLanes;
+  constexpr int kHalves = kMaxBlockHalves;
+  Lanes scores[kHalves][J];
+  const int halves = bs / kLanes;
+  for (int h = 0; h < halves; ++h) {
+    const int64_t t0 = b0 + h * kLanes;
+    if (t0 > span.hi || t0 + kLanes <= span.lo) {
+      for (int j = 0; j < J; ++j) scores[h][j] = Lanes{} - INFINITY;
+      continue;
+    }
+    ScoreKeys<F, J>(p, keys, bs, hd, h * kLanes, t0, qs, scores[h]);
+  }
+  float weight[J][kHalves * kLanes];
+  for (int j = 0; j < J; ++j) {
+    float top = run.top[j];
+    for (int h = 0; h < halves; ++h) top = Largest(scores[h][j]) > top ? Largest(scores[h][j]) : top;
+    if (top == -INFINITY) {                                     // nothing of this block seen by query j
+      for (int i = 0; i < bs; ++i) weight[j][i] = 0.f;
+      continue;
+    }
+    const float rescale = std::exp(run.top[j] - top);           // 0 when nothing was seen before
+    run.top[j] = top;
+    run.total[j] *= rescale;
+    run.minimum_share[j] *= rescale;
+    for (int c = 0; c < C; ++c) run.acc[j][c] *= rescale;
+    for (int h = 0; h < halves; ++h) {
+      const Lanes seen = scores[h][j] > Lanes{} - INFINITY ? Lanes{} + 1.f : Lanes{};
+      const Lanes e = ExpLanes(scores[h][j] - top) * seen;
+      run.total[j] += Total(e);
+      std::memcpy(weight[j] + h * kLanes, &e, sizeof e);
+    }
+  }
+  const int i0 = b0 < span.lo ? static_cast<int>(span.lo - b0) : 0;
+  const int i1 = static_cast<int>(span.hi - b0 + 1 < bs ? span.hi - b0 + 1 : bs);
+  for (int i = i0; i < i1; ++i) {
+    const uint8_t* row = values.codes + static_cast<size_t>(i) * hd * F::kBytes;
+    Lanes v[C];
+    for (int c = 0; c < C; ++c) v[c] = F::Widen(row + c * kLanes * F::kBytes);
+    for (int j = 0; j < J; ++j) {
+      float w = weight[j][i];
+      if constexpr (F::kAffine) {
+        run.minimum_share[j] += w * values.minimum[i];
+        w *= values.scale[i];
+      }
+      for (int c = 0; c < C; ++c) run.acc[j][c] += w * v[c];
+    }
+  }
+}
+
+// A task's keys for J queries: block by block, each block's keys and values read once, the next
+// block's asked for while this one computes.
+template <typename F, int J, int C>
+void AttendGroup(const PackedAttention& s, const AttentionParams& p, const uint8_t* key_cache,
+                 const uint8_t* value_cache, const PackedSequence& seq, int g, const Query* qs, const Span& span) {
+  const int bs = s.block_size;
+  const size_t segment = SegmentBytes(s.head_dim, bs, F::kFormat);
+  Running<J, C> run;
+  for (int64_t b0 = span.base; b0 <= span.hi; b0 += bs) {
+    if (b0 + bs <= span.hi) {
+      const int64_t next = seq.blocks[(b0 + bs) / bs];
+      Prefetch(SegmentOf(s, key_cache, next, g, F::kFormat).codes, segment);
+      Prefetch(SegmentOf(s, value_cache, next, g, F::kFormat).codes, segment);
+    }
+    const int64_t block = seq.blocks[b0 / bs];
+    TakeBlock<F, J, C>(s, p, SegmentOf(s, key_cache, block, g, F::kFormat), SegmentOf(s, value_cache, block, g, F::kFormat),
+                       b0, span, qs, run);
+  }
+  for (int j = 0; j < J; ++j)
+    for (int c = 0; c < C; ++c) {
+      const Lanes v = (run.acc[j][c] + run.minimum_share[j]) * (1.f / run.total[j]);
+      std::memcpy(qs[j].out + c * kLanes, &v, sizeof v);
+    }
+}
+
+template <typename F, int C>
+void AttendQueries(const PackedAttention& s, const AttentionParams& p, const uint8_t* key_cache,
+                   const uint8_t* value_cache, const PackedSequence& seq, int g, const Query* qs, int count,
+                   const Span& span) {
+  for (int j0 = 0; j0 < count; j0 += kQueryGroup) {
+    const Query* group = qs + j0;
+    switch (count - j0 < kQueryGroup ? count - j0 : kQueryGroup) {
+      case 1: AttendGroup<F, 1, C>(s, p, key_cache, value_cache, seq, g, group, span); break;
+      case 2: AttendGroup<F, 2, C>(s, p, key_cache, value_cache, seq, g, group, span); break;
+      case 3: AttendGroup<F, 3, C>(s, p, key_cache, value_cache, seq, g, group, span); break;
+      default: AttendGroup<F, 4, C>(s, p, key_cache, value_cache, seq, g, group, span); break;
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+KILN_INLINE uint16_t FloatToHalf(float x) {
+#if defined(__F16C__)
+  return static_cast<uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+#else
+  // round to nearest even, as the F16C instruction does
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const uint32_t sign = (bits >> 16) & 0x8000;
+  const float a = std::fabs(x);
+  if (!(a == a)) return static_cast<uint16_t>(sign | 0x7e00);
+  if (a >= 65520.f) return static_cast<uint16_t>(sign | 0x7c00);
+  if (a < 6.103515625e-05f) return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 16777216.f)));
+  std::memcpy(&bits, &a, sizeof bits);
+  const uint32_t rounded = bits + 0xfff + ((bits >> 13) & 1);
+  return static_cast<uint16_t>(sign | ((rounded - (112u << 23)) >> 13));
+#endif
+}
+
+void StoreU8(const float* x, int hd, int bs, uint8_t* segment, int slot, bool transposed) {
+  float lo = x[0], hi = x[0];
+  for (int d = 1; d < hd; ++d) {
+    lo = x[d] < lo ? x[d] : lo;
+    hi = x[d] > hi ? x[d] : hi;
+  }
+  const float scale = (hi - lo) / 255.f, inverse = scale > 0.f ? 1.f / scale : 0.f;
+  for (int d = 0; d < hd; ++d) {
+    const float code = std::nearbyint((x[d] - lo) * inverse);
+    const size_t at = transposed ? static_cast<size_t>(d) * bs + slot : static_cast<size_t>(slot) * hd + d;
+    segment[at] = static_cast<uint8_t>(code < 0.f ? 0.f : (code > 255.f ? 255.f : code));
+  }
+  std::memcpy(segment + static_cast<size_t>(hd) * bs + sizeof(float) * slot, &scale, sizeof scale);
+  std::memcpy(segment + static_cast<size_t>(hd) * bs + sizeof(float) * (bs + slot), &lo, sizeof lo);
+}
+
+void StoreF16(const float* x, int hd, int bs, uint8_t* segment, int slot, bool transposed) {
+  for (int d = 0; d < hd; ++d) {
+    const uint16_t h = FloatToHalf(x[d]);
+    const size_t at = transposed ? static_cast<size_t>(d) * bs + slot : static_cast<size_t>(slot) * hd + d;
+    std::memcpy(segment + 2 * at, &h, sizeof h);
+  }
+}
+
+template <typename F>
+void Attend(const PackedAttention& s, const AttentionParams& p, const float* q, const uint8_t* key_cache,
+            const uint8_t* value_cache, const PackedSequence& seq, int g, int s0, int s1, float* out) {
+  const int hd = s.head_dim, group = s.heads / s.kv_heads;
+  const int count = (s1 - s0) * group;          // query j: token s0 + j / group, head g * group + j % group
+  Query qs[kKvMaxQueries];
+  for (int j = 0; j < count; ++j) {
+    const size_t at = (static_cast<size_t>(seq.begin) + s0 + j / group) * s.heads * hd + (g * group + j % group) * hd;
+    float sum = 0.f;
+    for (int d = 0; d < hd; ++d) sum += q[at + d];
+    const int64_t last = seq.past + s0 + j / group;
+    qs[j] = {q + at, sum, FirstKey(p, last), last, out + at};
+  }
+  const int64_t lo = FirstKey(p, seq.past + s0), hi = seq.past + s1 - 1;
+  const Span span{lo / s.block_size * s.block_size, lo, hi};
+  using Fn = void (*)(const PackedAttention&, const AttentionParams&, const uint8_t*, const uint8_t*,
+                      const PackedSequence&, int, const Query*, int, const Span&);
+  static constexpr Fn kByChunks[] = {nullptr, AttendQueries<F, 1>, AttendQueries<F, 2>, AttendQueries<F, 3>,
+                                     AttendQueries<F, 4>, AttendQueries<F, 5>, AttendQueries<F, 6>,
+                                     AttendQueries<F, 7>, AttendQueries<F, 8>, AttendQueries<F, 9>,
+                                     AttendQueries<F, 10>, AttendQueries<F, 11>, AttendQueries<F, 12>,
+                                     AttendQueries<F, 13>, AttendQueries<F, 14>, AttendQueries<F, 15>,
+                                     AttendQueries<F, 16>};
+  static_assert(sizeof(kByChunks) / sizeof(kByChunks[0]) == kMaxHeadDim / kLanes + 1, "a copy per head width");
+  kByChunks[hd / kLanes](s, p, key_cache, value_cache, seq, g, qs, count, span);
+}
+
+}  // namespace
+
+void KILN_STORE_TOKEN(KvFormat f, const float* x, int hd, int bs, uint8_t* segment, int slot, bool transposed) {
+  if (f == KvFormat::kU8) return StoreU8(x, hd, bs, segment, slot, transposed);
+  StoreF16(x, hd, bs, segment, slot, transposed);
+}
+
+void KILN_ATTEND_KV(KvFormat f, const PackedAttention& s, const AttentionParams& p, const float* q,
+                    const uint8_t* key_cache, const uint8_t* value_cache, const PackedSequence& seq, int g, int s0,
+                    int s1, float* out) {
+  if (f == KvFormat::kU8) return Attend<U8Codes>(s, p, q, key_cache, value_cache, seq, g, s0, s1, out);
+  Attend<F16Values>(s, p, q, key_cache, value_cache, seq, g, s0, s1, out);
+}
+
+}  // namespace kiln

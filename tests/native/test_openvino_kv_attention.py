@@ -1,0 +1,125 @@
+"""kiln's paged attention for OpenVINO (kiln.PagedAttentionU8 / kiln.PagedAttentionF16) against numpy:
+one layer, several sequences in one packed call, over prefills, chunked prefills and decodes, with
+block tables out of order, so every call reads what earlier calls stored in the bound caches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+ov = pytest.importorskip("openvino")
+
+from openvino import opset13 as ops  # noqa: E402
+
+from kiln.engines.openvino import native  # noqa: E402
+from kiln.engines.openvino.kiln_attention import (BLOCK_SIZE, KILN_F16, KILN_U8, attention_inputs,  # noqa: E402
+                                                  dequantize_block, operation)
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="kiln's OpenVINO op library is not built")
+
+HEADS, KV_HEADS = 6, 2
+SEQS, BLOCKS_PER_SEQ = 3, 6
+# new tokens per sequence and call: a prefill of several 16-token runs and a remainder, decodes,
+# a chunk continuing a prefill, a single token beside a long chunk
+CALLS = [[37, 5, 20], [1, 1, 1], [1, 30, 1], [2, 3, 18], [50, 1, 1]]
+
+
+def _parameter(name, element_type, shape):
+    p = ops.parameter(ov.PartialShape(shape), element_type, name=name)
+    p.output(0).get_tensor().set_names({name})
+    return p
+
+
+class Layer:
+    """One compiled attention layer with its caches bound, as the engine binds them."""
+
+    def __init__(self, fmt, head_dim, window, tmp_path):
+        self.fmt, self.hd, self.window = fmt, head_dim, window
+        q = _parameter("q", ov.Type.f32, [-1, HEADS * head_dim])
+        k, v = (_parameter(n, ov.Type.f32, [-1, KV_HEADS * head_dim]) for n in "kv")
+        row = fmt.row_bytes(head_dim)
+        caches = [_parameter(n, ov.Type.u8, [-1, KV_HEADS, BLOCK_SIZE, row]) for n in ("key_cache", "value_cache")]
+        seq = {n: _parameter(n, ov.Type.i32, [-1])
+               for n in ("past_lens", "subsequence_begins", "block_indices", "block_indices_begins")}
+        node = operation(fmt, attention_inputs(q, k, v, *caches, seq, head_dim ** -0.5, window))
+        ov.save_model(ov.Model([node.output(0)], [q, k, v, *caches, *seq.values()]), tmp_path / "layer.xml")
+        core = ov.Core()
+        core.add_extension(str(native.LIBRARY))
+        compiled = core.compile_model(core.read_model(tmp_path / "layer.xml"), "CPU", {"INFERENCE_NUM_THREADS": 2})
+        self.request = compiled.create_infer_request()
+        shape = (SEQS * BLOCKS_PER_SEQ, KV_HEADS, BLOCK_SIZE, row)
+        self.keys, self.values = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
+        self.request.set_tensor("key_cache", ov.Tensor(self.keys, shared_memory=True))
+        self.request.set_tensor("value_cache", ov.Tensor(self.values, shared_memory=True))
+        # each sequence's blocks, out of order and interleaved with the others'
+        self.tables = [list(range(SEQS * BLOCKS_PER_SEQ))[b::SEQS][::-1] for b in range(SEQS)]
+
+    def call(self, past, q, k, v, short_of_blocks=0):
+        counts = [len(x) for x in q]
+        used = [-(-(p + c) // BLOCK_SIZE) - short_of_blocks for p, c in zip(past, counts)]
+        feeds = {"q": np.concatenate(q).reshape(sum(counts), -1), "k": np.concatenate(k).reshape(sum(counts), -1),
+                 "v": np.concatenate(v).reshape(sum(counts), -1), "past_lens": np.array(past, np.int32),
+                 "subsequence_begins": np.cumsum([0, *counts]).astype(np.int32),
+                 "block_indices": np.concatenate([t[:n] for t, n in zip(self.tables, used)]).astype(np.int32),
+                 "block_indices_begins": np.cumsum([0, *used]).astype(np.int32)}
+        out = self.request.infer(feeds)[0].reshape(sum(counts), HEADS, self.hd)
+        return np.split(out, np.cumsum(counts)[:-1])
+
+    def cached(self, b, n, keys):
+        """The first n tokens of sequence b as the cache holds them, [n, kv heads, hd]."""
+        cache = self.keys if keys else self.values
+        blocks = [dequantize_block(cache, blk, self.hd, keys, self.fmt) for blk in self.tables[b]]
+        return np.concatenate(blocks, axis=1)[:, :n].transpose(1, 0, 2)
+
+
+def attention(q, keys, values, past, window, head_dim):
+    """softmax(q k^T / sqrt(hd)) v per query token and head, causal, over the last `window` keys."""
+    out = np.zeros_like(q)
+    for i in range(len(q)):
+        first = max(0, past + i + 1 - window) if window else 0
+        for h in range(HEADS):
+            g = h // (HEADS // KV_HEADS)
+            s = keys[first:past + i + 1, g] @ q[i, h] * head_dim ** -0.5
+            w = np.exp(s - s.max())
+            out[i, h] = (w / w.sum()) @ values[first:past + i + 1, g]
+    return out
+
+
+# (format, bound on |kiln - exact f32 attention|): u8 codes step at 1/255 of a token's range
+@pytest.mark.parametrize("fmt, exact_bound", [(KILN_U8, 0.15), (KILN_F16, 0.01)], ids=["u8", "f16"])
+@pytest.mark.parametrize("head_dim, window", [(64, 0), (128, 40), (48, 7)])
+def test_the_operation_is_attention_over_what_it_stored(fmt, exact_bound, head_dim, window, tmp_path):
+    layer, rng = Layer(fmt, head_dim, window, tmp_path), np.random.default_rng(head_dim + window)
+    past, all_k, all_v = [0] * SEQS, [[] for _ in range(SEQS)], [[] for _ in range(SEQS)]
+    for counts in CALLS:
+        q = [rng.standard_normal((c, HEADS, head_dim)).astype(np.float32) for c in counts]
+        k = [2 * rng.standard_normal((c, KV_HEADS, head_dim)).astype(np.float32) for c in counts]
+        v = [rng.standard_normal((c, KV_HEADS, head_dim)).astype(np.float32) for c in counts]
+        got = layer.call(past, q, k, v)
+        for b in range(SEQS):
+            all_k[b].append(k[b])
+            all_v[b].append(v[b])
+            n = past[b] + counts[b]
+            over_cache = attention(q[b], layer.cached(b, n, True), layer.cached(b, n, False), past[b], window, head_dim)
+            exact = attention(q[b], np.concatenate(all_k[b]), np.concatenate(all_v[b]), past[b], window, head_dim)
+            np.testing.assert_allclose(got[b], over_cache, atol=2e-5, rtol=0)
+            assert np.abs(got[b] - exact).max() < exact_bound
+            past[b] = n
+
+
+@pytest.mark.parametrize("fmt", [KILN_U8, KILN_F16], ids=["u8", "f16"])
+def test_a_block_outside_the_pool_is_refused_not_read(fmt, tmp_path):
+    layer = Layer(fmt, 64, 0, tmp_path)
+    layer.tables[1][0] = 10 ** 6
+    x = [np.ones((2, HEADS, 64), np.float32)] * SEQS
+    kv = [np.ones((2, KV_HEADS, 64), np.float32)] * SEQS
+    with pytest.raises(RuntimeError, match="outside the KV pool"):
+        layer.call([0] * SEQS, x, kv, kv)
+
+
+def test_a_sequence_without_blocks_for_its_tokens_is_refused(tmp_path):
+    layer = Layer(KILN_U8, 64, 0, tmp_path)
+    x = [np.ones((2, HEADS, 64), np.float32)] * SEQS
+    kv = [np.ones((2, KV_HEADS, 64), np.float32)] * SEQS
+    with pytest.raises(RuntimeError, match="fewer blocks than"):
+        layer.call([40] * SEQS, x, kv, kv, short_of_blocks=1)
