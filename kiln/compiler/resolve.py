@@ -149,9 +149,19 @@ def refuse_before_export(plan: BuildPlan, spec: ModelSpec) -> None:
     if plan.recipe.ops() & NATIVE_OPS and not plan.host.ort_ops:
         raise ValueError(f"the {plan.recipe.mode} recipe runs on kiln's op library, which is not built here: "
                          f"run `{ort_native.BUILD_COMMAND}`")
-    if plan.attention.value == "native" and not plan.host.ort_ops:
-        raise ValueError("--attention native runs kiln's PagedAttention op, and kiln's op library is not built "
-                         f"here: run `{ort_native.BUILD_COMMAND}`, or build --attention standard")
+    if plan.attention.value == "native":
+        _refuse_native_attention(plan)
+
+
+def _refuse_native_attention(plan: BuildPlan) -> None:
+    """--attention native runs kiln's paged attention op, from the op library of the plan's backend."""
+    from kiln.engines.openvino import native as ov_native
+
+    built, command = ((plan.host.openvino_ops, ov_native.BUILD_COMMAND) if plan.backend.value == "openvino"
+                      else (plan.host.ort_ops, ort_native.BUILD_COMMAND))
+    if not built:
+        raise ValueError(f"--attention native runs kiln's paged attention op on {plan.backend.value}, and kiln's op "
+                         f"library for it is not built here: run `{command}`, or build without --attention native")
 
 
 def _refuse_openvino(plan: BuildPlan, spec: ModelSpec) -> None:

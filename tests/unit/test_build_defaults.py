@@ -286,8 +286,12 @@ def test_what_cannot_work_here_is_refused_before_the_export():
     with pytest.raises(ValueError, match="kiln's op library, which is not built here"):
         refuse_before_export(dataclasses.replace(plan, host=dataclasses.replace(plan.host, ort_ops=False)), SMOLLM2)
     native_core = resolve(BuildConfig(source="x", out="x", attention="native"), SMOLLM2, host("avx2", libraries=False))
-    with pytest.raises(ValueError, match="--attention native runs kiln's PagedAttention op"):
+    with pytest.raises(ValueError, match="--attention native runs kiln's paged attention op on ort"):
         refuse_before_export(native_core, SMOLLM2)
+    no_ov_ops = BuildHost(describe(CPUS["avx512-vnni"], "x86_64"), ort_ops=True, openvino_ops=False, openvino=True)
+    ov_native = resolve(BuildConfig(source="x", out="x", backend="openvino", attention="native"), SMOLLM2, no_ov_ops)
+    with pytest.raises(ValueError, match="paged attention op on openvino.*openvino.native.build"):
+        refuse_before_export(ov_native, SMOLLM2)
     refuse_before_export(plan_for("avx2"), SMOLLM2)            # the auto choices always can
 
 
