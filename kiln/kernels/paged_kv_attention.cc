@@ -99,6 +99,14 @@ struct F16Values {
   }
 };
 
+// A span already widened (a task of many queries reads it once per group of four).
+struct F32Values {
+  static constexpr KvFormat kFormat = KvFormat::kF32;
+  static constexpr int kBytes = 4;
+  static constexpr bool kAffine = false;
+  static KILN_INLINE Lanes Widen(const uint8_t* x) { return Load(reinterpret_cast<const float*>(x)); }
+};
+
 KILN_INLINE int64_t FirstKey(const AttentionParams& p, int64_t position) {
   return p.window > 0 && position - p.window + 1 > 0 ? position - p.window + 1 : 0;
 }
@@ -307,6 +315,72 @@ void StoreF16(const float* x, int hd, int bs, uint8_t* segment, int slot, bool t
 }
 
 template <typename F>
+void AttendSpan(const PackedAttention& s, const AttentionParams& p, const uint8_t* key_cache,
+                const uint8_t* value_cache, const PackedSequence& seq, int g, const Query* qs, int count,
+                const Span& span) {
+  using Fn = void (*)(const PackedAttention&, const AttentionParams&, const uint8_t*, const uint8_t*,
+                      const PackedSequence&, int, const Query*, int, const Span&);
+  static constexpr Fn kByChunks[] = {nullptr, AttendQueries<F, 1>, AttendQueries<F, 2>, AttendQueries<F, 3>,
+                                     AttendQueries<F, 4>, AttendQueries<F, 5>, AttendQueries<F, 6>,
+                                     AttendQueries<F, 7>, AttendQueries<F, 8>, AttendQueries<F, 9>,
+                                     AttendQueries<F, 10>, AttendQueries<F, 11>, AttendQueries<F, 12>,
+                                     AttendQueries<F, 13>, AttendQueries<F, 14>, AttendQueries<F, 15>,
+                                     AttendQueries<F, 16>};
+  static_assert(sizeof(kByChunks) / sizeof(kByChunks[0]) == kMaxHeadDim / kLanes + 1, "a copy per head width");
+  kByChunks[s.head_dim / kLanes](s, p, key_cache, value_cache, seq, g, qs, count, span);
+}
+
+// One block's keys (transposed) or values of kv head g as f32, in the same places of an f32 segment.
+template <typename F>
+void WidenBlock(const Segment& seg, int bs, int hd, bool keys, float* out) {
+  if (keys) {
+    for (int d = 0; d < hd; ++d)
+      for (int h16 = 0; h16 < bs; h16 += kLanes) {
+        Lanes x = F::Widen(seg.codes + (static_cast<size_t>(d) * bs + h16) * F::kBytes);
+        if constexpr (F::kAffine) x = x * Load(seg.scale + h16) + Load(seg.minimum + h16);
+        std::memcpy(out + static_cast<size_t>(d) * bs + h16, &x, sizeof x);
+      }
+    return;
+  }
+  for (int i = 0; i < bs; ++i)
+    for (int c = 0; c < hd; c += kLanes) {
+      Lanes x = F::Widen(seg.codes + (static_cast<size_t>(i) * hd + c) * F::kBytes);
+      if constexpr (F::kAffine) x = x * seg.scale[i] + seg.minimum[i];
+      std::memcpy(out + static_cast<size_t>(i) * hd + c, &x, sizeof x);
+    }
+}
+
+// Many queries (a prefill's run of tokens): the span's blocks are widened to f32 once, into scratch
+// laid out as a pool of one kv head whose blocks are the span's in order, and every group of four
+// queries reads that copy (widening each block once per group cost more than the products).
+template <typename F>
+void AttendWidened(const PackedAttention& s, const AttentionParams& p, const uint8_t* key_cache,
+                   const uint8_t* value_cache, const PackedSequence& seq, int g, const Query* qs, int count,
+                   const Span& span) {
+  const int bs = s.block_size, hd = s.head_dim;
+  const int first = static_cast<int>(span.base / bs), blocks = static_cast<int>(span.hi / bs) - first + 1;
+  const size_t segment = SegmentBytes(hd, bs, KvFormat::kF32);
+  auto* copy = static_cast<uint8_t*>(ScratchMemory(Scratch::kAttentionChunk, 2 * segment * blocks));
+  uint8_t* keys = copy;
+  uint8_t* values = copy + segment * blocks;
+  auto* order = static_cast<int32_t*>(ScratchMemory(Scratch::kAttention, sizeof(int32_t) * (first + blocks)));
+  for (int b = 0; b < blocks; ++b) {
+    const int64_t block = seq.blocks[first + b];
+    WidenBlock<F>(SegmentOf(s, key_cache, block, g, F::kFormat), bs, hd, true,
+                  reinterpret_cast<float*>(keys + segment * b));
+    WidenBlock<F>(SegmentOf(s, value_cache, block, g, F::kFormat), bs, hd, false,
+                  reinterpret_cast<float*>(values + segment * b));
+    order[first + b] = b;
+  }
+  PackedAttention one = s;
+  one.kv_heads = 1;
+  one.num_blocks = blocks;
+  PackedSequence widened = seq;
+  widened.blocks = order;
+  AttendSpan<F32Values>(one, p, keys, values, widened, 0, qs, count, span);
+}
+
+template <typename F>
 void Attend(const PackedAttention& s, const AttentionParams& p, const float* q, const uint8_t* key_cache,
             const uint8_t* value_cache, const PackedSequence& seq, int g, int s0, int s1, float* out) {
   const int hd = s.head_dim, group = s.heads / s.kv_heads;
@@ -321,30 +395,22 @@ void Attend(const PackedAttention& s, const AttentionParams& p, const float* q, 
   }
   const int64_t lo = FirstKey(p, seq.past + s0), hi = seq.past + s1 - 1;
   const Span span{lo / s.block_size * s.block_size, lo, hi};
-  using Fn = void (*)(const PackedAttention&, const AttentionParams&, const uint8_t*, const uint8_t*,
-                      const PackedSequence&, int, const Query*, int, const Span&);
-  static constexpr Fn kByChunks[] = {nullptr, AttendQueries<F, 1>, AttendQueries<F, 2>, AttendQueries<F, 3>,
-                                     AttendQueries<F, 4>, AttendQueries<F, 5>, AttendQueries<F, 6>,
-                                     AttendQueries<F, 7>, AttendQueries<F, 8>, AttendQueries<F, 9>,
-                                     AttendQueries<F, 10>, AttendQueries<F, 11>, AttendQueries<F, 12>,
-                                     AttendQueries<F, 13>, AttendQueries<F, 14>, AttendQueries<F, 15>,
-                                     AttendQueries<F, 16>};
-  static_assert(sizeof(kByChunks) / sizeof(kByChunks[0]) == kMaxHeadDim / kLanes + 1, "a copy per head width");
-  kByChunks[hd / kLanes](s, p, key_cache, value_cache, seq, g, qs, count, span);
+  if (count > kQueryGroup) return AttendWidened<F>(s, p, key_cache, value_cache, seq, g, qs, count, span);
+  AttendSpan<F>(s, p, key_cache, value_cache, seq, g, qs, count, span);
 }
 
 }  // namespace
 
 void KILN_STORE_TOKEN(KvFormat f, const float* x, int hd, int bs, uint8_t* segment, int slot, bool transposed) {
   if (f == KvFormat::kU8) return StoreU8(x, hd, bs, segment, slot, transposed);
-  StoreF16(x, hd, bs, segment, slot, transposed);
+  if (f == KvFormat::kF16) StoreF16(x, hd, bs, segment, slot, transposed);
 }
 
 void KILN_ATTEND_KV(KvFormat f, const PackedAttention& s, const AttentionParams& p, const float* q,
                     const uint8_t* key_cache, const uint8_t* value_cache, const PackedSequence& seq, int g, int s0,
                     int s1, float* out) {
   if (f == KvFormat::kU8) return Attend<U8Codes>(s, p, q, key_cache, value_cache, seq, g, s0, s1, out);
-  Attend<F16Values>(s, p, q, key_cache, value_cache, seq, g, s0, s1, out);
+  if (f == KvFormat::kF16) return Attend<F16Values>(s, p, q, key_cache, value_cache, seq, g, s0, s1, out);
 }
 
 }  // namespace kiln

@@ -30,13 +30,16 @@
 
 namespace kiln {
 
-enum class KvFormat { kU8, kF16 };
+// kF32: not a cache's format; the widened copy of a span that a task of many queries reads.
+enum class KvFormat { kU8, kF16, kF32 };
 
 constexpr int kU8RowExtra = 8;          // a u8 token's bytes after its codes: scale, minimum (f32 each)
 constexpr int kKvMaxQueries = 64;       // query vectors one task holds: its tokens times the group's heads
 
 // A token's bytes for one kv head (a cache row, the last dimension of the cache's shape).
-inline int RowBytes(int head_dim, KvFormat f) { return f == KvFormat::kU8 ? head_dim + kU8RowExtra : 2 * head_dim; }
+inline int RowBytes(int head_dim, KvFormat f) {
+  return f == KvFormat::kU8 ? head_dim + kU8RowExtra : (f == KvFormat::kF16 ? 2 : 4) * head_dim;
+}
 
 inline size_t SegmentBytes(int head_dim, int block_size, KvFormat f) {
   return static_cast<size_t>(block_size) * RowBytes(head_dim, f);
@@ -63,7 +66,7 @@ struct Segment {
 
 inline Segment SegmentOf(const PackedAttention& s, const uint8_t* cache, int64_t block, int g, KvFormat f) {
   const uint8_t* base = cache + (block * s.kv_heads + g) * SegmentBytes(s.head_dim, s.block_size, f);
-  if (f == KvFormat::kF16) return {base, nullptr, nullptr};
+  if (f != KvFormat::kU8) return {base, nullptr, nullptr};
   const float* scale = reinterpret_cast<const float*>(base + static_cast<size_t>(s.head_dim) * s.block_size);
   return {base, scale, scale + s.block_size};
 }
