@@ -143,17 +143,11 @@ struct Running {
   }
 };
 
-// The scores of J queries for the 16 keys from t0 (h16 into their block): -inf where a query does
-// not see the key.
+// acc[j] (the 16 keys from t0 against query j) into scores: the rows' scale and minimum, the
+// softcap, and -inf where query j does not see the key.
 template <typename F, int J>
-KILN_INLINE void ScoreKeys(const AttentionParams& p, const Segment& seg, int bs, int hd, int h16, int64_t t0,
-                           const Query* qs, Lanes* scores) {
-  Lanes acc[J];
-  for (int j = 0; j < J; ++j) acc[j] = Lanes{};
-  for (int d = 0; d < hd; ++d) {
-    const Lanes c = F::Widen(seg.codes + (static_cast<size_t>(d) * bs + h16) * F::kBytes);
-    for (int j = 0; j < J; ++j) acc[j] += qs[j].x[d] * c;
-  }
+KILN_INLINE void FinishScores(const AttentionParams& p, const Segment& seg, int h16, int64_t t0, const Query* qs,
+                              Lanes* acc, Lanes* scores) {
   if constexpr (F::kAffine) {
     const Lanes scale = Load(seg.scale + h16), minimum = Load(seg.minimum + h16);
     for (int j = 0; j < J; ++j) acc[j] = acc[j] * scale + minimum * qs[j].sum;
@@ -166,6 +160,38 @@ KILN_INLINE void ScoreKeys(const AttentionParams& p, const Segment& seg, int bs,
     const Lanes first = Lanes{} + static_cast<float>(qs[j].first), last = Lanes{} + static_cast<float>(qs[j].last);
     scores[j] = (key >= first) & (key <= last) ? x : Lanes{} - INFINITY;
   }
+}
+
+// The scores of J queries for the 16 keys from t0 (h16 into their block) ...
+template <typename F, int J>
+KILN_INLINE void ScoreKeys(const AttentionParams& p, const Segment& seg, int bs, int hd, int h16, int64_t t0,
+                           const Query* qs, Lanes* scores) {
+  Lanes acc[J];
+  for (int j = 0; j < J; ++j) acc[j] = Lanes{};
+  for (int d = 0; d < hd; ++d) {
+    const Lanes c = F::Widen(seg.codes + (static_cast<size_t>(d) * bs + h16) * F::kBytes);
+    for (int j = 0; j < J; ++j) acc[j] += qs[j].x[d] * c;
+  }
+  FinishScores<F, J>(p, seg, h16, t0, qs, acc, scores);
+}
+
+// ... and for the 32 from t0 at once: twice the independent sums per pass, so the multiply-adds do
+// not wait on each other's results.
+template <typename F, int J>
+KILN_INLINE void ScoreKeyPairs(const AttentionParams& p, const Segment& seg, int bs, int hd, int h16, int64_t t0,
+                               const Query* qs, Lanes* scores, Lanes* next_scores) {
+  Lanes acc[J], next[J];
+  for (int j = 0; j < J; ++j) acc[j] = next[j] = Lanes{};
+  for (int d = 0; d < hd; ++d) {
+    const uint8_t* at = seg.codes + (static_cast<size_t>(d) * bs + h16) * F::kBytes;
+    const Lanes c = F::Widen(at), c_next = F::Widen(at + kLanes * F::kBytes);
+    for (int j = 0; j < J; ++j) {
+      acc[j] += qs[j].x[d] * c;
+      next[j] += qs[j].x[d] * c_next;
+    }
+  }
+  FinishScores<F, J>(p, seg, h16, t0, qs, acc, scores);
+  FinishScores<F, J>(p, seg, h16 + kLanes, t0 + kLanes, qs, next, next_scores);
 }
 
 KILN_INLINE float Largest(Lanes v) {
@@ -183,13 +209,18 @@ KILN_INLINE void TakeBlock(const PackedAttention& s, const AttentionParams& p, c
   constexpr int kHalves = kMaxBlockHalves;
   Lanes scores[kHalves][J];
   const int halves = bs / kLanes;
-  for (int h = 0; h < halves; ++h) {
-    const int64_t t0 = b0 + h * kLanes;
-    if (t0 > span.hi || t0 + kLanes <= span.lo) {
-      for (int j = 0; j < J; ++j) scores[h][j] = Lanes{} - INFINITY;
+  const auto unseen = [&](int h) { return b0 + h * kLanes > span.hi || b0 + (h + 1) * kLanes <= span.lo; };
+  for (int h = 0; h < halves;) {
+    if (h + 1 < halves && !unseen(h) && !unseen(h + 1)) {
+      ScoreKeyPairs<F, J>(p, keys, bs, hd, h * kLanes, b0 + h * kLanes, qs, scores[h], scores[h + 1]);
+      h += 2;
       continue;
     }
-    ScoreKeys<F, J>(p, keys, bs, hd, h * kLanes, t0, qs, scores[h]);
+    if (unseen(h))
+      for (int j = 0; j < J; ++j) scores[h][j] = Lanes{} - INFINITY;
+    else
+      ScoreKeys<F, J>(p, keys, bs, hd, h * kLanes, b0 + h * kLanes, qs, scores[h]);
+    ++h;
   }
   float weight[J][kHalves * kLanes];
   for (int j = 0; j < J; ++j) {
