@@ -108,7 +108,9 @@ def _check_artifact_argument(ctx, _param, path: Path) -> Path:
                    "built and the KV cache is fp32, else standard; gqa: ONNX Runtime's GroupQueryAttention "
                    "(faster prefill and single decodes, slower large decode batches: passes/attention_gqa.py); "
                    "native: kiln's PagedAttention op, which reads the KV pool in place (needs kiln's op "
-                   "library and an fp32 KV cache); with --prefill-engine only the decode engine takes it.")
+                   "library and an fp32 KV cache); with --prefill-engine only the decode engine takes it. "
+                   "With --backend openvino, native is kiln's own paged attention over its u8 KV cache "
+                   "(kiln.PagedAttentionU8) in place of OpenVINO's.")
 @click.option("--kv-dtype", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
               help="ort backend: the KV cache's element type; fp16 halves its memory, int8 (one scale per "
                    "token and head) takes ~0.27x; attention still computes in fp32.")

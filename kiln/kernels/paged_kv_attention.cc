@@ -131,13 +131,15 @@ KILN_INLINE void Prefetch(const uint8_t* from, size_t bytes) {
 // the sum of e^(score - largest), and the weighted sums of values, all scaled to that largest.
 template <int J, int C>
 struct Running {
-  float top[J], total[J], minimum_share[J];
+  float top[J], minimum_share[J];
+  Lanes total[J];             // per lane; summed across lanes at the end
   Lanes acc[J][C];
 
   Running() {
     for (int j = 0; j < J; ++j) {
       top[j] = -INFINITY;
-      total[j] = minimum_share[j] = 0.f;
+      total[j] = Lanes{};
+      minimum_share[j] = 0.f;
       for (int c = 0; c < C; ++c) acc[j][c] = Lanes{};
     }
   }
@@ -194,10 +196,18 @@ KILN_INLINE void ScoreKeyPairs(const AttentionParams& p, const Segment& seg, int
   FinishScores<F, J>(p, seg, h16 + kLanes, t0 + kLanes, qs, next, next_scores);
 }
 
+// The largest lane, by halving as Total sums.
 KILN_INLINE float Largest(Lanes v) {
-  float top = v[0];
-  for (int i = 1; i < kLanes; ++i) top = v[i] > top ? v[i] : top;
-  return top;
+  Lanes8 half[2];
+  std::memcpy(half, &v, sizeof v);
+  Lanes8 m = half[0] > half[1] ? half[0] : half[1];
+  Lanes8 t = __builtin_shuffle(m, LaneIndex8{4, 5, 6, 7, 0, 1, 2, 3});
+  m = m > t ? m : t;
+  t = __builtin_shuffle(m, LaneIndex8{2, 3, 0, 1, 6, 7, 4, 5});
+  m = m > t ? m : t;
+  t = __builtin_shuffle(m, LaneIndex8{1, 0, 3, 2, 5, 4, 7, 6});
+  m = m > t ? m : t;
+  return m[0];
 }
 
 // One block of keys [b0, b0 + bs) into the running softmax: its scores, the rescale when a query's
@@ -224,21 +234,25 @@ KILN_INLINE void TakeBlock(const PackedAttention& s, const AttentionParams& p, c
   }
   float weight[J][kHalves * kLanes];
   for (int j = 0; j < J; ++j) {
-    float top = run.top[j];
-    for (int h = 0; h < halves; ++h) top = Largest(scores[h][j]) > top ? Largest(scores[h][j]) : top;
-    if (top == -INFINITY) {                                     // nothing of this block seen by query j
+    Lanes most = scores[0][j];
+    for (int h = 1; h < halves; ++h) most = scores[h][j] > most ? scores[h][j] : most;
+    const float block_top = Largest(most);
+    if (block_top == -INFINITY) {                               // nothing of this block seen by query j
       for (int i = 0; i < bs; ++i) weight[j][i] = 0.f;
       continue;
     }
-    const float rescale = std::exp(run.top[j] - top);           // 0 when nothing was seen before
-    run.top[j] = top;
-    run.total[j] *= rescale;
-    run.minimum_share[j] *= rescale;
-    for (int c = 0; c < C; ++c) run.acc[j][c] *= rescale;
+    if (block_top > run.top[j]) {                               // the sums so far, scaled to the new largest
+      const float rescale = std::exp(run.top[j] - block_top);   // 0 when nothing was seen before
+      run.top[j] = block_top;
+      run.total[j] *= rescale;
+      run.minimum_share[j] *= rescale;
+      for (int c = 0; c < C; ++c) run.acc[j][c] *= rescale;
+    }
+    const float top = run.top[j];
     for (int h = 0; h < halves; ++h) {
       const Lanes seen = scores[h][j] > Lanes{} - INFINITY ? Lanes{} + 1.f : Lanes{};
       const Lanes e = ExpLanes(scores[h][j] - top) * seen;
-      run.total[j] += Total(e);
+      run.total[j] += e;
       std::memcpy(weight[j] + h * kLanes, &e, sizeof e);
     }
   }
@@ -279,7 +293,7 @@ void AttendGroup(const PackedAttention& s, const AttentionParams& p, const uint8
   }
   for (int j = 0; j < J; ++j)
     for (int c = 0; c < C; ++c) {
-      const Lanes v = (run.acc[j][c] + run.minimum_share[j]) * (1.f / run.total[j]);
+      const Lanes v = (run.acc[j][c] + run.minimum_share[j]) * (1.f / Total(run.total[j]));
       std::memcpy(qs[j].out + c * kLanes, &v, sizeof v);
     }
 }

@@ -86,9 +86,10 @@ def with_attention(options: OpenVinoOptions, requested: str, spec: ModelSpec) ->
     why_not = kiln_attention.supports(spec)
     if why_not:
         raise ValueError(f"--attention native: kiln's paged attention for OpenVINO does not take {why_not}")
-    fmt = kiln_attention.KILN_F16
-    return replace(options, attention=fmt.name, kv_cache_precision="u8" if fmt is kiln_attention.KILN_U8 else "f16",
-                   key_cache_quant_mode="")
+    # NOTE: u8 (codes per token and head): half the bytes of f16 per token, which long contexts'
+    # decodes read (bench/bench_paged_attention.py compares the cores and formats)
+    fmt = kiln_attention.KILN_U8
+    return replace(options, attention=fmt.name, kv_cache_precision="u8", key_cache_quant_mode="")
 
 
 def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
