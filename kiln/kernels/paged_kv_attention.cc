@@ -42,6 +42,7 @@ struct U8Codes {
   static constexpr KvFormat kFormat = KvFormat::kU8;
   static constexpr int kBytes = 1;
   static constexpr bool kAffine = true;     // a scale and a minimum per token
+  static constexpr bool kFromMemory = true;  // the next block is fetched ahead
   static KILN_INLINE Lanes Widen(const uint8_t* codes) {
 #ifdef __AVX512F__
     // NOTE: spelled out: GCC's generic conversion of 16 u8 lanes went through scalar code
@@ -78,6 +79,7 @@ struct F16Values {
   static constexpr KvFormat kFormat = KvFormat::kF16;
   static constexpr int kBytes = 2;
   static constexpr bool kAffine = false;
+  static constexpr bool kFromMemory = true;
   static KILN_INLINE Lanes Widen(const uint8_t* halves) {
     Lanes x;
 #if defined(__AVX512F__)
@@ -104,6 +106,7 @@ struct F32Values {
   static constexpr KvFormat kFormat = KvFormat::kF32;
   static constexpr int kBytes = 4;
   static constexpr bool kAffine = false;
+  static constexpr bool kFromMemory = false;   // in cache already: asking ahead only costs
   static KILN_INLINE Lanes Widen(const uint8_t* x) { return Load(reinterpret_cast<const float*>(x)); }
 };
 
@@ -282,7 +285,7 @@ void AttendGroup(const PackedAttention& s, const AttentionParams& p, const uint8
   const size_t segment = SegmentBytes(s.head_dim, bs, F::kFormat);
   Running<J, C> run;
   for (int64_t b0 = span.base; b0 <= span.hi; b0 += bs) {
-    if (b0 + bs <= span.hi) {
+    if (F::kFromMemory && b0 + bs <= span.hi) {
       const int64_t next = seq.blocks[(b0 + bs) / bs];
       Prefetch(SegmentOf(s, key_cache, next, g, F::kFormat).codes, segment);
       Prefetch(SegmentOf(s, value_cache, next, g, F::kFormat).codes, segment);
