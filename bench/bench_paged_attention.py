@@ -126,6 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=30, help="decode calls timed per system and round (minimum kept)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "paged_attention.json")
+    ap.add_argument("--journal", default=None, help="the docs/results/ entry that tells this run's story "
+                    "(bench/render_results.py links it)")
     args = ap.parse_args(argv)
     systems = [s for s in args.systems.split(",") if s]
     rows = []
@@ -150,7 +152,7 @@ def main(argv=None) -> int:
     now = datetime.now(timezone.utc)
     result = {"date": now.strftime("%Y-%m-%d"), "time_utc": now.strftime("%H:%M"), **machine(),
               "command": " ".join(["python -m bench.bench_paged_attention", *(argv if argv is not None else sys.argv[1:])]),
-              "threads": args.threads, "rounds": args.rounds, "rows": rows}
+              "journal": args.journal, "threads": args.threads, "rounds": args.rounds, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -90,10 +90,12 @@ def kind(data: object) -> str | None:
         return "kiln-bench"
     if "results" in data and all({"system", "workload", "clients"} <= r.keys() for r in data["results"]):
         return "serving"
+    if "rows" in data and all({"shape", "system", "decode_us", "prefill_us"} <= r.keys() for r in data["rows"]):
+        return "attention"
     return None
 
 
-ORDER = ("runtime", "gguf", "serving", "build", "speculative", "kiln-bench")
+ORDER = ("runtime", "gguf", "serving", "attention", "build", "speculative", "kiln-bench")
 
 
 def ordered(results: dict[str, object]) -> list[tuple[str, object]]:
@@ -250,6 +252,16 @@ def render_build(name: str, data: list) -> list[str]:
     return out + footer(name, m, [])
 
 
+def render_attention(name: str, data: dict) -> list[str]:
+    m = meta(data)
+    out = [f"### {m.get('title') or 'Paged attention alone: OpenVINO and kiln, one layer'}", ""] + header(name, m)
+    rows = [[r["shape"], r["system"], f"{num(r['decode_us'])} us", ratio(r["decode_vs_openvino_u8"]),
+             f"{num(r['prefill_us'] / 1e3, 1)} ms", ratio(r["prefill_vs_openvino_u8"])] for r in data["rows"]]
+    out += table(["sequences x cached tokens", "system", "decode step", "/ openvino-u8", "prefill", "/ openvino-u8"],
+                 rows) + [""]
+    return out + footer(name, m, [])
+
+
 def render_speculative(name: str, data: dict) -> list[str]:
     m = meta(data)
     out = [f"### {m.get('title') or 'Speculative decoding (`--speculative ngram`)'}", ""] + header(name, m)
@@ -329,7 +341,8 @@ def _serving_ratios(data: dict) -> list[list[str]]:
 
 
 RENDER = {"runtime": render_runtime, "gguf": render_gguf, "build": render_build,
-          "speculative": render_speculative, "kiln-bench": render_kiln_bench, "serving": render_serving}
+          "speculative": render_speculative, "kiln-bench": render_kiln_bench, "serving": render_serving,
+          "attention": render_attention}
 
 
 # -- the two sections ----------------------------------------------------------------------------
