@@ -8,23 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 
 import uvicorn
+from kiln_server import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 GAP = 0.01
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeOpenAI:
@@ -88,7 +82,7 @@ class Running:
     """The server on a thread; `url` while it runs, stopped by stop()."""
 
     def __init__(self, fake: FakeOpenAI):
-        self.fake, port = fake, _free_port()
+        self.fake, port = fake, free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(fake.app, host="127.0.0.1", port=port, log_level="warning",
                                                     lifespan="off"))

@@ -26,7 +26,6 @@ def _serving_fixtures():
 _serving = _serving_fixtures()
 start_server, start_module_server, tiny_server = (_serving.start_server, _serving.start_module_server,
                                                   _serving.tiny_server)
-ServerProcess = _serving.ServerProcess
 
 
 @pytest.fixture(scope="module")

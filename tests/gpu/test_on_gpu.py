@@ -73,18 +73,13 @@ def test_ort_cuda_build_compares_on_the_gpu_and_generates(tmp_path):
 def test_kiln_serve_streams_from_a_gpu_engine(tmp_path, backend, args):
     """The OpenAI-compatible server on a GPU artifact, driven by the official client."""
     need_gpu(tensorrt=backend == "tensorrt", ort_cuda=backend == "ort-cuda")
-    import importlib.util
-    from pathlib import Path
-
+    from kiln_server import ServerProcess
     from openai import OpenAI
 
-    spec = importlib.util.spec_from_file_location("serving_helpers", Path(__file__).parents[1] / "serving/conftest.py")
-    helpers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helpers)
     out = tmp_path / backend
     res = CliRunner().invoke(main, ["build", "tiny-llama", "--out", str(out), "--backend", backend, *args])
     assert res.exit_code == 0, res.output
-    server = helpers.ServerProcess(out, tmp_path / "serve.log", "--kv-cache-memory", "16MiB").wait_ready()
+    server = ServerProcess(out, tmp_path / "serve.log", "--kv-cache-memory", "16MiB").wait_ready()
     try:
         client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
         stream = client.completions.create(model=out.name, prompt="hello", max_tokens=6, temperature=0,

@@ -12,7 +12,7 @@ import json
 import httpx
 import pytest
 
-from conftest import ServerProcess
+from kiln_server import ServerProcess
 from serving_flags import TINY_FLAGS
 
 

@@ -9,7 +9,7 @@ import subprocess
 import openai
 import pytest
 
-from conftest import KILN
+from kiln_server import KILN
 from serving_flags import TINY_FLAGS
 from token_agreement import TOP_K, assert_outputs_close
 
