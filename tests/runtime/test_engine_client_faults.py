@@ -116,7 +116,8 @@ def test_an_ordinary_step_error_still_recovers(llm):
     deltas, error, _ = asyncio.run(_run_stream(llm))
     assert isinstance(error, EngineError) and not isinstance(error, EngineFault)
     assert llm.client.fault is None
-    assert llm.generate([PROMPT], SamplingParams(max_tokens=2))[0].finish_reason == "length"
+    # ignore_eos: sampled at the default temperature, the tiny model may end on its EOS in two tokens
+    assert llm.generate([PROMPT], SamplingParams(max_tokens=2, ignore_eos=True))[0].finish_reason == "length"
 
 
 def test_the_watchdog_ends_a_stuck_step(llm):
