@@ -20,7 +20,7 @@ import numpy as np
 import openvino as ov
 
 from kiln.contract.model_spec import ModelSpec
-from kiln.engines.openvino import native
+from kiln.engines.openvino.native.stand_in import stand_in
 
 BLOCK_SIZE = 32              # tokens per cache block (the plugin's own u8 block, so pools size alike)
 
@@ -67,30 +67,14 @@ def cache_parameter(name: str, spec: ModelSpec, fmt: CacheFormat):
     return param
 
 
+# The library's operations' stand-ins (one class each): their output is q's shape.
+STAND_INS = {f.name: stand_in(f.operation, lambda node: node.get_input_partial_shape(0)) for f in FORMATS.values()}
+
+
 def operation(fmt: CacheFormat, inputs: list) -> ov.Node:
-    """The Python stand-in with the library's type name, to build and save the graph; a Core with
-    the extension library reads the saved model with the library's operation in its place."""
-
-    class PagedKvAttention(ov.Op):
-        def __init__(self, args=None):
-            super().__init__(self)
-            if args is not None:
-                self.set_arguments(args)
-                self.constructor_validate_and_infer_types()
-
-        def validate_and_infer_types(self):
-            self.set_output_type(0, ov.Type.f32, self.get_input_partial_shape(0))
-
-        def clone_with_new_inputs(self, new_inputs):
-            return PagedKvAttention(new_inputs)
-
-        def get_type_info(self):
-            return ov.DiscreteTypeInfo(fmt.operation, native.DOMAIN)
-
-        def visit_attributes(self, visitor):
-            return True
-
-    return PagedKvAttention(inputs)
+    """The node of `fmt`'s operation over `inputs` (attention_inputs), as a stand-in
+    (with_library_operations puts the library's in its place)."""
+    return STAND_INS[fmt.name](inputs)
 
 
 def with_library_operations(core: ov.Core, model: ov.Model) -> ov.Model:

@@ -19,6 +19,7 @@ import openvino.opset13 as ops
 
 from kiln.compiler.backends.openvino.q4_weights import LM_HEAD
 from kiln.engines.openvino import native
+from kiln.engines.openvino.native.stand_in import stand_in
 
 LAYER_SCOPE = "/model/layers."
 SMOOTHING = 0.5             # SmoothQuant's migration strength: its paper's default, and on SmolLM2 the
@@ -45,36 +46,15 @@ def pack_codes(codes: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(n // COLUMN_BLOCK, COLUMN_BLOCK, kp // 4, 4).transpose(0, 2, 1, 3)).reshape(-1)
 
 
-def _op_class(type_name: str) -> type:
-    """A Python stand-in with kiln's type name, to build and save the graph; a Core that reads the
-    saved model.xml gets the library's operation in its place."""
-
-    class PackedOp(ov.Op):
-        def __init__(self, inputs=None):
-            super().__init__(self)
-            if inputs is not None:
-                self.set_arguments(inputs)
-                self.constructor_validate_and_infer_types()
-
-        def validate_and_infer_types(self):
-            shape = self.get_input_partial_shape(0)
-            shape[shape.rank.get_length() - 1] = self.get_input_partial_shape(2)[0]
-            self.set_output_type(0, ov.Type.f32, shape)
-
-        def clone_with_new_inputs(self, new_inputs):
-            return PackedOp(new_inputs)
-
-        def get_type_info(self):
-            return ov.DiscreteTypeInfo(type_name, native.DOMAIN)
-
-        def visit_attributes(self, visitor):
-            return True
-
-    return PackedOp
+def _packed_output(node: ov.Node) -> ov.PartialShape:
+    """x's shape with its last dimension the linear's N (its scale's length)."""
+    shape = node.get_input_partial_shape(0)
+    shape[shape.rank.get_length() - 1] = node.get_input_partial_shape(2)[0]
+    return shape
 
 
-LinearI8 = _op_class(native.LINEAR)
-GateUpI8 = _op_class(native.GATE_UP)
+LinearI8 = stand_in(native.LINEAR, _packed_output)
+GateUpI8 = stand_in(native.GATE_UP, _packed_output)
 
 
 def smoothing(x_absmax: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
