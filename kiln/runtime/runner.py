@@ -166,7 +166,7 @@ def record_prompt_logprobs(scored: list[tuple[ScheduledRequest, np.ndarray]], lo
         r, start = s.request, s.request.num_computed_tokens
         # the rows scoring prompt tokens the request has no logprobs for yet (token start + i + 1)
         first = len(r.prompt_logprobs) - start
-        new = range(max(first, 0), len(rows)) if first >= 0 else range(0)
+        new = range(first, len(rows)) if first >= 0 else range(0)
         if len(new):
             targets = r.prompt_token_ids[start + new.start + 1:start + new.stop + 1]
             r.prompt_logprobs += rows_logprobs(logits[row + new.start:row + new.stop], targets,

@@ -10,7 +10,6 @@ one `rng.random()` per token (inverse CDF). Greedy rows consume none.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -300,20 +299,9 @@ def _head(values: np.ndarray, size: int) -> np.ndarray:
 def _logprobs(logits: np.ndarray, requests: Sequence[SamplingState], token_ids: np.ndarray):
     return [
         None if state.params.logprobs is None
-        else _row_logprobs(logits[i], int(token_ids[i]), state.params.logprobs)
+        else rows_logprobs(logits[i:i + 1], [int(token_ids[i])], state.params.logprobs)[0]
         for i, state in enumerate(requests)
     ]
-
-
-def row_logprobs(raw: np.ndarray, token_id: int, n: int) -> TokenLogprobs:
-    """The logprob of token_id and the n most likely tokens, from one row of raw logits."""
-    return _row_logprobs(np.asarray(raw, dtype=np.float32), token_id, n)
-
-
-def _row_logprobs(raw: np.ndarray, token_id: int, n: int) -> TokenLogprobs:
-    peak = raw.max()
-    log_norm = float(peak) + math.log(np.exp(raw - peak).sum(dtype=np.float64))
-    return _ranked(raw, token_id, n, log_norm)
 
 
 def _ranked(raw: np.ndarray, token_id: int, n: int, log_norm: float) -> TokenLogprobs:
@@ -324,9 +312,10 @@ def _ranked(raw: np.ndarray, token_id: int, n: int, log_norm: float) -> TokenLog
 
 
 def rows_logprobs(raw: np.ndarray, token_ids, n: int) -> list[TokenLogprobs]:
-    """row_logprobs of every row of a [rows, vocab] block, the normalisers in one pass over the
-    block (a prompt's rows are scored together: a Python loop over the vocabulary per row held
-    the engine thread, and every other stream, for the whole prompt)."""
+    """The logprob of each row's token and the n most likely tokens, from a [rows, vocab] block of raw
+    logits, the normalisers in one pass over the block (a prompt's rows are scored together: a
+    Python loop over the vocabulary per row held the engine thread, and every other stream, for the
+    whole prompt)."""
     raw = np.asarray(raw, dtype=np.float32)
     if not len(raw):
         return []
