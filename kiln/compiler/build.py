@@ -190,8 +190,7 @@ PREFILL_MIN_TOKENS = 4
 
 
 def _add_prefill_engine(built: BuiltEngines, model: onnx.ModelProto, src: ModelSource, texts: CheckTexts,
-                        config: BuildConfig,
-                        root: Path, stage: StageFn, plan: BuildPlan) -> BuiltEngines:
+                        config: BuildConfig, root: Path, stage: StageFn, plan: BuildPlan) -> BuiltEngines:
     """Engines per bucket range: a second ORT engine, quantized `config.prefill_engine` from the same
     fused graph, for calls of PREFILL_MIN_TOKENS tokens or more (prefill chunks, decode batches).
     Both read and write the one KV pool; the manifest says which serves what. The prefill engine
@@ -232,7 +231,8 @@ def _engine_quantizes(config: BuildConfig) -> bool:
 
 
 def _build_quantizing_engines(backend: Backend, model: onnx.ModelProto, src: ModelSource, texts: CheckTexts,
-                              config: BuildConfig,                              root: Path, stage: StageFn, plan: BuildPlan) -> tuple[BuiltEngines, list[dict]]:
+                              config: BuildConfig, root: Path, stage: StageFn,
+                              plan: BuildPlan) -> tuple[BuiltEngines, list[dict]]:
     """Engines of a backend that quantizes the fp32 graph itself (openvino), fed the calibration text,
     and their check's report; raises QuantCheckError where the engine fails it (the ladder moves on)."""
     from kiln.compiler.passes.int4_calibration import CALIBRATION_TOKENS, calibration_token_ids
