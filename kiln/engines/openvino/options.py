@@ -68,7 +68,7 @@ class OpenVinoOptions:
         return self
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "attention" or v}   # records before it stay equal
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "OpenVinoOptions":
