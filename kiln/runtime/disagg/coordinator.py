@@ -7,6 +7,12 @@ the same engine computes the same K/V, and the copy is exact. Failure: a worker 
 every request not yet done (its result says so, and WorkerFailed is raised), the other worker is
 told to abort them, and the coordinator unlinks every segment not imported yet. The coordinator
 takes no new request after that: the workers are to be replaced.
+
+Segments: every handover of one DisaggregatedLLM is named under its session's prefix
+(handover.session_prefix), so the coordinator finds them all without having read them: when a
+worker fails, at shutdown, and when the object is collected or the interpreter exits without a
+shutdown (a finalizer), it stops the workers and unlinks every segment of its session. A handover
+naming a segment outside the session is dropped without touching that segment.
 """
 
 from __future__ import annotations
@@ -14,11 +20,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 import uuid
+import weakref
 from multiprocessing.connection import wait
 from pathlib import Path
 
 from kiln.config import RuntimeConfig
-from kiln.runtime.disagg.handover import Handover, discard
+from kiln.runtime.disagg.handover import Handover, discard, owned_segment, session_prefix, sweep
 from kiln.runtime.disagg.workers import worker_main
 from kiln.runtime.sampling_params import SamplingParams
 
@@ -33,6 +40,7 @@ class DisaggregatedLLM:
     def __init__(self, artifact: str | Path, config: RuntimeConfig = RuntimeConfig()):
         ctx = mp.get_context("spawn")          # NOTE: no fork: the parent may hold threads and sessions
         self.workers: dict[str, tuple[mp.Process, object]] = {}
+        self.prefix = session_prefix(uuid.uuid4().hex[:12])
         self.failed: WorkerFailed | None = None
         self._params: dict[str, SamplingParams] = {}
         self._handovers: dict[str, Handover] = {}       # sent to the decode worker, not done yet
@@ -41,11 +49,14 @@ class DisaggregatedLLM:
         self.token_times: dict[str, list[float]] = {}   # monotonic, per token: for latency figures
         for role in ("prefill", "decode"):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(role, str(artifact), config, child),
+            proc = ctx.Process(target=worker_main, args=(role, str(artifact), config, child, self.prefix),
                                name=f"kiln-{role}", daemon=True)
             proc.start()
             child.close()
             self.workers[role] = (proc, parent)
+            if len(self.workers) == 1:
+                # NOTE: the finalizer holds the workers and the prefix, never self
+                self._finalizer = weakref.finalize(self, _stop_and_sweep, self.workers, self.prefix)
         for role in self.workers:
             self._expect(role, "ready", START_TIMEOUT)
 
@@ -85,17 +96,10 @@ class DisaggregatedLLM:
         return self._expect(role, "stats", 60)[1:]
 
     def shutdown(self) -> None:
-        for role, (proc, conn) in self.workers.items():
-            if proc.is_alive():
-                try:
-                    conn.send(("stop",))
-                except OSError:
-                    pass
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for handover in self._handovers.values():
+        """Stops both workers, then unlinks every segment of this session: the handovers sent to
+        the decode worker and not imported, and those never read (still in a pipe)."""
+        self._finalizer()
+        for handover in self._handovers.values():     # where the system lists no segments to sweep
             discard(handover)
         self._handovers.clear()
 
@@ -116,6 +120,11 @@ class DisaggregatedLLM:
     def _route(self, message) -> None:
         if message[0] == "handover":
             handover = message[1]
+            if not isinstance(handover, Handover) or not owned_segment(handover.segment, self.prefix):
+                return                                    # not this session's: never touched
+            if handover.request_id not in self._params:  # its request already ended (a worker failed)
+                discard(handover)
+                return
             if handover.request_id in self._aborting:     # handed over before the abort reached it
                 discard(handover)
                 self._finish(handover.request_id, [], "abort")
@@ -150,6 +159,8 @@ class DisaggregatedLLM:
         for handover in self._handovers.values():
             discard(handover)
         self._handovers.clear()
+        if not self.workers[other][0].is_alive() or role == "prefill":
+            sweep(self.prefix)               # written by a dead worker, or unread: nobody imports them
         self.failed = error
         raise error
 
@@ -178,3 +189,19 @@ class DisaggregatedLLM:
             if message[0] == kind:
                 return message
             self._route(message)
+
+
+def _stop_and_sweep(workers: dict, prefix: str) -> None:
+    """Stop the workers (a stop message, then a kill past 10 s), then unlink every segment of the
+    session: once no worker runs, none is being written or imported."""
+    for role, (proc, conn) in workers.items():
+        if proc.is_alive():
+            try:
+                conn.send(("stop",))
+            except OSError:
+                pass
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    sweep(prefix)

@@ -9,20 +9,24 @@ both             ("abort", request_id) -> ("done", request_id, tokens, "abort", 
                  ("stats",) -> ("stats", free_blocks, total_blocks, unfinished)
                  ("stop",)
 A request that cannot run ends with ("done", request_id, [], "error: ...", []). `times`: the
-monotonic clock (one per machine) when the worker's step produced each token.
+monotonic clock (one per machine) when the worker's step produced each token. A handover the
+decode worker cannot take (handover.check_handover: a segment outside its session, a shape that is
+not its pool's layout, a short segment) is such a request: the worker goes on serving.
 """
 
 from __future__ import annotations
 
-from kiln.runtime.disagg.handover import Handover, discard, export_blocks, import_blocks
+from kiln.runtime.disagg.handover import (SEGMENT_PREFIX, Handover, check_handover, discard, export_blocks,
+                                          import_blocks, owned_segment, pool_of)
 from kiln.runtime.request import RequestStatus
 
 
-def worker_main(role: str, artifact, config, conn) -> None:
+def worker_main(role: str, artifact, config, conn, prefix: str = SEGMENT_PREFIX) -> None:
+    """prefix: the session's segment-name prefix (handover.session_prefix)."""
     from kiln.runtime.llm import LLM
 
     llm = LLM(artifact, config)
-    worker = (PrefillWorker if role == "prefill" else DecodeWorker)(llm)
+    worker = (PrefillWorker if role == "prefill" else DecodeWorker)(llm, prefix)
     conn.send(("ready",))
     while True:
         if not llm.core.has_unfinished() or conn.poll():
@@ -37,8 +41,8 @@ def worker_main(role: str, artifact, config, conn) -> None:
 
 
 class Worker:
-    def __init__(self, llm):
-        self.llm, self.core = llm, llm.core
+    def __init__(self, llm, prefix: str = SEGMENT_PREFIX):
+        self.llm, self.core, self.prefix = llm, llm.core, prefix
 
     def handle(self, message):
         kind = message[0]
@@ -84,7 +88,7 @@ class PrefillWorker(Worker):
         n = request.num_prompt_tokens
         blocks = self.core.kv.block_table(request.request_id)[:-(-n // self.core.kv.block_size)]
         handover = export_blocks(self.core.engine, blocks, request.request_id, request.prompt_token_ids,
-                                 request.output_token_ids[0])
+                                 request.output_token_ids[0], self.prefix)
         self.core.abort(request.request_id)              # its blocks are free at once
         return [("handover", handover)]
 
@@ -92,15 +96,27 @@ class PrefillWorker(Worker):
 class DecodeWorker(Worker):
     def start(self, message):
         _, handover, params = message
+        problem = check_handover(handover, pool_of(self.core.engine), self.core.kv.block_size,
+                                 self.llm.artifact.manifest.spec.vocab_size, self.prefix)
+        if problem is not None:
+            if isinstance(handover, Handover) and owned_segment(handover.segment, self.prefix):
+                discard(handover)
+            return [("done", getattr(handover, "request_id", None), [], f"error: bad handover: {problem}", [])]
         request = self.llm.make_request(list(handover.prompt_ids), params, handover.request_id)
         refused = self._add(request)
         if refused:
             discard(handover)
             return refused
-        if not self._admit_prefilled(request, handover):
+        try:
+            admitted = self._admit_prefilled(request, handover)
+        except (ValueError, TypeError) as e:          # the segment does not hold what the handover says
+            admitted, reason = False, f"error: bad handover: {e}"
+        else:
+            reason = "error: no free KV blocks for the handed-over prompt"
+        if not admitted:
             discard(handover)
             self.core.finish(request.request_id, RequestStatus.FINISHED_ABORTED)
-            return [("done", request.request_id, [], "error: no free KV blocks for the handed-over prompt", [])]
+            return [("done", request.request_id, [], reason, [])]
         return []
 
     def _admit_prefilled(self, request, handover: Handover) -> bool:
