@@ -80,8 +80,8 @@ class Cluster:
         from kiln.scale.app import ScaleOptions, application
 
         config = ServeConfig(ttft_slo=0, response_cache=False, served_model_name="m")
-        self.serve.run(application(artifact, runtime, config, ScaleOptions(**options)), name="bench",
-                       route_prefix="/")
+        options = ScaleOptions(**options, replica_header=True)        # the answering replica, per request
+        self.serve.run(application(artifact, runtime, config, options), name="bench", route_prefix="/")
         return self.url
 
     def undeploy(self) -> None:

@@ -44,6 +44,7 @@ class ScaleOptions:
     slow_replica_delay: float = 0.0    # test/benchmark knob: the rank-0 replica's streams start this late
     slow_replica_every: int = 1        # ... every n-th of them
     slow_replica_rank: int | None = 0  # ... on the replica of this rank (None: on every replica)
+    replica_header: bool = False       # test/benchmark knob: name the answering replica in x-kiln-replica
 
     def __post_init__(self):
         if self.replicas < 1:
@@ -61,8 +62,8 @@ class ScaleOptions:
 @serve.ingress()
 class KilnIngress:
     def __init__(self, replicas, artifact: str, config: ServeConfig, model_name: str,
-                 hedge: HedgeOptions | None = None):
-        self.ingress = Ingress(replicas, artifact, config, model_name, hedge)
+                 hedge: HedgeOptions | None = None, replica_header: bool = False):
+        self.ingress = Ingress(replicas, artifact, config, model_name, hedge, replica_header)
 
     def __serve_build_asgi_app__(self):
         return create_ingress_app(self.ingress)
@@ -98,7 +99,7 @@ def application(artifact: str | Path, runtime: RuntimeConfig, config: ServeConfi
     replicas = replica_deployment(options).bind(artifact, runtime, config, name, options.slow_replica_delay,
                                                 options.slow_replica_every, options.slow_replica_rank)
     hedge = HedgeOptions(options.hedge_fraction, options.hedge_floor) if options.hedge else None
-    return KilnIngress.bind(replicas, artifact, config, name, hedge)
+    return KilnIngress.bind(replicas, artifact, config, name, hedge, options.replica_header)
 
 
 def build_app(args: dict):

@@ -101,28 +101,45 @@ async def race(primary: Stream, open_hedge: Callable[[str | None], Awaitable[Str
                policy: HedgePolicy) -> Stream:
     """The stream to answer from. A hedge is opened after policy.delay() without a first token
     from `primary`, if the policy allows one; the stream that reaches its first token later is
-    cancelled. open_hedge(avoid) may return None (no other replica would take it)."""
+    cancelled. open_hedge(avoid) may return None (no other replica would take it).
+
+    Cancelled (the client left during the race) or failing, the race cancels its reads and every
+    stream it holds, the duplicate included, before it re-raises: no replica goes on generating
+    for nobody. Only the returned stream is left open; the caller cancels it when done."""
     policy.bucket.earn()
     started = time.monotonic()
-    first = asyncio.ensure_future(primary.first_token())
-    done, _ = await asyncio.wait({first}, timeout=policy.delay())
-    if done or not policy.allow():
-        await first
+    streams: list[Stream] = [primary]
+    tasks: list[asyncio.Future] = []
+    try:
+        first = asyncio.ensure_future(primary.first_token())
+        tasks.append(first)
+        done, _ = await asyncio.wait({first}, timeout=policy.delay())
+        if done or not policy.allow():
+            await first
+            policy.window.observe(time.monotonic() - started)
+            return primary
+        hedge = await open_hedge(primary.replica_id)
+        if hedge is None:
+            await first
+            return primary
+        streams.append(hedge)
+        policy.counts.sent += 1
+        second = asyncio.ensure_future(hedge.first_token())
+        tasks.append(second)
+        done, _ = await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
+        won = second in done and first not in done
+        winner, loser, losing_task = (hedge, primary, first) if won else (primary, hedge, second)
+        losing_task.cancel()
+        loser.cancel()
+        streams.remove(loser)
+        policy.counts.cancelled += 1
+        policy.counts.won += won
+        await (second if won else first)
         policy.window.observe(time.monotonic() - started)
-        return primary
-    hedge = await open_hedge(primary.replica_id)
-    if hedge is None:
-        await first
-        return primary
-    policy.counts.sent += 1
-    second = asyncio.ensure_future(hedge.first_token())
-    done, _ = await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
-    won = second in done and first not in done
-    winner, loser, losing_task = (hedge, primary, first) if won else (primary, hedge, second)
-    losing_task.cancel()
-    loser.cancel()
-    policy.counts.cancelled += 1
-    policy.counts.won += won
-    await (second if won else first)
-    policy.window.observe(time.monotonic() - started)
-    return winner
+        return winner
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            stream.cancel()
+        raise

@@ -5,7 +5,13 @@ It validates and tokenizes each request exactly as kiln serve does (kiln.serving
 hashes the prompt's blocks for the router, opens a stream on a replica, and renders the replica's
 deltas with kiln serve's renderer. A replica that refuses (429) is passed over once: the request
 goes to one other replica before the client gets the 429 and its Retry-After. The chosen replica
-is named in the `x-kiln-replica` header and in kiln_ingress_requests_total{replica}.
+is counted in kiln_ingress_requests_total{replica} (on /metrics, behind the API key when one is
+set); it is named to the client in the `x-kiln-replica` header only where the operator turns that
+on (ScaleOptions.replica_header, a test and benchmark knob): a replica id is Ray's internal name.
+
+The server options that shape a request (--strict-api, --tool-call-parser, --chat-template and its
+reasoning mode, the per-key priority ranges, --public-endpoints) apply here exactly as in kiln
+serve: the ingress prepares and renders the requests, so it reads them from the same ServeConfig.
 """
 
 from __future__ import annotations
@@ -33,9 +39,9 @@ from kiln.scale.prefix import prompt_block_hashes
 from kiln.scale.remote import RemoteSubscription, ReplicaFailed, ReplicaStream
 from kiln.serving.app import prepare_body
 from kiln.serving.errors import ApiError
-from kiln.serving.http_io import EventStream, RequestGuard, allowed_host_names, check_api_key, read_body, \
-    until_disconnected
-from kiln.serving.requests import RequestOptions
+from kiln.serving.http_io import EventStream, RequestGuard, allowed_host_names, check_api_key, \
+    ignored_fields_header, read_body, until_disconnected
+from kiln.serving.requests import DEFAULT_PRIORITY_RANGE, RequestOptions
 from kiln.serving.responses import Renderer
 from kiln.tokenizer import Tokenizer
 
@@ -55,9 +61,13 @@ class Ingress:
     """What the endpoints share: the replicas' handle, the tokenizer, the books."""
 
     def __init__(self, replicas, artifact: str, config: ServeConfig, model_name: str,
-                 hedge: HedgeOptions | None = None):
+                 hedge: HedgeOptions | None = None, replica_header: bool = False):
         self.replicas, self.config, self.model_name = replicas, config, model_name
+        self.replica_header = replica_header
         self.tokenizer = Tokenizer(EngineArtifact.load(artifact).tokenizer_dir)
+        if config.chat_template is not None:        # as kiln serve's Server does
+            self.tokenizer.set_chat_template(config.chat_template.read_text(encoding="utf-8"))
+        self._priorities = {name: (low, high) for name, low, high in config.key_priorities}
         self.hedging = HedgePolicy(hedge.fraction, hedge.floor) if hedge is not None else None
         self._limits = None
         self.workers = ThreadPoolExecutor(2, thread_name_prefix="kiln-ingress-prepare")
@@ -78,8 +88,17 @@ class Ingress:
         return self._limits
 
     def options(self, key_name: str | None) -> RequestOptions:
-        salt = f"api-key:{key_name}" if key_name is not None and self.config.per_key_cache_salt else None
-        return RequestOptions(self.config.allow_control_tokens_in_messages, salt)
+        """What kiln serve's Server.options gives the same key under the same ServeConfig."""
+        c = self.config
+        salt = f"api-key:{key_name}" if key_name is not None and c.per_key_cache_salt else None
+        return RequestOptions(c.allow_control_tokens_in_messages, salt, c.strict_api, c.tool_call_parser,
+                              self._priorities.get(key_name, DEFAULT_PRIORITY_RANGE))
+
+    def headers(self, stream: ReplicaStream, prepared=None) -> dict[str, str]:
+        headers = dict(ignored_fields_header(prepared.ignored_fields)) if prepared is not None else {}
+        if self.replica_header:
+            headers[REPLICA_HEADER] = stream.replica_id or ""
+        return headers
 
     async def open(self, prepared, route: tuple[int, ...], avoid: str | None = None,
                    retries: int = 1) -> ReplicaStream:
@@ -91,7 +110,11 @@ class Ingress:
                 self.retried.inc()
             stream = ReplicaStream(self.replicas.options(stream=True).generate.remote(
                 prepared, route=route, avoid=avoid))
-            item = await stream.opening()
+            try:
+                item = await stream.opening()
+            except BaseException:               # cancelled (the client left, a hedge race ended)
+                stream.cancel()
+                raise
             if item[0] == "admitted":
                 self.routed.labels(stream.replica_id).inc()
                 return stream
@@ -162,9 +185,9 @@ def _busy(reason: str) -> ApiError:
 
 def create_ingress_app(ingress: Ingress) -> Starlette:
     routes = [
-        Route("/health", partial(_health, ingress)),
-        Route("/ready", partial(_ready, ingress)),
-        Route("/metrics", partial(_metrics, ingress)),
+        Route("/health", _keyed(ingress, "/health", partial(_health, ingress))),
+        Route("/ready", _keyed(ingress, "/ready", partial(_ready, ingress))),
+        Route("/metrics", _keyed(ingress, "/metrics", partial(_metrics, ingress))),
         Route("/v1/models", partial(_models, ingress)),
         Route("/v1/completions", partial(_generate, ingress, kind="completion"), methods=["POST"]),
         Route("/v1/chat/completions", partial(_generate, ingress, kind="chat"), methods=["POST"]),
@@ -174,6 +197,21 @@ def create_ingress_app(ingress: Ingress) -> Starlette:
     return Starlette(routes=routes, middleware=middleware)
 
 
+def _keyed(ingress: Ingress, path: str, endpoint):
+    """The endpoint behind the API key (when one is set) unless --public-endpoints names it, as
+    kiln serve's Server.keyed does."""
+    if path in ingress.config.public_endpoints:
+        return endpoint
+
+    async def checked(request: HttpRequest) -> Response:
+        try:
+            check_api_key(request, ingress.config.api_key, ingress.config.api_keys)
+        except ApiError as e:
+            return e.response()
+        return await endpoint(request)
+    return checked
+
+
 async def _health(ingress: Ingress, request: HttpRequest) -> Response:
     return JSONResponse({"status": "ok"})
 
@@ -181,8 +219,11 @@ async def _health(ingress: Ingress, request: HttpRequest) -> Response:
 async def _ready(ingress: Ingress, request: HttpRequest) -> Response:
     try:
         await ingress.limits()
-    except Exception as e:                  # no replica has answered yet
-        return JSONResponse({"status": "loading", "reason": str(e)}, status_code=503)
+    except Exception:                       # no replica has answered yet
+        # NOTE: the exception's text (Ray's actor names, addresses, a traceback's lines) goes to the
+        # log, never to the probe's body
+        log.warning("/ready: no replica answered", exc_info=True)
+        return JSONResponse({"status": "loading", "reason": "no replica has answered yet"}, status_code=503)
     return JSONResponse({"status": "ready", "model": ingress.model_name})
 
 
@@ -215,27 +256,35 @@ async def _generate(ingress: Ingress, request: HttpRequest, kind: str) -> Respon
         stream = await ingress.open(sent, route)
     except ApiError as e:
         return e.response()
-    try:
-        if ingress.hedging is not None:
-            stream = await race(stream, partial(ingress.open_hedge, sent, route), ingress.hedging)
-    except BaseException:
-        stream.cancel()
-        raise
-    renderer = Renderer(kind, ingress.model_name, ingress.tokenizer, prepared.parse_tool_calls)
+    if ingress.hedging is not None:
+        # NOTE: the race stops when the client leaves, and then cancels both streams (race())
+        try:
+            raced, winner = await until_disconnected(
+                request.receive, race(stream, partial(ingress.open_hedge, sent, route), ingress.hedging))
+        except BaseException:
+            stream.cancel()
+            raise
+        if not raced:
+            return Response(status_code=499)
+        stream = winner
+    renderer = Renderer(kind, ingress.model_name, ingress.tokenizer, prepared.parse_tool_calls,
+                        tool_format=prepared.tool_format, reasoning=prepared.reasoning)
     sub = RemoteSubscription(stream)
+    headers = ingress.headers(stream, prepared)
     if prepared.stream:
-        return EventStream(renderer.stream(sub, prepared.include_usage), on_close=stream.cancel,
-                           headers={REPLICA_HEADER: stream.replica_id or ""})
+        return EventStream(renderer.stream(sub, prepared.include_usage),
+                           on_close=stream.cancel, headers=headers)
     try:
         finished, deltas = await until_disconnected(request.receive, _collect(sub))
         body = renderer.body(deltas, sub.usage) if finished else None
-    except ReplicaFailed as e:
-        return ApiError(500, str(e), code="engine_error").response()
+    except ReplicaFailed as e:              # Ray's own words (actor names, addresses) go to the log only
+        log.warning("a replica failed mid-answer: %s", e)
+        return ApiError(500, "the replica failed while answering; retry the request", code="engine_error").response()
     finally:
         stream.cancel()                      # a no-op message once the replica has finished
     if not finished:
         return Response(status_code=499)
-    return JSONResponse(body, headers={REPLICA_HEADER: stream.replica_id or ""})
+    return JSONResponse(body, headers=headers)
 
 
 def _check_single_choice(prepared) -> None:

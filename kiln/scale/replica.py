@@ -13,13 +13,14 @@ import asyncio
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from kiln.config import RuntimeConfig, ServeConfig
 from kiln.scale.messages import refusal
 from kiln.scale.prefix import RecentPrefixes
 from kiln.serving.app import Server, warm_up_requests
-from kiln.serving.errors import ApiError
+from kiln.serving.errors import ApiError, bad_request
 from kiln.serving.requests import EngineLimits, PreparedRequest
 
 log = logging.getLogger("kiln.scale")
@@ -68,10 +69,18 @@ class KilnReplica:
         try:
             if self.server.client.fault is not None:
                 raise ApiError(503, f"the engine has faulted: {self.server.client.fault}", code="engine_fault")
+            prepared = await self._bound(prepared)
             sub = self.server.generations.open(prepared)
         except ApiError as e:
             self.refused += e.status == 429
             yield refusal(self.replica_id, e)
+            return
+        except ValueError as e:               # a constraint the grammar engine refuses (GrammarError)
+            yield refusal(self.replica_id, bad_request(str(e)))
+            return
+        except Exception:
+            log.exception("replica %s: a request failed before it started", self.replica_id)
+            yield refusal(self.replica_id, ApiError(500, "internal error; the replica log has the details"))
             return
         self.recent.add(route)
         try:
@@ -86,6 +95,18 @@ class KilnReplica:
             yield ("failed", f"{type(e).__name__}: {e}")
         finally:
             sub.close()                       # a cancellation lands here too: the KV is freed
+
+    async def _bound(self, prepared: PreparedRequest) -> PreparedRequest:
+        """The request with its constraint compiled again (messages.portable() left it out), on the
+        server's preparation threads: compiling (and the first constraint's grammar tokenizer, about
+        half a second) never runs on this replica's event loop, where every stream is relayed. Its
+        place among the preparing is bounded as kiln serve's is (429 past MAX_PREPARING)."""
+        spec = prepared.params.structured
+        if spec is None or spec.compiled is not None:
+            return prepared
+        with self.server.preparing():
+            params = await self.server.off_loop(self.llm.bind, prepared.params)
+        return replace(prepared, params=params)
 
     async def record_routing_stats(self) -> dict:
         s = self.server.client.snapshot
@@ -106,7 +127,7 @@ class KilnReplica:
         """This replica's books now (the router's `avoid` picks a replica: tests ask each one)."""
         s = self.server.client.snapshot
         return {"replica": self.replica_id, "pid": os.getpid(), "kv_blocks_used": s.kv_blocks_used,
-                "running": s.num_running,
+                "running": s.num_running, "waiting": len(self.server.generations.admission.waiting),
                 "flights": self.server.generations.num_flights, "finished": dict(s.finished)}
 
     async def check_health(self) -> None:

@@ -31,7 +31,11 @@ class Generations:
         if shared is not None:
             return shared
         ticket = self.admission.admit_prompt(prepared.prompt_ids, prepared.params.cache_salt)
-        request = self.client.make_request(prepared.prompt_ids, prepared.params, f"kiln-{uuid.uuid4().hex}")
+        try:
+            request = self.client.make_request(prepared.prompt_ids, prepared.params, f"kiln-{uuid.uuid4().hex}")
+        except BaseException:       # a constraint the grammar engine refuses: the ticket is not left waiting
+            ticket.release()
+            raise
         flight = Flight(self.client, request, self.timeout, on_first_token=ticket.first_token,
                         on_done=lambda f: self._landed(f, ticket, key), after=after)
         if key is not None:

@@ -40,7 +40,7 @@ def cluster(tiny_llama_artifact):
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         config = ServeConfig(port=port, ttft_slo=0, response_cache=False, served_model_name="tiny-llama")
         app = application(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=32 << 20), config,
-                          ScaleOptions(replicas=2, replica_cpus=1, drain_timeout=5))
+                          ScaleOptions(replicas=2, replica_cpus=1, drain_timeout=5, replica_header=True))
         serve.run(app, name=APP_NAME, route_prefix="/")
         yield f"http://127.0.0.1:{port}", serve.get_deployment_handle("kiln-replica", app_name=APP_NAME)
     finally:
@@ -54,7 +54,7 @@ def hedged(cluster, tiny_llama_artifact):
     url, _ = cluster
     config = ServeConfig(ttft_slo=0, response_cache=False, served_model_name="tiny-llama")
     options = ScaleOptions(replicas=2, replica_cpus=0.5, drain_timeout=5, hedge=True, hedge_fraction=1.0,
-                           hedge_floor=0.3, slow_replica_delay=SLOW)
+                           hedge_floor=0.3, slow_replica_delay=SLOW, replica_header=True)
     serve.run(application(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=32 << 20, threads=1), config,
                           options), name="hedge", route_prefix="/hedge")
     yield f"{url}/hedge", serve.get_deployment_handle("kiln-replica", app_name="hedge")
@@ -239,7 +239,7 @@ def test_scale_down_drains_the_streams_of_the_replica_it_removes(cluster, tiny_l
 
     def deploy(replicas: int) -> None:       # every stream is held HOLD s before its first token
         options = ScaleOptions(replicas=replicas, replica_cpus=0.5, drain_timeout=30, slow_replica_delay=HOLD,
-                               slow_replica_rank=None)
+                               slow_replica_rank=None, replica_header=True)
         serve.run(application(tiny_llama_artifact, runtime, config, options), name="drain", route_prefix="/drain")
 
     deploy(2)
