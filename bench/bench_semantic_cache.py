@@ -1,6 +1,6 @@
 """The semantic response cache's trade-off, on the labelled pairs of tests/data/semantic_pairs.jsonl:
 hit rate on paraphrases and false-hit rate on near-misses, per cosine threshold, with and without
-the guards (kiln/serving/semantic_guards.py); then, with --artifact, the latency a hit saves
+the guards (kiln/serving/cache/semantic_guards.py); then, with --artifact, the latency a hit saves
 through a real `kiln serve --semantic-cache` (each pair's first question generates, its
 paraphrase is answered from the cache).
 
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from kiln.config import ServeConfig
-from kiln.serving.embedder import Embedder
-from kiln.serving.embedder_export import ensure_exported
-from kiln.serving.semantic_cache import SemanticCache, SemanticQuery
+from kiln.serving.cache.embedder import Embedder
+from kiln.compiler.export.embedder import ensure_exported
+from kiln.serving.cache.semantic_cache import SemanticCache, SemanticQuery
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = ROOT / "tests" / "data" / "semantic_pairs.jsonl"

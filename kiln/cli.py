@@ -246,7 +246,7 @@ SECURITY_OPTIONS = ("api_key_file", "allowed_hosts", "cors_origins", "allow_cont
 
 def _security_config(api_key_file, allowed_hosts, cors_origins, allow_control_tokens_in_messages,
                      public_endpoints, max_key_contexts) -> dict:
-    from kiln.serving.http_io import read_api_key_file, read_api_key_grants
+    from kiln.serving.http.http_io import read_api_key_file, read_api_key_grants
 
     def names(text):
         return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
@@ -373,7 +373,7 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
           request_timeout, no_response_cache, no_console, no_engine_process, log_level, **runtime):
     """Serve an artifact over an OpenAI-compatible HTTP API."""
     from kiln.config import DEFAULT_TTFT_SLO, ServeConfig
-    from kiln.serving.server import run_server
+    from kiln.serving.http.server import run_server
 
     security = {name: runtime.pop(name) for name in SECURITY_OPTIONS}
     limits = {name: runtime.pop(name) for name in LIMIT_OPTIONS}
@@ -392,6 +392,7 @@ def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waitin
         run = partial(run_on_ray, scale=scale) if wants_ray(scale) else \
             partial(run_server, drain_timeout=scale["drain_timeout"])
         cfg = _with_refuse_factor(cfg, api["ttft_refuse_factor"], api["tool_call_parser"])
+        _export_default_embedder(cfg)
         run(artifact, _with_policy(runtime_config(**runtime), api["scheduling_policy"]), cfg,
             announce=lambda m: console.print(f"[dim]{m}[/]"))
     _guarded(go)
@@ -401,6 +402,15 @@ def _with_refuse_factor(cfg, factor: float | None, tool_call_parser: str | None)
     from dataclasses import replace
     cfg = cfg if factor is None else replace(cfg, ttft_refuse_factor=factor)
     return replace(cfg, tool_call_parser=tool_call_parser)
+
+
+def _export_default_embedder(cfg) -> None:
+    """With the semantic cache on and no model given, the default embedder (what the server loads
+    then) is exported here on first use: the export is build-side code (torch), which the server
+    never imports. A Ray replica on another machine needs it exported there (scripts/setup.sh)."""
+    if cfg.semantic_cache and cfg.semantic_cache_model is None:
+        from kiln.compiler.export.embedder import ensure_exported
+        ensure_exported()
 
 
 def _with_policy(runtime, policy: str | None):

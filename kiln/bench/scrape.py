@@ -19,7 +19,7 @@ BATCH_SIZE = ("kiln_batch_size",)
 TTFT = ("kiln_time_to_first_token_seconds", "vllm:time_to_first_token_seconds")
 SPEC_PROPOSED = ("kiln_speculative_proposed_tokens", "vllm:spec_decode_num_draft_tokens")
 SPEC_ACCEPTED = ("kiln_speculative_accepted_tokens", "vllm:spec_decode_num_accepted_tokens")
-# kiln's admission audit (kiln/serving/admission.py): refusals for a predicted TTFT, and those the
+# kiln's admission audit (kiln/serving/traffic/admission.py): refusals for a predicted TTFT, and those the
 # next admitted request proved unneeded.
 REFUSED = ("kiln_admission_refused",)
 REFUSED_UNNEEDED = ("kiln_admission_refused_unneeded",)

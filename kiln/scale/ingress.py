@@ -1,7 +1,7 @@
 """The ingress: kiln serve's OpenAI API (the same validation, errors, streaming) in front of the
 replica deployment.
 
-It validates and tokenizes each request exactly as kiln serve does (kiln.serving.app.prepare_body),
+It validates and tokenizes each request exactly as kiln serve does (kiln.serving.http.app.prepare_body),
 hashes the prompt's blocks for the router, opens a stream on a replica, and renders the replica's
 deltas with kiln serve's renderer. A replica that refuses (429) is passed over once: the request
 goes to one other replica before the client gets the 429 and its Retry-After. The chosen replica
@@ -37,12 +37,12 @@ from kiln.scale.hedge import HedgePolicy, race
 from kiln.scale.messages import portable, refusal_error
 from kiln.scale.prefix import prompt_block_hashes
 from kiln.scale.remote import RemoteSubscription, ReplicaFailed, ReplicaStream
-from kiln.serving.app import prepare_body
-from kiln.serving.errors import ApiError
-from kiln.serving.http_io import EventStream, RequestGuard, allowed_host_names, check_api_key, \
+from kiln.serving.http.app import prepare_body
+from kiln.serving.http.errors import ApiError
+from kiln.serving.http.http_io import EventStream, RequestGuard, allowed_host_names, check_api_key, \
     ignored_fields_header, read_body, until_disconnected
-from kiln.serving.requests import DEFAULT_PRIORITY_RANGE, RequestOptions
-from kiln.serving.responses import Renderer
+from kiln.serving.openai.requests import DEFAULT_PRIORITY_RANGE, RequestOptions
+from kiln.serving.openai.responses import Renderer
 from kiln.tokenizer import Tokenizer
 
 log = logging.getLogger("kiln.scale")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kiln.serving.errors import ApiError
-from kiln.serving.requests import PreparedRequest
+from kiln.serving.http.errors import ApiError
+from kiln.serving.openai.requests import PreparedRequest
 
 
 def portable(prepared: PreparedRequest) -> PreparedRequest:

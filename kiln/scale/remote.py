@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import AsyncIterator
 
 from kiln.runtime.outputs import StreamDelta
-from kiln.serving.flights import Usage
+from kiln.serving.traffic.flights import Usage
 
 _END = ("end",)
 

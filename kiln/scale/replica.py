@@ -1,5 +1,5 @@
 """A Serve replica: one kiln engine client behind kiln serve's own admission, flights and
-response cache (kiln.serving.app.Server), streaming deltas to the ingress.
+response cache (kiln.serving.http.app.Server), streaming deltas to the ingress.
 
 The replica reports its prefix cache and load to the router (record_routing_stats) and its
 admission state to the autoscaler (record_autoscaling_stats). A cancelled request (the ingress
@@ -19,9 +19,9 @@ from pathlib import Path
 from kiln.config import RuntimeConfig, ServeConfig
 from kiln.scale.messages import refusal
 from kiln.scale.prefix import RecentPrefixes
-from kiln.serving.app import Server, warm_up_requests
-from kiln.serving.errors import ApiError, bad_request
-from kiln.serving.requests import EngineLimits, PreparedRequest
+from kiln.serving.http.app import Server, warm_up_requests
+from kiln.serving.http.errors import ApiError, bad_request
+from kiln.serving.openai.requests import EngineLimits, PreparedRequest
 
 log = logging.getLogger("kiln.scale")
 

@@ -9,7 +9,7 @@ import pytest
 
 from kiln.serving.console.history import StatsHistory
 from kiln.serving.console.stats import Scrape, histogram_quantile, point, scrape
-from kiln.serving.metrics import ServerMetrics
+from kiln.serving.http.metrics import ServerMetrics
 
 INF = math.inf
 

@@ -17,8 +17,8 @@ from kiln.runtime.sampling_params import SamplingParams
 from kiln.runtime.structured import StructuredOutput
 from kiln.scale.hedge import HedgePolicy, race
 from kiln.scale.ingress import Ingress, create_ingress_app
-from kiln.serving import app as app_module
-from kiln.serving.requests import PreparedRequest, RequestOptions
+from kiln.serving.http import app as app_module
+from kiln.serving.openai.requests import PreparedRequest, RequestOptions
 
 
 class Waiting:

@@ -20,7 +20,7 @@ from kiln.runtime.sampling_params import SamplingParams  # noqa: E402
 from kiln.runtime.structured import StructuredOutput  # noqa: E402
 from kiln.scale.app import ScaleOptions, application  # noqa: E402
 from kiln.scale.ingress import REPLICA_HEADER  # noqa: E402
-from kiln.serving.requests import PreparedRequest  # noqa: E402
+from kiln.serving.openai.requests import PreparedRequest  # noqa: E402
 from kiln_server import free_port  # noqa: E402
 
 KEY = "hardening-key"

@@ -10,8 +10,8 @@ import pytest
 
 from kiln.config import ServeConfig
 from kiln.scale.ingress import HedgeOptions, Ingress
-from kiln.serving.errors import ApiError
-from kiln.serving.flights import Usage
+from kiln.serving.http.errors import ApiError
+from kiln.serving.traffic.flights import Usage
 
 
 class _Response:

@@ -50,10 +50,10 @@ def test_bad_scale_options_are_refused_before_ray_starts(started, tmp_path):
 
 
 def test_drain_timeout_reaches_plain_kiln_serve(monkeypatch, tmp_path):
-    import kiln.serving.server
+    import kiln.serving.http.server
 
     calls = []
-    monkeypatch.setattr(kiln.serving.server, "run_server", lambda *args, **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(kiln.serving.http.server, "run_server", lambda *args, **kwargs: calls.append(kwargs))
     result = CliRunner().invoke(main, ["serve", str(tmp_path), "--drain-timeout", "20"])
     assert result.exit_code == 0, result.output
     assert calls[0]["drain_timeout"] == 20.0

@@ -8,7 +8,7 @@ from waiting import wait_until
 
 from kiln import LLM, RuntimeConfig
 from kiln.config import ServeConfig
-from kiln.serving import app as app_module
+from kiln.serving.http import app as app_module
 
 MODEL = "tiny"
 LOOPBACK = "http://127.0.0.1"

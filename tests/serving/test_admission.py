@@ -11,8 +11,8 @@ import pytest
 from kiln.config import ServeConfig
 from kiln.runtime.engine_stats import EngineSnapshot
 from kiln.runtime.step_costs import StepCosts
-from kiln.serving.admission import Admission
-from kiln.serving.errors import ApiError
+from kiln.serving.traffic.admission import Admission
+from kiln.serving.http.errors import ApiError
 
 # 1 ms per prefill token; a decode step of 16 takes 40 ms; steps aim at 100 ms while streams decode.
 COSTS = StepCosts(target_itl=0.1, min_prefill_chunk=8, max_tokens=512,

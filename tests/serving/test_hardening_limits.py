@@ -29,7 +29,7 @@ def test_the_limits_are_on_by_default():
 def _serve_config(monkeypatch, *flags: str) -> ServeConfig:
     """The ServeConfig `kiln serve ARTIFACT *flags` would run with (the server is not started)."""
     seen = {}
-    monkeypatch.setattr("kiln.serving.server.run_server", lambda artifact, runtime, cfg, announce, **_: seen.update(cfg=cfg))
+    monkeypatch.setattr("kiln.serving.http.server.run_server", lambda artifact, runtime, cfg, announce, **_: seen.update(cfg=cfg))
     result = CliRunner(env={"KILN_API_KEY": None}).invoke(cli.main, ["serve", "artifact", *flags])
     assert result.exit_code == 0, result.output
     return seen["cfg"]
@@ -49,7 +49,7 @@ def test_serve_keeps_the_defaults_and_takes_overrides(monkeypatch):
 
 
 def test_serve_refuses_a_negative_limit(monkeypatch):
-    monkeypatch.setattr("kiln.serving.server.run_server", lambda *a, **k: None)
+    monkeypatch.setattr("kiln.serving.http.server.run_server", lambda *a, **k: None)
     result = CliRunner(env={"KILN_API_KEY": None}).invoke(cli.main, ["serve", "artifact", "--body-timeout", "-1"])
     assert result.exit_code == 1 and "body_timeout" in result.output
 

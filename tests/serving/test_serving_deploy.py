@@ -140,7 +140,7 @@ def test_the_gateway_gauges_are_kilns_own_values():
     """The same collector on a snapshot with KV in use (a live one is idle between requests)."""
     from types import SimpleNamespace
 
-    from kiln.serving.metrics import GATEWAY_KV_USAGE, GATEWAY_QUEUE, _gateway_gauges
+    from kiln.serving.http.metrics import GATEWAY_KV_USAGE, GATEWAY_QUEUE, _gateway_gauges
 
     gauges = {g.name: g.samples[0].value for g in _gateway_gauges(
         SimpleNamespace(num_waiting=3, kv_blocks_used=5, kv_blocks_total=20))}

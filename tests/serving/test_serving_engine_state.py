@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 import kiln
 from kiln import LLM, RuntimeConfig
 from kiln.config import ServeConfig
-from kiln.serving.app import create_app
+from kiln.serving.http.app import create_app
 from waiting import wait_until
 
 PACKAGE = Path(kiln.__file__).parent

@@ -12,9 +12,9 @@ from kiln.runtime.outputs import StreamDelta
 from kiln.runtime.request import Request
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.runtime.scheduler import Scheduler
-from kiln.serving.flights import Recording, Usage
-from kiln.serving.requests import EngineLimits
-from kiln.serving.response_cache import ResponseCache
+from kiln.serving.traffic.flights import Recording, Usage
+from kiln.serving.openai.requests import EngineLimits
+from kiln.serving.cache.response_cache import ResponseCache
 
 
 def _recording(text: str) -> Recording:
@@ -72,7 +72,7 @@ def test_log_level_sets_kilns_loggers_and_refuses_unknown_levels():
         assert logging.getLogger("kiln.runtime").isEnabledFor(logging.DEBUG)
         assert not logging.getLogger("httpx").isEnabledFor(logging.DEBUG)      # libraries stay at info
         configure_logging(ServeConfig().log_level)
-        assert not logging.getLogger("kiln.serving.admission").isEnabledFor(logging.DEBUG)
+        assert not logging.getLogger("kiln.serving.traffic.admission").isEnabledFor(logging.DEBUG)
     finally:
         kiln_log.setLevel(before)
     with pytest.raises(ValueError, match="log_level"):

@@ -123,7 +123,7 @@ def test_window_bounds_and_presets():
 
 def test_the_wait_histogram_counts_released_holds_only():
     from kiln.runtime.engine_stats import StepReport
-    from kiln.serving.metrics import ServerMetrics
+    from kiln.serving.http.metrics import ServerMetrics
 
     metrics = ServerMetrics()
     metrics.observe_step(StepReport(2, 8, 2, 0.01, batch_wait_seconds=0.004))

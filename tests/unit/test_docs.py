@@ -352,8 +352,8 @@ def test_architecture_names_only_modules_that_exist():
 
 
 def _api_routes() -> set[str]:
-    sources = [ROOT / "kiln/serving/app.py", ROOT / "kiln/serving/console/routes.py",
-               ROOT / "kiln/serving/utility_routes.py"]
+    sources = [ROOT / "kiln/serving/http/app.py", ROOT / "kiln/serving/console/routes.py",
+               ROOT / "kiln/serving/http/utility_routes.py"]
     return {r for s in sources for r in re.findall(r"Route\(\"([^\"]+)\"", s.read_text())}
 
 

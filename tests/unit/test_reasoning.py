@@ -1,11 +1,11 @@
-"""<think> blocks into reasoning_content (kiln/serving/reasoning.py): whole and streamed agree,
+"""<think> blocks into reasoning_content (kiln/serving/openai/reasoning.py): whole and streamed agree,
 the block opens in the reply or in the prompt, and a reply without one is all content."""
 
 from __future__ import annotations
 
 import pytest
 
-from kiln.serving.reasoning import ReasoningStream, prompt_opens_block, split_reasoning, template_reasons
+from kiln.serving.openai.reasoning import ReasoningStream, prompt_opens_block, split_reasoning, template_reasons
 
 
 @pytest.mark.parametrize("reply, opened, expected", [

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kiln.serving.semantic_cache import SemanticCache, SemanticQuery
-from kiln.serving.semantic_guards import features
-from kiln.serving.semantic_requests import split_chat
+from kiln.serving.cache.semantic_cache import SemanticCache, SemanticQuery
+from kiln.serving.cache.semantic_guards import features
+from kiln.serving.cache.semantic_requests import split_chat
 
 PAIRS = [json.loads(line) for line in (Path(__file__).parents[1] / "data" / "semantic_pairs.jsonl").open()]
 GUARDED_KINDS = ("number", "date", "negation", "entity")

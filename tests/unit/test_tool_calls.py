@@ -7,7 +7,7 @@ import json
 
 from hypothesis import given, strategies as st
 
-from kiln.serving.tools import ToolCallStream, forced_call_grammar, parse_tool_calls, template_takes_tools
+from kiln.serving.openai.tools import ToolCallStream, forced_call_grammar, parse_tool_calls, template_takes_tools
 
 CALL_F = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
 CALL_G = '<tool_call>{"name": "g", "arguments": {}}</tool_call>'
@@ -71,7 +71,7 @@ def test_forced_call_grammar_and_template_detection():
 
 def test_two_calls_closing_in_one_delta_get_their_own_indexes():
     from kiln.runtime.outputs import StreamDelta
-    from kiln.serving.responses import Renderer
+    from kiln.serving.openai.responses import Renderer
 
     renderer = Renderer("chat", "m", tokenizer=None, parse_tool_calls=8)
     delta = StreamDelta("r", f"{CALL_F}{CALL_G}", [], finished=True, finish_reason="stop")

@@ -1,4 +1,4 @@
-"""Tool-call syntaxes per family (kiln/serving/tool_formats.py): chosen from the template, parsed
+"""Tool-call syntaxes per family (kiln/serving/openai/tool_formats.py): chosen from the template, parsed
 whole and streamed chunk by chunk to the same calls, and a reply that is not a call stays content."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kiln.serving.tool_formats import WholeReplyCalls, call_stream, format_for_template, split_calls
+from kiln.serving.openai.tool_formats import WholeReplyCalls, call_stream, format_for_template, split_calls
 
 LLAMA3 = '{{ "<|start_header_id|>" }}{% if tools %}{{ tools | tojson }}{% endif %}<|python_tag|><|eom_id|>'
 MISTRAL = "{% for m in messages %}[INST]{{ m.content }}[/INST]{% endfor %}[AVAILABLE_TOOLS][TOOL_CALLS]"
@@ -60,8 +60,8 @@ def test_more_calls_than_allowed_stay_content():
 def test_the_tool_call_parser_option_overrides_the_template():
     from types import SimpleNamespace
 
-    from kiln.serving.protocol import ChatCompletionRequest
-    from kiln.serving.structured_requests import plan_tools
+    from kiln.serving.openai.protocol import ChatCompletionRequest
+    from kiln.serving.openai.structured_requests import plan_tools
     body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], "tools": [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})
     tok = SimpleNamespace(chat_template=HERMES.replace("<tools></tools>", "{{ tools }}"))

@@ -22,14 +22,14 @@ from starlette.staticfiles import StaticFiles
 
 from kiln.serving.console.card import artifact_card
 from kiln.serving.console.history import StatsHistory
-from kiln.serving.errors import ApiError
-from kiln.serving.http_io import EventStream, check_api_key
+from kiln.serving.http.errors import ApiError
+from kiln.serving.http.http_io import EventStream, check_api_key
 
 STATIC = resources.files("kiln.serving.console") / "static"
 
 
 def console_routes(server) -> list:
-    """The console's routes over a Server (kiln.serving.app), or none when --no-console."""
+    """The console's routes over a Server (kiln.serving.http.app), or none when --no-console."""
     if not server.config.console:
         return []
     history = StatsHistory(server.metrics.registry)

@@ -21,23 +21,23 @@ from starlette.routing import Route
 from kiln.config import ServeConfig
 from kiln.runtime.engine_client import EngineClient, EngineError
 from kiln.runtime.sampling_params import SamplingParams
-from kiln.serving.admission import Admission
+from kiln.serving.traffic.admission import Admission
 from kiln.serving.console import console_routes
-from kiln.serving.errors import ApiError, bad_request, engine_failure
-from kiln.serving.choices import generate_choices
-from kiln.serving.generations import Generations
-from kiln.serving.http_io import (EventStream, RequestGuard, allowed_host_names, check_api_key, decode_body,
+from kiln.serving.http.errors import ApiError, bad_request, engine_failure
+from kiln.serving.http.choices import generate_choices
+from kiln.serving.traffic.generations import Generations
+from kiln.serving.http.http_io import (EventStream, RequestGuard, allowed_host_names, check_api_key, decode_body,
                                   ignored_fields_header, read_body, rendered_json,
                                   until_disconnected)
-from kiln.serving.metrics import ServerMetrics
-from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from kiln.serving.key_budget import KeyBudget
-from kiln.serving.requests import (DEFAULT_PRIORITY_RANGE, EngineLimits, RequestOptions, prepare_chat,
+from kiln.serving.http.metrics import ServerMetrics
+from kiln.serving.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from kiln.serving.traffic.key_budget import KeyBudget
+from kiln.serving.openai.requests import (DEFAULT_PRIORITY_RANGE, EngineLimits, RequestOptions, prepare_chat,
                                    prepare_completion)
-from kiln.serving.response_cache import ResponseCache
-from kiln.serving.responses import Renderer
-from kiln.serving.utility_routes import utility_routes
-from kiln.serving.semantic_requests import load_semantic_responses
+from kiln.serving.cache.response_cache import ResponseCache
+from kiln.serving.openai.responses import Renderer
+from kiln.serving.http.utility_routes import utility_routes
+from kiln.serving.cache.semantic_requests import load_semantic_responses
 
 log = logging.getLogger("kiln.serving")
 

@@ -1,5 +1,5 @@
 """vLLM's utility endpoints: /tokenize, /detokenize and /version; the API's description at
-/openapi.json (generated from the request models in protocol.py) and a page listing it at /docs
+/openapi.json (generated from the request models in openai/protocol.py) and a page listing it at /docs
 (plain HTML: no Swagger UI assets ship offline)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from kiln.serving.errors import ApiError, bad_request
-from kiln.serving.http_io import decode_body, ignored_fields_header, read_body
-from kiln.serving.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+from kiln.serving.http.errors import ApiError, bad_request
+from kiln.serving.http.http_io import decode_body, ignored_fields_header, read_body
+from kiln.serving.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                    parse_body)
 from kiln.tokenizer import ChatTemplateError
 
@@ -121,7 +121,7 @@ def _parse(server, model, raw: bytes, strict: bool):
 
 def _tokenized(server, body: TokenizeRequest, options) -> dict:
     # the chat endpoint's own message rules and bounds: /tokenize costs what a prompt costs
-    from kiln.serving.requests import check_chars_fit, message_dicts, rendered_chars
+    from kiln.serving.openai.requests import check_chars_fit, message_dicts, rendered_chars
 
     tok = server.llm.tokenizer
     if (body.prompt is None) == (body.messages is None):

@@ -13,7 +13,7 @@ from typing import Awaitable, Callable, TypeVar
 from starlette.requests import Request as HttpRequest
 from starlette.responses import StreamingResponse
 
-from kiln.serving.errors import ApiError, bad_request
+from kiln.serving.http.errors import ApiError, bad_request
 
 T = TypeVar("T")
 log = logging.getLogger("kiln.serving")

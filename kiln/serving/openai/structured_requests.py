@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.runtime.structured import GrammarError, StructuredOutput, compiler_for
-from kiln.serving.errors import bad_request
-from kiln.serving.http_io import MAX_JSON_DEPTH, decode_json
-from kiln.serving.tool_formats import forced_grammar, format_for_template
-from kiln.serving.tools import template_takes_tools
+from kiln.serving.http.errors import bad_request
+from kiln.serving.http.http_io import MAX_JSON_DEPTH, decode_json
+from kiln.serving.openai.tool_formats import forced_grammar, format_for_template
+from kiln.serving.openai.tools import template_takes_tools
 
 MAX_TOOL_CALLS = 64
 # A constraint is compiled on the request's way in, on one of the server's few preparation

@@ -11,12 +11,12 @@ from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
 from kiln.runtime.outputs import StreamDelta
-from kiln.serving.flights import Subscription, Usage
-from kiln.serving.reasoning import ReasoningStream, split_reasoning
-from kiln.serving.tool_formats import call_stream, split_calls
-from kiln.serving.tools import ToolCallStream, tool_call
+from kiln.serving.traffic.flights import Subscription, Usage
+from kiln.serving.openai.reasoning import ReasoningStream, split_reasoning
+from kiln.serving.openai.tool_formats import call_stream, split_calls
+from kiln.serving.openai.tools import ToolCallStream, tool_call
 from kiln.tokenizer import Tokenizer
-from kiln.serving.errors import engine_failure
+from kiln.serving.http.errors import engine_failure
 
 
 def usage_body(u: Usage) -> dict:

@@ -46,10 +46,10 @@ from collections.abc import Callable, Sequence
 
 from kiln.config import ServeConfig
 from kiln.runtime.engine_stats import EngineSnapshot
-from kiln.serving.errors import ApiError
+from kiln.serving.http.errors import ApiError
 
 # DEBUG: one line per decision and per first token (predicted vs realised), to check the predictor.
-log = logging.getLogger("kiln.serving.admission")
+log = logging.getLogger("kiln.serving.traffic.admission")
 
 
 class Calibration:

@@ -7,7 +7,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kiln.serving.errors import ApiError, bad_request
+from kiln.serving.http.errors import ApiError, bad_request
 
 
 class _Body(BaseModel):

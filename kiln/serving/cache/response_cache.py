@@ -8,7 +8,7 @@ import time
 from collections import OrderedDict
 from typing import Callable, Hashable
 
-from kiln.serving.flights import Recording
+from kiln.serving.traffic.flights import Recording
 
 # A rough size of what a key holds beside its prompt ids: the sampling params' own fields, and a
 # compiled constraint's matcher (its grammar and token masks), which the key keeps alive.

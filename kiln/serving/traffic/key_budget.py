@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable
 
-from kiln.serving.errors import ApiError, bad_request
+from kiln.serving.http.errors import ApiError, bad_request
 
 
 class KeyBudget:

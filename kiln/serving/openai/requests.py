@@ -10,10 +10,10 @@ from jinja2 import TemplateError
 
 from kiln.runtime.request import longest_fitting
 from kiln.runtime.sampling_params import SamplingParams
-from kiln.serving.errors import ApiError, bad_request
-from kiln.serving.protocol import ChatCompletionRequest, CompletionRequest
-from kiln.serving.reasoning import prompt_opens_block, template_reasons
-from kiln.serving.structured_requests import ToolPlan, bind, plan_tools, structured_output
+from kiln.serving.http.errors import ApiError, bad_request
+from kiln.serving.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kiln.serving.openai.reasoning import prompt_opens_block, template_reasons
+from kiln.serving.openai.structured_requests import ToolPlan, bind, plan_tools, structured_output
 from kiln.tokenizer import ChatTemplateError, Tokenizer
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16     # OpenAI's default for /v1/completions

@@ -26,7 +26,7 @@ from typing import Callable, Hashable
 import numpy as np
 
 from kiln.config import ServeConfig
-from kiln.serving.semantic_guards import QuestionFeatures, features
+from kiln.serving.cache.semantic_guards import QuestionFeatures, features
 
 DEFAULT_THRESHOLD = ServeConfig.semantic_cache_threshold    # docs/benchmarks.md, semantic response cache
 ENTRY_OVERHEAD_BYTES = 300

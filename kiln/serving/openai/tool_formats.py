@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from kiln.runtime.structured import StructuredOutput
 from kiln.runtime.structured.grammar import JSON_STYLE
-from kiln.serving import tools as hermes
+from kiln.serving.openai import tools as hermes
 
 ANY_OBJECT = {"type": "object"}
 FORMATS = ("hermes", "llama3_json", "mistral")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kiln.config import RuntimeConfig, ServeConfig
 from kiln.logs import configure_logging
-from kiln.serving.errors import ApiError
+from kiln.serving.http.errors import ApiError
 
 
 DRAIN_TIMEOUT = 5.0      # seconds the streams in flight get to finish after SIGTERM (--drain-timeout)
@@ -21,7 +21,7 @@ def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, anno
     loading = _start_loading(artifact, runtime.with_ttft_target(config.ttft_slo), config)
     import uvicorn
 
-    from kiln.serving.app import create_app
+    from kiln.serving.http.app import create_app
 
     llm = loading.result()               # logs the KV plan it sized; raises what loading raised
     model_name = config.served_model_name or Path(artifact).resolve().name

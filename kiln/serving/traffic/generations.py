@@ -6,11 +6,11 @@ from __future__ import annotations
 import uuid
 from typing import Hashable
 
-from kiln.serving.admission import Admission, Ticket
-from kiln.serving.flights import Flight, Subscription
-from kiln.serving.metrics import ServerMetrics
-from kiln.serving.requests import PreparedRequest
-from kiln.serving.response_cache import ResponseCache
+from kiln.serving.traffic.admission import Admission, Ticket
+from kiln.serving.traffic.flights import Flight, Subscription
+from kiln.serving.http.metrics import ServerMetrics
+from kiln.serving.openai.requests import PreparedRequest
+from kiln.serving.cache.response_cache import ResponseCache
 
 CACHEABLE_FINISH_REASONS = ("stop", "length")    # never a timeout's or an abort's partial answer
 

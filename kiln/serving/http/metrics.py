@@ -1,7 +1,7 @@
 """Prometheus metrics, in a registry of the app's own (so two servers in one process, as in
 tests, never share series). Request latencies come from the engine's timestamps on each Request;
-the engine's own metrics (engine_metrics.py, the same names as on Triton) are read from the
-engine client's snapshot at scrape time."""
+the engine's own metrics (kiln/serving/engine_metrics.py, the same names as on Triton) are read
+from the engine client's snapshot at scrape time."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def _counter(name, doc, value):
 
 
 def _admission_audit(audit):
-    """Admission's decisions against what happened (kiln/serving/admission.py, Audit)."""
+    """Admission's decisions against what happened (kiln/serving/traffic/admission.py, Audit)."""
     checks = (("admitted_on_time", "Admitted requests whose first token came within the TTFT objective."),
               ("admitted_late", "Admitted requests whose first token came after the TTFT objective."),
               ("refused", "Requests refused (429) for their predicted TTFT."),

@@ -18,11 +18,11 @@ from starlette.responses import Response
 
 from kiln.runtime.engine_client import EngineError
 from kiln.runtime.sampling_params import MAX_SEED, SamplingParams
-from kiln.serving.errors import ApiError, bad_request, engine_failure
-from kiln.serving.generations import Generations
-from kiln.serving.http_io import EventStream, ignored_fields_header, rendered_json, until_disconnected
-from kiln.serving.requests import PreparedRequest
-from kiln.serving.responses import Choice, Echo, Renderer
+from kiln.serving.http.errors import ApiError, bad_request, engine_failure
+from kiln.serving.traffic.generations import Generations
+from kiln.serving.http.http_io import EventStream, ignored_fields_header, rendered_json, until_disconnected
+from kiln.serving.openai.requests import PreparedRequest
+from kiln.serving.openai.responses import Choice, Echo, Renderer
 
 
 def open_choices(generations: Generations, prepared: PreparedRequest, tokenizer) -> list[Choice]:

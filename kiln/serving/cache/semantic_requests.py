@@ -18,8 +18,8 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from kiln.serving.generations import CACHEABLE_FINISH_REASONS
-from kiln.serving.semantic_cache import Lookup, SemanticCache, SemanticQuery
+from kiln.serving.traffic.generations import CACHEABLE_FINISH_REASONS
+from kiln.serving.cache.semantic_cache import Lookup, SemanticCache, SemanticQuery
 
 log = logging.getLogger("kiln.serving")
 
@@ -169,14 +169,13 @@ class StoringSubscription(SemanticHit):
 
 
 def load_semantic_responses(config) -> SemanticResponses:
-    """From a ServeConfig with semantic_cache on: the embedder (the default model is exported on
-    first use when missing) and the index. Raises a clear error when the model cannot be had."""
-    from kiln.serving.embedder import Embedder
-    from kiln.serving.embedder_export import default_model_dir, ensure_exported
+    """From a ServeConfig with semantic_cache on: the embedder and the index. Raises EmbedderError,
+    saying how to make one, when the model folder holds no model (`kiln serve` exports the default
+    one before it gets here: the export is build-side code, kiln/compiler/export/embedder.py)."""
+    from kiln.contract.embedder import default_model_dir
+    from kiln.serving.cache.embedder import Embedder
 
     folder = Path(config.semantic_cache_model) if config.semantic_cache_model else default_model_dir()
-    if config.semantic_cache_model is None:
-        ensure_exported(folder)
     cache = SemanticCache(config.semantic_cache_max_entries, config.semantic_cache_max_bytes,
                           config.semantic_cache_ttl, config.semantic_cache_threshold)
     return SemanticResponses(Embedder(folder), cache)

@@ -1,9 +1,9 @@
 """A sentence embedder on ONNX Runtime, for the semantic response cache: text -> a unit vector, so
 that a dot product between two embeddings is their cosine similarity.
 
-The model folder holds model.onnx (pooled and normalised in the graph) and tokenizer.json, as
-embedder_export.py writes them. The session runs on one thread: the engine owns the cores, and
-one short question embeds in a few milliseconds.
+The model folder holds model.onnx (pooled and normalised in the graph) and tokenizer.json
+(kiln/contract/embedder.py), as kiln/compiler/export/embedder.py writes them. The session runs
+on one thread: the engine owns the cores, and one short question embeds in a few milliseconds.
 """
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kiln.contract.embedder import MODEL_FILE, TOKENIZER_FILE, EmbedderError, is_exported
+
 MAX_TOKENS = 128        # all-MiniLM-L6-v2 was trained on 128-token inputs; longer texts get no embedding
-
-
-class EmbedderError(ValueError):
-    """The embedding model is missing or unusable (a configuration error: kiln serve stops)."""
 
 
 class Embedder:
@@ -25,10 +23,10 @@ class Embedder:
         from tokenizers import Tokenizer
 
         folder = Path(folder)
-        model, tokenizer = folder / "model.onnx", folder / "tokenizer.json"
-        if not model.is_file() or not tokenizer.is_file():
+        model, tokenizer = folder / MODEL_FILE, folder / TOKENIZER_FILE
+        if not is_exported(folder):
             raise EmbedderError(f"{folder} holds no embedding model (model.onnx and tokenizer.json); "
-                                f"make one with: python -m kiln.serving.embedder_export {folder}")
+                                f"make one with: python -m kiln.compiler.export.embedder {folder}")
         self.folder = folder
         self.tokenizer = Tokenizer.from_file(str(tokenizer))
         self.tokenizer.enable_truncation(MAX_TOKENS)
