@@ -1,13 +1,16 @@
 """The container image and the Kubernetes manifests against the real kiln serve: the manifests
-validate against the Kubernetes schemas (kubernetes-validate; the CRDs, which it has no schema
-for, are checked field by field), every probe path they name answers 200 on a running server,
+validate against the Kubernetes schemas (kubernetes-validate for the built-in kinds; the custom
+resources against their CRDs' OpenAPI schemas, vendored in tests/data/k8s-crds with their source),
+both with the API server's strict field validation, every probe path they name answers 200 on a running server,
 their ports are the one the container is started on, the Dockerfile passes hadolint and its CMD
 parses as a kiln serve command; and /metrics carries the two gauges the Kubernetes inference
 gateway reads, equal to kiln's own."""
 
 from __future__ import annotations
 
+import copy
 import json
+import lzma
 import re
 import shutil
 import subprocess
@@ -59,6 +62,76 @@ def test_the_manifests_validate_against_the_kubernetes_schemas():
     broken = {**next(d for d in docs if d["kind"] == "Deployment"), "spec": {"replicas": "two"}}
     with pytest.raises(kubernetes_validate.ValidationError):      # the validator can fail
         kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+
+
+CRDS = ROOT / "tests" / "data" / "k8s-crds"
+
+
+def _crd_schemas() -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> that version's openAPIV3Schema, from the vendored CRDs."""
+    schemas = {}
+    for path in sorted(CRDS.glob("*.yaml*")):
+        text = lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
+        # libyaml's loader where PyYAML has it: KServe's CRD is 2 MB of YAML
+        for crd in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+            if crd and crd.get("kind") == "CustomResourceDefinition":
+                spec = crd["spec"]
+                for version in spec["versions"]:
+                    key = (f"{spec['group']}/{version['name']}", spec["names"]["kind"])
+                    schemas[key] = version["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+def _strict(schema: dict) -> dict:
+    """The schema as the API server's strict field validation applies it (kubectl's default): an
+    object's fields are the ones its schema names, unless it preserves unknown fields (a CRD's
+    structural schema leaves additionalProperties out, and the server then rejects unknown fields)."""
+    schema = dict(schema)
+    if "properties" in schema:
+        schema["properties"] = {k: _strict(v) for k, v in schema["properties"].items()}
+        if "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+    if isinstance(schema.get("additionalProperties"), dict):
+        schema["additionalProperties"] = _strict(schema["additionalProperties"])
+    if isinstance(schema.get("items"), dict):
+        schema["items"] = _strict(schema["items"])
+    for key in ("allOf", "anyOf", "oneOf"):
+        if key in schema:
+            schema[key] = [_strict(s) for s in schema[key]]
+    return schema
+
+
+def _crd_errors(doc: dict, schemas: dict) -> list[str]:
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(_strict(schemas[(doc["apiVersion"], doc["kind"])]))
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def test_the_custom_resources_validate_against_their_crds():
+    schemas = _crd_schemas()
+    custom = [d for d in _documents() if d["kind"] not in CORE_KINDS]
+    assert {d["kind"] for d in custom} == {"InferencePool", "InferenceModel", "InferenceService", "PodMonitor"}
+    for doc in custom:
+        assert (doc["apiVersion"], doc["kind"]) in schemas, f"no vendored CRD for {doc['apiVersion']} {doc['kind']}"
+        assert _crd_errors(doc, schemas) == [], doc["kind"]
+    # the validator can fail: a misspelt field deep in the pod spec, a wrong type, a missing field
+    isvc = copy.deepcopy(next(d for d in custom if d["kind"] == "InferenceService"))
+    isvc["spec"]["predictor"]["containers"][0]["readinessProbe"]["httpGet"]["paht"] = "/ready"
+    assert any("paht" in e for e in _crd_errors(isvc, schemas))
+    monitor = copy.deepcopy(next(d for d in custom if d["kind"] == "PodMonitor"))
+    monitor["spec"]["podMetricsEndpoints"] = {"port": "http"}
+    assert _crd_errors(monitor, schemas)
+    pool = copy.deepcopy(next(d for d in custom if d["kind"] == "InferencePool"))
+    del pool["spec"]["targetPortNumber"]
+    assert any("targetPortNumber" in e for e in _crd_errors(pool, schemas))
+
+
+def test_the_manifests_run_the_image_the_build_script_makes():
+    tag = re.search(r"KILN_IMAGE:-([^}]+)}", (ROOT / "scripts" / "build_image.sh").read_text()).group(1)
+    images = {c["image"] for d in _documents() for c in _containers(d)}
+    assert images == {tag}
+    assert f"-t {tag} ." in DOCKERFILE.read_text()          # the Dockerfile's own build line
 
 
 def test_every_container_runs_kiln_serve_and_its_probes_and_ports_agree():
