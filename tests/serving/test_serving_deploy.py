@@ -23,7 +23,7 @@ import yaml
 ROOT = Path(__file__).parents[2]
 MANIFESTS = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
 DOCKERFILE = ROOT / "Dockerfile"
-CORE_KINDS = {"Deployment", "Service", "HorizontalPodAutoscaler"}
+CORE_KINDS = {"Deployment", "Service", "HorizontalPodAutoscaler", "Job", "PersistentVolumeClaim"}
 
 
 def _documents() -> list[dict]:
@@ -132,6 +132,34 @@ def test_the_manifests_run_the_image_the_build_script_makes():
     images = {c["image"] for d in _documents() for c in _containers(d)}
     assert images == {tag}
     assert f"-t {tag} ." in DOCKERFILE.read_text()          # the Dockerfile's own build line
+
+
+def test_the_artifact_job_builds_what_the_pods_mount_on_their_cpu_class():
+    from kiln.cli import build
+
+    docs = _documents()
+    job = next(d for d in docs if d["kind"] == "Job")
+    claim = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")["metadata"]["name"]
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = _serve_args(container)
+    assert args[:2] == ["kiln", "build"]
+    build.make_context("build", args[2:])                       # a valid kiln build command line
+    out = Path(args[args.index("--out") + 1])
+    mounts = {Path(m["mountPath"]): m["name"] for m in container["volumeMounts"]}
+    volume = mounts[out.parent]
+    job_claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+    assert job_claims[volume] == claim
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "InferenceService"):
+            continue
+        spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else doc["spec"]["predictor"]
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v}
+        for served in _containers(doc):
+            (mount,) = [m for m in served["volumeMounts"] if m["mountPath"] == "/models/artifact"]
+            assert claims[mount["name"]] == claim and mount["subPath"] == out.name and mount["readOnly"]
+        if doc["kind"] == "Deployment":                          # built on the CPU class it runs on
+            assert spec["nodeSelector"] == pod["nodeSelector"]
 
 
 def test_every_container_runs_kiln_serve_and_its_probes_and_ports_agree():
