@@ -33,6 +33,9 @@ compile() {   # compile OUTPUT INPUT... [uv options]
 }
 compile requirements/dev.lock pyproject.toml requirements/tools.in --extra dev \
     --override requirements/overrides.txt
+# The container image's install (Dockerfile): kiln's own dependencies and the installers, at the
+# versions of the dev lock the suite ran on.
+compile requirements/image.lock pyproject.toml requirements/tools.in --constraint requirements/dev.lock
 compile requirements/models.lock requirements/models.in --no-deps
 compile requirements/openai2.lock requirements/openai2.in --no-deps
 compile requirements/clients.lock requirements/clients.in requirements/tools.in
