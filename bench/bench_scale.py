@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from kiln.config import RuntimeConfig, ServeConfig
+from kiln.config import AdmissionConfig, ResponseCacheConfig, RuntimeConfig, ServeConfig
 from kiln.units import parse_bytes
 
 
@@ -79,7 +79,8 @@ class Cluster:
     def deploy(self, artifact: str, runtime: RuntimeConfig, **options) -> str:
         from kiln.scale.app import ScaleOptions, application
 
-        config = ServeConfig(ttft_slo=0, response_cache=False, served_model_name="m")
+        config = ServeConfig(admission=AdmissionConfig(ttft_slo=0), response_cache=ResponseCacheConfig(enabled=False),
+                             served_model_name="m")
         options = ScaleOptions(**options, replica_header=True)        # the answering replica, per request
         self.serve.run(application(artifact, runtime, config, options), name="bench", route_prefix="/")
         return self.url

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.config import ServeConfig
+from kiln.config import SemanticCacheConfig
 from kiln.serving.cache.embedder import Embedder
 from kiln.compiler.export.embedder import ensure_exported
 from kiln.serving.cache.semantic_cache import SemanticCache, SemanticQuery
@@ -50,7 +50,7 @@ def accuracy_table(embedder: Embedder, pairs: list[dict]) -> list[str]:
     lines = [f"{len(para)} paraphrase pairs, {len(near)} near-miss pairs (tests/data/semantic_pairs.jsonl)", "",
              "| threshold | guards | paraphrase hit rate | near-miss false-hit rate | false hits |",
              "|---|---|---|---|---|"]
-    default = ServeConfig.semantic_cache_threshold
+    default = SemanticCacheConfig.threshold
     for threshold in THRESHOLDS:
         for guards in (False, True):
             hit = pair_outcomes(embedder, para, threshold, guards)

@@ -322,16 +322,30 @@ def _semantic_options(fn):
     return fn
 
 
-SEMANTIC_OPTIONS = ("semantic_cache", "semantic_cache_model", "semantic_cache_threshold")
+# option name -> its SemanticCacheConfig field
+SEMANTIC_OPTIONS = {"semantic_cache": "enabled", "semantic_cache_model": "model",
+                    "semantic_cache_threshold": "threshold"}
 
 
-def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_timeout, body_timeout,
-                   max_body_size, step_timeout) -> dict:
+def _admission_config(ttft_slo, ttft_refuse_factor, max_waiting, max_waiting_tokens):
+    """The admission bounds given on the command line (--max-waiting 0: none); the others keep
+    AdmissionConfig's defaults."""
+    from kiln.config import AdmissionConfig
+
+    given = dict(ttft_slo=ttft_slo, ttft_refuse_factor=ttft_refuse_factor, max_waiting_tokens=max_waiting_tokens)
+    out = {name: value for name, value in given.items() if value is not None}
+    if max_waiting is not None:
+        out["max_waiting"] = max_waiting or None
+    return AdmissionConfig(**out)
+
+
+def _limits_config(request_timeout, limit_concurrency, keep_alive_timeout, body_timeout, max_body_size,
+                   step_timeout) -> dict:
     """The limits given on the command line (0: off); the others keep ServeConfig's defaults."""
     from kiln.units import parse_bytes
 
-    given = dict(max_waiting=max_waiting, request_timeout=request_timeout, limit_concurrency=limit_concurrency,
-                 body_timeout=body_timeout, step_timeout=step_timeout)
+    given = dict(request_timeout=request_timeout, limit_concurrency=limit_concurrency, body_timeout=body_timeout,
+                 step_timeout=step_timeout)
     out = {name: value or None for name, value in given.items() if value is not None}
     if keep_alive_timeout is not None:
         out["keep_alive_timeout"] = keep_alive_timeout
@@ -372,43 +386,37 @@ def _limits_config(max_waiting, request_timeout, limit_concurrency, keep_alive_t
 def serve(artifact, host, port, api_key, served_model_name, ttft_slo, max_waiting, max_waiting_tokens,
           request_timeout, no_response_cache, no_console, no_engine_process, log_level, **runtime):
     """Serve an artifact over an OpenAI-compatible HTTP API."""
-    from kiln.config import DEFAULT_TTFT_SLO, ServeConfig
+    from kiln.config import ResponseCacheConfig, SemanticCacheConfig, ServeConfig
     from kiln.serving.http.server import run_server
 
     security = {name: runtime.pop(name) for name in SECURITY_OPTIONS}
     limits = {name: runtime.pop(name) for name in LIMIT_OPTIONS}
     api = {name: runtime.pop(name) for name in API_OPTIONS}
     scale = {name: runtime.pop(name) for name in SCALE_OPTIONS}
-    semantic = {name: value for name in SEMANTIC_OPTIONS if (value := runtime.pop(name)) is not None}
+    semantic = {key: value for name, key in SEMANTIC_OPTIONS.items() if (value := runtime.pop(name)) is not None}
 
     def go():
-        cfg = ServeConfig(**_security_config(**security), **_limits_config(max_waiting, request_timeout, **limits),
+        admission = _admission_config(ttft_slo, api["ttft_refuse_factor"], max_waiting, max_waiting_tokens)
+        cfg = ServeConfig(**_security_config(**security), **_limits_config(request_timeout, **limits),
                           host=host, port=port, api_key=api_key, served_model_name=served_model_name,
-                          ttft_slo=DEFAULT_TTFT_SLO if ttft_slo is None else ttft_slo,
-                          max_waiting_tokens=max_waiting_tokens, response_cache=not no_response_cache,
+                          admission=admission, response_cache=ResponseCacheConfig(enabled=not no_response_cache),
+                          semantic_cache=SemanticCacheConfig(**semantic),
                           console=not no_console, engine_process=not no_engine_process, log_level=log_level,
-                          strict_api=api["strict_api"],
-                          chat_template=api["chat_template"], **semantic)
+                          strict_api=api["strict_api"], chat_template=api["chat_template"],
+                          tool_call_parser=api["tool_call_parser"])
         run = partial(run_on_ray, scale=scale) if wants_ray(scale) else \
             partial(run_server, drain_timeout=scale["drain_timeout"])
-        cfg = _with_refuse_factor(cfg, api["ttft_refuse_factor"], api["tool_call_parser"])
         _export_default_embedder(cfg)
         run(artifact, _with_policy(runtime_config(**runtime), api["scheduling_policy"]), cfg,
             announce=lambda m: console.print(f"[dim]{m}[/]"))
     _guarded(go)
 
 
-def _with_refuse_factor(cfg, factor: float | None, tool_call_parser: str | None):
-    from dataclasses import replace
-    cfg = cfg if factor is None else replace(cfg, ttft_refuse_factor=factor)
-    return replace(cfg, tool_call_parser=tool_call_parser)
-
-
 def _export_default_embedder(cfg) -> None:
     """With the semantic cache on and no model given, the default embedder (what the server loads
     then) is exported here on first use: the export is build-side code (torch), which the server
     never imports. A Ray replica on another machine needs it exported there (scripts/setup.sh)."""
-    if cfg.semantic_cache and cfg.semantic_cache_model is None:
+    if cfg.semantic_cache.enabled and cfg.semantic_cache.model is None:
         from kiln.compiler.export.embedder import ensure_exported
         ensure_exported()
 

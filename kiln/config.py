@@ -212,9 +212,74 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 KEYED_ENDPOINTS = ("/health", "/ready", "/metrics", "/version", "/openapi.json", "/docs")
 
 
+def _at_least_one(config, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def _positive_seconds(config, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and not 0 < value < float("inf"):
+            raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """Admission control: a request over any bound is refused at once with 429."""
+    ttft_slo: float = DEFAULT_TTFT_SLO       # seconds: the TTFT objective admission predicts against; 0 = off
+    # Refuse (429) only past this multiple of the objective: a request predicted later than the
+    # objective but within it queues, as a vLLM-like server would (1: refuse at the objective).
+    ttft_refuse_factor: float = DEFAULT_TTFT_REFUSE_FACTOR
+    max_waiting: int | None = 256            # admitted requests still waiting for their first token
+    max_waiting_tokens: int | None = None    # their prompt tokens
+
+    def __post_init__(self):
+        if not 0 <= self.ttft_slo < float("inf"):
+            raise ValueError(f"ttft_slo must be a finite number of seconds >= 0 (0 = off), got {self.ttft_slo}")
+        if not 1 <= self.ttft_refuse_factor < float("inf"):
+            raise ValueError(f"ttft_refuse_factor must be a finite number >= 1, got {self.ttft_refuse_factor}")
+        _at_least_one(self, "max_waiting", "max_waiting_tokens")
+
+
+@dataclass(frozen=True)
+class ResponseCacheConfig:
+    """The exact-match response cache for deterministic requests (temperature 0 or a fixed seed);
+    --no-response-cache turns it off."""
+    enabled: bool = True
+    max_entries: int = 1024
+    max_bytes: int = 64 << 20
+    ttl: float = 600.0                       # seconds an entry lives
+
+    def __post_init__(self):
+        _at_least_one(self, "max_entries", "max_bytes")
+        _positive_seconds(self, "ttl")
+
+
+@dataclass(frozen=True)
+class SemanticCacheConfig:
+    """The semantic response cache (opt-in, --semantic-cache; docs/serving.md): a stored answer for a
+    paraphrase of a deterministic chat question."""
+    enabled: bool = False
+    model: Path | None = None                # the embedding model's folder; None: the exported all-MiniLM-L6-v2
+    threshold: float = 0.9                   # the cosine at or above which a stored question matches
+    max_entries: int = 1024
+    max_bytes: int = 32 << 20
+    ttl: float = 600.0
+
+    def __post_init__(self):
+        if not -1 <= self.threshold <= 1:
+            raise ValueError(f"the semantic cache's threshold is a cosine in [-1, 1], got {self.threshold}")
+        _at_least_one(self, "max_entries", "max_bytes")
+        _positive_seconds(self, "ttl")
+
+
 @dataclass(frozen=True)
 class ServeConfig:
-    """The HTTP server's own knobs; the runtime's (KV memory, scheduler) stay in RuntimeConfig."""
+    """The HTTP server's own knobs, a nested config per concern (admission, the two response caches),
+    each checking itself; the runtime's (KV memory, scheduler) stay in RuntimeConfig."""
     host: str = "127.0.0.1"                  # loopback unless the operator says otherwise
     port: int = 8000
     api_key: str | None = None
@@ -223,27 +288,10 @@ class ServeConfig:
     # The engine in a process of its own (kiln/runtime/engine_process.py); False: on a thread of
     # the server's process (--no-engine-process).
     engine_process: bool = True
-    # Admission control: a request over any bound is refused at once with 429.
-    ttft_slo: float = DEFAULT_TTFT_SLO       # seconds: the TTFT objective admission predicts against; 0 = off
-    # Refuse (429) only past this multiple of the objective: a request predicted later than the
-    # objective but within it queues, as a vLLM-like server would (1: refuse at the objective).
-    ttft_refuse_factor: float = DEFAULT_TTFT_REFUSE_FACTOR
-    max_waiting: int | None = 256            # admitted requests still waiting for their first token
-    max_waiting_tokens: int | None = None    # their prompt tokens
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     request_timeout: float | None = 600.0    # seconds; the request ends with finish_reason "timeout"
-    # Response cache for deterministic requests (temperature 0 or a fixed seed).
-    response_cache: bool = True
-    cache_max_entries: int = 1024
-    cache_max_bytes: int = 64 << 20
-    cache_ttl: float = 600.0
-    # The semantic response cache (opt-in, docs/serving.md): a stored answer for a paraphrase of a
-    # deterministic chat question; semantic_cache_model None = the exported all-MiniLM-L6-v2.
-    semantic_cache: bool = False
-    semantic_cache_model: Path | None = None
-    semantic_cache_threshold: float = 0.9
-    semantic_cache_max_entries: int = 1024
-    semantic_cache_max_bytes: int = 32 << 20
-    semantic_cache_ttl: float = 600.0
+    response_cache: ResponseCacheConfig = field(default_factory=ResponseCacheConfig)
+    semantic_cache: SemanticCacheConfig = field(default_factory=SemanticCacheConfig)
     max_body_bytes: int = 4 << 20            # larger bodies get 413 before they are parsed
     # Limits and faults (docs/serving.md, Limits and faults); None: off.
     limit_concurrency: int | None = 512      # open connections (or requests) past which uvicorn answers 503
@@ -279,22 +327,10 @@ class ServeConfig:
             raise ValueError("the API key is empty: give a key, or none to serve without one")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
-        if not -1 <= self.semantic_cache_threshold <= 1:
-            raise ValueError(f"semantic_cache_threshold is a cosine in [-1, 1], got {self.semantic_cache_threshold}")
-        if not 0 <= self.ttft_slo < float("inf"):
-            raise ValueError(f"ttft_slo must be a finite number of seconds >= 0 (0 = off), got {self.ttft_slo}")
-        if not 1 <= self.ttft_refuse_factor < float("inf"):
-            raise ValueError(f"ttft_refuse_factor must be a finite number >= 1, got {self.ttft_refuse_factor}")
         if self.request_timeout is not None and self.request_timeout <= 0:
             raise ValueError(f"request_timeout must be positive, got {self.request_timeout}")
         unknown = sorted(set(self.public_endpoints) - set(KEYED_ENDPOINTS))
         if unknown:
             raise ValueError(f"public_endpoints may name {', '.join(KEYED_ENDPOINTS)}; got {', '.join(unknown)}")
-        for name in ("max_waiting", "max_waiting_tokens", "limit_concurrency", "max_body_bytes", "max_key_contexts"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
-        for name in ("body_timeout", "step_timeout", "keep_alive_timeout"):
-            value = getattr(self, name)
-            if value is not None and not 0 < value < float("inf"):
-                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+        _at_least_one(self, "limit_concurrency", "max_body_bytes", "max_key_contexts")
+        _positive_seconds(self, "body_timeout", "step_timeout", "keep_alive_timeout")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
 
 from ray import serve
@@ -105,8 +105,9 @@ def application(artifact: str | Path, runtime: RuntimeConfig, config: ServeConfi
 def build_app(args: dict):
     """The builder for `serve run kiln.scale.app:build_app artifact=PATH replicas=2` and for
     Serve config files: `artifact` is required; the others are ScaleOptions and ServeConfig
-    fields (ttft_slo, max_waiting, ...) by name, `threads`, and `kv_cache_memory` (each replica's KV
-    pool; by default a quarter of what its node's memory, container limit included, leaves)."""
+    fields (served_model_name, api_key, ...) by name, a nested config as a mapping of its own
+    fields (admission: {ttft_slo: 2.0}), `threads`, and `kv_cache_memory` (each replica's KV pool;
+    by default a quarter of what its node's memory, container limit included, leaves)."""
     args = dict(args)
     if "artifact" not in args:
         raise ValueError("build_app needs artifact=PATH (an engine artifact folder)")
@@ -114,11 +115,7 @@ def build_app(args: dict):
     scale = {f.name: _coerce(args.pop(f.name), f.type) for f in fields(ScaleOptions) if f.name in args}
     threads = args.pop("threads", None)
     kv_cache_memory = args.pop("kv_cache_memory", None)     # each replica's, e.g. "4GiB"
-    serve_fields = {f.name: f for f in fields(ServeConfig)}
-    unknown = sorted(set(args) - set(serve_fields))
-    if unknown:
-        raise ValueError(f"build_app does not know {', '.join(unknown)}")
-    config = ServeConfig(**{k: _coerce(v, serve_fields[k].type) for k, v in args.items()})
+    config = _config(ServeConfig, args, "build_app")
     runtime = RuntimeConfig(threads=int(threads) if threads is not None else None,
                             kv_cache_memory=parse_bytes(kv_cache_memory) if kv_cache_memory is not None else None)
     return application(artifact, runtime, config, ScaleOptions(**scale))
@@ -187,6 +184,21 @@ def _with(runtime: RuntimeConfig, **changes) -> RuntimeConfig:
     from dataclasses import replace
 
     return replace(runtime, **changes)
+
+
+def _config(cls, args: dict, where: str):
+    """A config dataclass from a config file's fields by name; a nested config (ServeConfig's
+    admission, response_cache, semantic_cache) from a mapping of its own fields."""
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(args) - set(known))
+    if unknown:
+        raise ValueError(f"{where} does not know {', '.join(unknown)}")
+    return cls(**{k: _config(known[k].default_factory, v, f"{where}'s {k}") if _nested(known[k])
+                  else _coerce(v, known[k].type) for k, v in args.items()})
+
+
+def _nested(f) -> bool:
+    return f.default_factory is not MISSING and is_dataclass(f.default_factory)
 
 
 def _coerce(value, annotation: str):

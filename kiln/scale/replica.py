@@ -119,7 +119,7 @@ class KilnReplica:
         refused = self.refused - self._refused_reported
         rate = refused / max(now - self._reported_at, 1e-3)
         self._refused_reported, self._reported_at = self.refused, now
-        return {"predicted_ttft": admission.predicted_ttft(0), "ttft_slo": self.server.config.ttft_slo,
+        return {"predicted_ttft": admission.predicted_ttft(0), "ttft_slo": self.server.config.admission.ttft_slo,
                 "waiting_tokens": admission.pending_tokens, "prefill_tps": admission.prefill_tokens_per_second,
                 "refused_per_s": rate}
 

@@ -12,7 +12,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln import LLM, RuntimeConfig
-from kiln.config import ServeConfig
+from kiln.config import AdmissionConfig, ServeConfig
 from kiln.runtime.sampling_params import SamplingParams
 from kiln.runtime.structured import StructuredOutput
 from kiln.scale.hedge import HedgePolicy, race
@@ -131,7 +131,7 @@ def test_an_opening_cancelled_while_waiting_for_the_replica_cancels_that_stream(
 
 def test_a_constraint_refused_after_admission_leaves_no_ticket_waiting(tiny_llama_artifact):
     llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
-    server = app_module.Server(llm, ServeConfig(ttft_slo=0), "tiny")
+    server = app_module.Server(llm, ServeConfig(admission=AdmissionConfig(ttft_slo=0)), "tiny")
     server.start()
     try:
         bad = SamplingParams(max_tokens=2, structured=StructuredOutput.regex("("))    # not compiled yet
@@ -145,7 +145,7 @@ def test_a_constraint_refused_after_admission_leaves_no_ticket_waiting(tiny_llam
 # ---- 9. the ingress prepares with kiln serve's options ---------------------------------------
 
 def test_the_ingress_prepares_with_the_options_kiln_serve_would(ingress_of, tiny_llama_artifact):
-    config = ServeConfig(ttft_slo=0, strict_api=True, tool_call_parser="mistral",
+    config = ServeConfig(admission=AdmissionConfig(ttft_slo=0), strict_api=True, tool_call_parser="mistral",
                          api_keys=(("alice", "k1"),), key_priorities=(("alice", -5, 5),))
     ingress = ingress_of(config)
     llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
@@ -161,7 +161,7 @@ def test_the_ingress_prepares_with_the_options_kiln_serve_would(ingress_of, tiny
 # ---- 10. the ingress's /ready and keyed endpoints --------------------------------------------
 
 def test_the_ingress_ready_probe_never_shows_the_exception_and_metrics_need_the_key(ingress_of):
-    ingress = ingress_of(ServeConfig(ttft_slo=0, api_key="k-secret"))
+    ingress = ingress_of(ServeConfig(admission=AdmissionConfig(ttft_slo=0), api_key="k-secret"))
     client = TestClient(create_ingress_app(ingress), base_url="http://127.0.0.1")
     ready = client.get("/ready")
     assert ready.status_code == 503
@@ -169,5 +169,6 @@ def test_the_ingress_ready_probe_never_shows_the_exception_and_metrics_need_the_
     assert client.get("/health").status_code == 200          # the probes stay public by default
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", headers={"Authorization": "Bearer k-secret"}).status_code == 200
-    public = ingress_of(ServeConfig(ttft_slo=0, api_key="k-secret", public_endpoints=("/health", "/metrics")))
+    public = ingress_of(ServeConfig(admission=AdmissionConfig(ttft_slo=0), api_key="k-secret",
+                                    public_endpoints=("/health", "/metrics")))
     assert TestClient(create_ingress_app(public), base_url="http://127.0.0.1").get("/metrics").status_code == 200

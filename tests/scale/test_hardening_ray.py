@@ -15,7 +15,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the scale extra: pip install -e '.[scale]'")
 from ray import serve  # noqa: E402
 
-from kiln.config import RuntimeConfig, ServeConfig  # noqa: E402
+from kiln.config import AdmissionConfig, ResponseCacheConfig, RuntimeConfig, ServeConfig  # noqa: E402
 from kiln.runtime.sampling_params import SamplingParams  # noqa: E402
 from kiln.runtime.structured import StructuredOutput  # noqa: E402
 from kiln.scale.app import ScaleOptions, application  # noqa: E402
@@ -38,7 +38,9 @@ def cluster(tiny_llama_artifact, tmp_path_factory):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        config = ServeConfig(port=port, ttft_slo=0, response_cache=False, served_model_name="tiny-llama",
+        config = ServeConfig(port=port, admission=AdmissionConfig(ttft_slo=0),
+                             response_cache=ResponseCacheConfig(enabled=False),
+                             served_model_name="tiny-llama",
                              api_key=KEY, strict_api=True, chat_template=template, tool_call_parser="mistral")
         app = application(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1), config,
                           ScaleOptions(replicas=1, replica_cpus=1, drain_timeout=5))

@@ -18,7 +18,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the scale extra: pip install -e '.[scale]'")
 from ray import serve  # noqa: E402
 
-from kiln.config import RuntimeConfig, ServeConfig  # noqa: E402
+from kiln.config import AdmissionConfig, ResponseCacheConfig, RuntimeConfig, ServeConfig  # noqa: E402
 from kiln.scale.app import APP_NAME, ScaleOptions, application  # noqa: E402
 from kiln.scale.ingress import REPLICA_HEADER  # noqa: E402
 
@@ -38,7 +38,9 @@ def cluster(tiny_llama_artifact):
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        config = ServeConfig(port=port, ttft_slo=0, response_cache=False, served_model_name="tiny-llama")
+        config = ServeConfig(port=port, admission=AdmissionConfig(ttft_slo=0),
+                             response_cache=ResponseCacheConfig(enabled=False),
+                             served_model_name="tiny-llama")
         app = application(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=32 << 20), config,
                           ScaleOptions(replicas=2, replica_cpus=1, drain_timeout=5, replica_header=True))
         serve.run(app, name=APP_NAME, route_prefix="/")
@@ -52,7 +54,8 @@ def cluster(tiny_llama_artifact):
 def hedged(cluster, tiny_llama_artifact):
     """A second application on the same cluster: hedging on, its rank-0 replica 3 s slow."""
     url, _ = cluster
-    config = ServeConfig(ttft_slo=0, response_cache=False, served_model_name="tiny-llama")
+    config = ServeConfig(admission=AdmissionConfig(ttft_slo=0), response_cache=ResponseCacheConfig(enabled=False),
+                         served_model_name="tiny-llama")
     options = ScaleOptions(replicas=2, replica_cpus=0.5, drain_timeout=5, hedge=True, hedge_fraction=1.0,
                            hedge_floor=0.3, slow_replica_delay=SLOW, replica_header=True)
     serve.run(application(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=32 << 20, threads=1), config,
@@ -212,7 +215,8 @@ def test_autoscaling_on_kilns_signals_adds_a_replica_while_refusing_and_removes_
     url, _ = cluster
     # an objective no request can meet, refused at the objective itself (the strict mode, which needs
     # no evidence first): every request is refused (429), so the policy asks for one more
-    config = ServeConfig(ttft_slo=1e-4, ttft_refuse_factor=1, response_cache=False, served_model_name="tiny-llama")
+    config = ServeConfig(admission=AdmissionConfig(ttft_slo=1e-4, ttft_refuse_factor=1),
+                         response_cache=ResponseCacheConfig(enabled=False), served_model_name="tiny-llama")
     options = ScaleOptions(replicas=1, max_replicas=2, replica_cpus=0.5, upscale_delay=1, downscale_delay=2)
     serve.run(application(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=32 << 20, threads=1), config,
                           options), name="auto", route_prefix="/auto")
@@ -234,7 +238,8 @@ def test_autoscaling_on_kilns_signals_adds_a_replica_while_refusing_and_removes_
 
 def test_scale_down_drains_the_streams_of_the_replica_it_removes(cluster, tiny_llama_artifact):
     url, _ = cluster
-    config = ServeConfig(ttft_slo=0, response_cache=False, served_model_name="tiny-llama")
+    config = ServeConfig(admission=AdmissionConfig(ttft_slo=0), response_cache=ResponseCacheConfig(enabled=False),
+                         served_model_name="tiny-llama")
     runtime = RuntimeConfig(kv_cache_memory=32 << 20, threads=1)
 
     def deploy(replicas: int) -> None:       # every stream is held HOLD s before its first token

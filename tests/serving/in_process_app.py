@@ -7,7 +7,7 @@ from starlette.testclient import TestClient
 from waiting import wait_until
 
 from kiln import LLM, RuntimeConfig
-from kiln.config import ServeConfig
+from kiln.config import AdmissionConfig, ServeConfig
 from kiln.serving.http import app as app_module
 
 MODEL = "tiny"
@@ -18,7 +18,7 @@ def app_client(artifact, **config) -> tuple[TestClient, LLM]:
     """A client of the app over `artifact` (not yet started) and its LLM. ttft_slo 0: admission never
     refuses, however loaded the test machine is."""
     llm = LLM(artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
-    app = app_module.create_app(llm, ServeConfig(**{"ttft_slo": 0, **config}), MODEL)
+    app = app_module.create_app(llm, ServeConfig(**{"admission": AdmissionConfig(ttft_slo=0), **config}), MODEL)
     return TestClient(app, base_url=LOOPBACK), llm
 
 

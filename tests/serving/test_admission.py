@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kiln.config import ServeConfig
+from kiln.config import AdmissionConfig
 from kiln.runtime.engine_stats import EngineSnapshot
 from kiln.runtime.step_costs import StepCosts
 from kiln.serving.traffic.admission import Admission
@@ -27,10 +27,10 @@ def engine(num_running=0, max_num_seqs=32, remaining=(), costs=COSTS, prefilled=
     return SimpleNamespace(snapshot=snapshot)
 
 
-def strict(**kw) -> ServeConfig:
+def strict(**kw) -> AdmissionConfig:
     """Refusal at the objective itself (ttft_refuse_factor 1): these tests check the prediction's
     arithmetic against the bound, so they put the bound at the objective."""
-    return ServeConfig(ttft_refuse_factor=1.0, **kw)
+    return AdmissionConfig(ttft_refuse_factor=1.0, **kw)
 
 
 def proven(adm: Admission) -> None:
@@ -47,7 +47,7 @@ def refusal(adm: Admission, n: int) -> ApiError:
 
 
 def test_bounds_refuse_and_tickets_give_their_place_back():
-    adm = Admission(ServeConfig(max_waiting=2, max_waiting_tokens=1000, ttft_slo=0), engine())
+    adm = Admission(AdmissionConfig(max_waiting=2, max_waiting_tokens=1000, ttft_slo=0), engine())
     a = adm.admit(400)
     adm.admit(500)
     assert refusal(adm, 1).code == "max_waiting"
@@ -101,7 +101,7 @@ def test_a_prompt_still_prefilling_is_not_also_a_decode():
 def test_waiting_prompts_join_the_decodes_once_prefilled():
     """Nothing decodes: the first prompt prefills at the idle rate; later prompts share steps with
     the streams the earlier ones became."""
-    adm = Admission(ServeConfig(ttft_slo=0), engine())
+    adm = Admission(AdmissionConfig(ttft_slo=0), engine())
     adm.admit(512)
     # Step 1: 512 tokens alone (0.512 s). Then one stream decodes: 80 tokens per 100 ms step.
     assert adm.predicted_ttft(160) == pytest.approx(0.512 + 2 * 0.1)
@@ -112,7 +112,7 @@ def test_waiting_prompts_join_the_decodes_once_prefilled():
 
 def test_chunks_already_prefilled_are_not_counted_again():
     client = engine()
-    adm = Admission(ServeConfig(ttft_slo=0), client)
+    adm = Admission(AdmissionConfig(ttft_slo=0), client)
     adm.admit(800)
     before = adm.predicted_ttft(100)
     client.snapshot = EngineSnapshot(num_running=1, num_prefilling=1, max_num_seqs=32, step_costs=COSTS,
@@ -162,7 +162,7 @@ def test_seats_free_a_batch_at_a_time_behind_a_single_running_reply():
     # take them at once, the fourth takes the running one's seat after 64 steps and the last
     # three the first three's after 64 more (their replies assumed as long as the running one's).
     # The newcomer, eighth in line, waits for one of those: 128 steps of a full batch (20 ms).
-    adm = Admission(ServeConfig(ttft_slo=60.0), engine(num_running=1, max_num_seqs=4, remaining=(64,)))
+    adm = Admission(AdmissionConfig(ttft_slo=60.0), engine(num_running=1, max_num_seqs=4, remaining=(64,)))
     for _ in range(7):
         adm.admit(200)
     assert adm.predicted_ttft(200) == pytest.approx(128 * 0.02 + COSTS.queue_prefill_seconds([200] * 8, 1, 4,
@@ -203,7 +203,7 @@ def test_a_refusal_stops_predicting_once_past_the_objective():
 
 
 def test_objective_zero_disables_the_prediction_check():
-    adm = Admission(ServeConfig(ttft_slo=0), engine())
+    adm = Admission(AdmissionConfig(ttft_slo=0), engine())
     adm.admit(100_000)
     adm.admit(100_000)
 
@@ -211,18 +211,18 @@ def test_objective_zero_disables_the_prediction_check():
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
 def test_objective_must_be_a_finite_non_negative_number(bad):
     with pytest.raises(ValueError, match="ttft_slo"):
-        ServeConfig(ttft_slo=bad)
+        AdmissionConfig(ttft_slo=bad)
 
 
 def test_the_default_objective_is_two_seconds():
-    assert ServeConfig().ttft_slo == 2.0
+    assert AdmissionConfig().ttft_slo == 2.0
 
 
 def test_by_default_a_request_past_the_objective_queues_and_past_five_times_it_is_refused():
     """The default a closed-loop benchmark can live with: predicted 1.74 s against a 1 s objective
     is admitted (strict mode refuses it); past 5 s it is refused, naming the multiple."""
-    assert ServeConfig().ttft_refuse_factor == 5.0
-    adm = Admission(ServeConfig(ttft_slo=1.0), engine())
+    assert AdmissionConfig().ttft_refuse_factor == 5.0
+    adm = Admission(AdmissionConfig(ttft_slo=1.0), engine())
     adm.admit(400)
     assert adm.predicted_ttft(600) == pytest.approx(1.14) and adm.predicted_ttft(600) > 1.0
     adm.admit(600)
@@ -236,7 +236,7 @@ def test_by_default_a_request_past_the_objective_queues_and_past_five_times_it_i
 @pytest.mark.parametrize("bad", [0.5, float("inf"), float("nan")])
 def test_refuse_factor_is_at_least_one(bad):
     with pytest.raises(ValueError, match="ttft_refuse_factor"):
-        ServeConfig(ttft_refuse_factor=bad)
+        AdmissionConfig(ttft_refuse_factor=bad)
 
 
 def test_calibration_scales_the_prediction_by_what_first_tokens_took():
@@ -259,14 +259,14 @@ def test_calibration_settles_on_the_ninetieth_percentile_of_the_ratios():
     import random
 
     rng = random.Random(0)
-    adm = Admission(ServeConfig(), engine())
+    adm = Admission(AdmissionConfig(), engine())
     for _ in range(3000):                            # ratios uniform in [0.5, 1.5]: p90 = 1.4
         adm.calibration.observe(predicted=1.0, realised=rng.uniform(0.5, 1.5))
     assert adm.calibration.factor == pytest.approx(1.4, abs=0.08)
 
 
 def test_a_ticket_learns_at_its_first_token_not_when_it_ends_without_one():
-    adm = Admission(ServeConfig(ttft_slo=0), engine())
+    adm = Admission(AdmissionConfig(ttft_slo=0), engine())
     ticket = adm.admit(600)                          # predicted 0.6 s; its first token comes at once
     assert ticket.predicted == pytest.approx(0.6)
     ticket.first_token()
@@ -341,7 +341,7 @@ def test_a_refusal_the_next_admitted_request_confirms_is_not_counted():
 def test_past_the_multiple_a_refusal_needs_predictions_that_came_true():
     """By default (5 x the objective) a request predicted past the bound is admitted until such
     predictions have come true: its first token is the evidence. Unneeded ones keep it admitting."""
-    adm = Admission(ServeConfig(ttft_slo=1.0), engine())
+    adm = Admission(AdmissionConfig(ttft_slo=1.0), engine())
     adm.admit(400)
     tickets = [adm.admit(6000) for _ in range(4)]            # each predicted past 5 s: admitted all the same
     assert all(t.shadow_bound == 5.0 for t in tickets)

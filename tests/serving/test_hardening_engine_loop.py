@@ -15,7 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln import LLM, RuntimeConfig
-from kiln.config import ServeConfig
+from kiln.config import ResponseCacheConfig, ServeConfig
 from kiln.serving.http.app import create_app
 from waiting import wait_until
 
@@ -100,7 +100,7 @@ def _engine_threads() -> list[threading.Thread]:
 
 def test_a_base_exception_in_a_step_errors_the_stream_and_turns_the_server_not_ready(serve):
     start, _ = serve
-    client, llm = start(ServeConfig(response_cache=False))
+    client, llm = start(ServeConfig(response_cache=ResponseCacheConfig(enabled=False)))
 
     def panic():
         raise Panic("native panic in the engine")
@@ -117,7 +117,7 @@ def test_a_base_exception_in_a_step_errors_the_stream_and_turns_the_server_not_r
 
 def test_an_error_inside_the_failure_handler_answers_500_and_turns_the_server_not_ready(serve):
     start, _ = serve
-    client, llm = start(ServeConfig(response_cache=False))
+    client, llm = start(ServeConfig(response_cache=ResponseCacheConfig(enabled=False)))
 
     def fault():
         raise RuntimeError("injected engine fault")
@@ -136,7 +136,7 @@ def test_an_error_inside_the_failure_handler_answers_500_and_turns_the_server_no
 
 def test_the_watchdog_errors_a_stuck_step_and_turns_the_server_not_ready(serve):
     start, release = serve
-    client, llm = start(ServeConfig(response_cache=False, step_timeout=0.5))
+    client, llm = start(ServeConfig(response_cache=ResponseCacheConfig(enabled=False), step_timeout=0.5))
     _on_step(llm, lambda: release.wait(60))
     events, seconds = _in_thread(lambda: _stream(client))
     assert seconds < 5, f"the stream waited {seconds:.1f} s"
@@ -151,7 +151,8 @@ def test_the_watchdog_errors_a_stuck_step_and_turns_the_server_not_ready(serve):
 
 def test_a_request_timeout_fires_while_the_loop_is_stuck(serve):
     start, release = serve
-    client, llm = start(ServeConfig(response_cache=False, step_timeout=None, request_timeout=1.0))
+    client, llm = start(ServeConfig(response_cache=ResponseCacheConfig(enabled=False), step_timeout=None,
+                                    request_timeout=1.0))
     _on_step(llm, lambda: release.wait(60))
     response, seconds = _in_thread(lambda: client.post("/v1/completions", json=BODY))
     assert seconds < 6, f"the request took {seconds:.1f} s"

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from kiln import cli
-from kiln.config import ServeConfig
+from kiln.config import ResponseCacheConfig, SemanticCacheConfig, ServeConfig
 from serving_flags import TINY_FLAGS
 
 BODY_TIMEOUT = 1.5
@@ -21,7 +21,7 @@ LIMIT = 4
 
 def test_the_limits_are_on_by_default():
     c = ServeConfig()
-    assert c.request_timeout == 600 and c.max_waiting == 256
+    assert c.request_timeout == 600 and c.admission.max_waiting == 256
     assert c.limit_concurrency == 512 and c.keep_alive_timeout == 5
     assert c.body_timeout == 30 and c.step_timeout == 60 and c.max_body_bytes == 4 << 20
 
@@ -40,11 +40,11 @@ def test_serve_keeps_the_defaults_and_takes_overrides(monkeypatch):
     c = _serve_config(monkeypatch, "--request-timeout", "30", "--max-waiting", "8", "--limit-concurrency", "64",
                       "--keep-alive-timeout", "2", "--body-timeout", "4", "--max-body-size", "1MiB",
                       "--step-timeout", "120")
-    assert (c.request_timeout, c.max_waiting, c.limit_concurrency) == (30, 8, 64)
+    assert (c.request_timeout, c.admission.max_waiting, c.limit_concurrency) == (30, 8, 64)
     assert (c.keep_alive_timeout, c.body_timeout, c.max_body_bytes, c.step_timeout) == (2, 4, 1 << 20, 120)
     off = _serve_config(monkeypatch, "--request-timeout", "0", "--max-waiting", "0", "--limit-concurrency", "0",
                         "--body-timeout", "0", "--step-timeout", "0")
-    assert (off.request_timeout, off.max_waiting, off.limit_concurrency, off.body_timeout, off.step_timeout) == \
+    assert (off.request_timeout, off.admission.max_waiting, off.limit_concurrency, off.body_timeout, off.step_timeout) == \
         (None,) * 5
 
 
@@ -52,6 +52,27 @@ def test_serve_refuses_a_negative_limit(monkeypatch):
     monkeypatch.setattr("kiln.serving.http.server.run_server", lambda *a, **k: None)
     result = CliRunner(env={"KILN_API_KEY": None}).invoke(cli.main, ["serve", "artifact", "--body-timeout", "-1"])
     assert result.exit_code == 1 and "body_timeout" in result.output
+
+
+def test_the_cache_flags_fill_the_nested_cache_configs(monkeypatch, tmp_path):
+    c = _serve_config(monkeypatch, "--no-response-cache", "--semantic-cache", "--semantic-cache-model", str(tmp_path),
+                      "--semantic-cache-threshold", "0.8")
+    assert c.response_cache == ResponseCacheConfig(enabled=False)
+    assert c.semantic_cache == SemanticCacheConfig(enabled=True, model=tmp_path, threshold=0.8)
+    result = CliRunner(env={"KILN_API_KEY": None}).invoke(
+        cli.main, ["serve", "artifact", "--semantic-cache-threshold", "1.5"])
+    assert result.exit_code == 1 and "threshold" in result.output
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: ResponseCacheConfig(max_entries=0), "max_entries"),
+    (lambda: ResponseCacheConfig(ttl=0), "ttl"),
+    (lambda: SemanticCacheConfig(max_bytes=0), "max_bytes"),
+    (lambda: SemanticCacheConfig(threshold=-2), "threshold"),
+])
+def test_the_cache_configs_refuse_what_cannot_work(make, field):
+    with pytest.raises(ValueError, match=field):
+        make()
 
 
 @pytest.fixture(scope="module")

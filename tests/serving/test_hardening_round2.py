@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from kiln import LLM, RuntimeConfig
-from kiln.config import ServeConfig
+from kiln.config import AdmissionConfig, ServeConfig
 from kiln.serving.http import app as app_module
 from kiln.serving.http.errors import ApiError
 from in_process_app import MODEL, app_client, wait_ready
@@ -212,7 +212,8 @@ def test_priority_is_clamped_unless_the_key_file_grants_a_range(tiny_llama_artif
     runtime = RuntimeConfig(kv_cache_memory=16 << 20, threads=1)
     runtime = replace(runtime, scheduler=replace(runtime.scheduler, policy=SchedulingPolicy.PRIORITY))
     llm = LLM(tiny_llama_artifact, runtime)
-    config = ServeConfig(ttft_slo=0, api_keys=read_api_key_file(keys), key_priorities=read_api_key_grants(keys))
+    config = ServeConfig(admission=AdmissionConfig(ttft_slo=0), api_keys=read_api_key_file(keys),
+                         key_priorities=read_api_key_grants(keys))
     server = app_module.Server(llm, config, MODEL)
     try:
         def priority(key, value):
@@ -365,7 +366,7 @@ def test_tools_count_in_the_pre_check_and_stay_text_on_the_chat_path(tiny_llama_
     template = tmp_path / "tools.jinja"
     template.write_text(TOOLS_TEMPLATE)
     llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
-    server = app_module.Server(llm, ServeConfig(ttft_slo=0, chat_template=template), MODEL)
+    server = app_module.Server(llm, ServeConfig(admission=AdmissionConfig(ttft_slo=0), chat_template=template), MODEL)
     try:
         messages, tools, kwargs = _hostile_chat()
         body = {"messages": messages, "tools": [{"type": "function", "function": t} for t in tools],

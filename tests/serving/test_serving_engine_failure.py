@@ -13,7 +13,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln import LLM, RuntimeConfig
-from kiln.config import ServeConfig
+from kiln.config import ResponseCacheConfig, ServeConfig
 from kiln.serving.http.app import create_app
 from waiting import wait_until
 
@@ -24,7 +24,7 @@ BODY = {"model": MODEL, "max_tokens": 200, "temperature": 0, "ignore_eos": True}
 @pytest.fixture
 def app_client(tiny_llama_artifact):
     llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
-    app = create_app(llm, ServeConfig(response_cache=False), MODEL)
+    app = create_app(llm, ServeConfig(response_cache=ResponseCacheConfig(enabled=False)), MODEL)
     with TestClient(app, base_url="http://127.0.0.1") as client:   # a loopback Host (the default allow-list)
         wait_until(lambda: client.get("/ready").status_code == 200)
         yield client, llm

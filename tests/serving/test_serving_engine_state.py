@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 import kiln
 from kiln import LLM, RuntimeConfig
-from kiln.config import ServeConfig
+from kiln.config import ResponseCacheConfig, ServeConfig
 from kiln.serving.http.app import create_app
 from waiting import wait_until
 
@@ -67,7 +67,8 @@ class CoreGuard:
 def served(tiny_llama_artifact):
     llm = LLM(tiny_llama_artifact, RuntimeConfig(kv_cache_memory=16 << 20, threads=1))
     guard = llm.core = CoreGuard(llm.core)
-    app = create_app(llm, ServeConfig(response_cache=False), MODEL)   # the client's first snapshot
+    # the client's first snapshot
+    app = create_app(llm, ServeConfig(response_cache=ResponseCacheConfig(enabled=False)), MODEL)
     with TestClient(app, base_url="http://127.0.0.1") as client:   # a loopback Host (the default allow-list)
         wait_until(lambda: client.get("/ready").status_code == 200)
         object.__setattr__(guard, "armed", True)

@@ -25,10 +25,10 @@ from typing import Callable, Hashable
 
 import numpy as np
 
-from kiln.config import ServeConfig
+from kiln.config import SemanticCacheConfig
 from kiln.serving.cache.semantic_guards import QuestionFeatures, features
 
-DEFAULT_THRESHOLD = ServeConfig.semantic_cache_threshold    # docs/benchmarks.md, semantic response cache
+DEFAULT_THRESHOLD = SemanticCacheConfig.threshold    # docs/benchmarks.md, semantic response cache
 ENTRY_OVERHEAD_BYTES = 300
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from kiln.serving.traffic.generations import CACHEABLE_FINISH_REASONS
+from kiln.config import SemanticCacheConfig
 from kiln.serving.cache.semantic_cache import Lookup, SemanticCache, SemanticQuery
+from kiln.serving.traffic.generations import CACHEABLE_FINISH_REASONS
 
 log = logging.getLogger("kiln.serving")
 
@@ -168,14 +169,13 @@ class StoringSubscription(SemanticHit):
             self._on_landed(self.source)
 
 
-def load_semantic_responses(config) -> SemanticResponses:
-    """From a ServeConfig with semantic_cache on: the embedder and the index. Raises EmbedderError,
+def load_semantic_responses(config: SemanticCacheConfig) -> SemanticResponses:
+    """The embedder and the index of the semantic cache `config` describes. Raises EmbedderError,
     saying how to make one, when the model folder holds no model (`kiln serve` exports the default
     one before it gets here: the export is build-side code, kiln/compiler/export/embedder.py)."""
     from kiln.contract.embedder import default_model_dir
     from kiln.serving.cache.embedder import Embedder
 
-    folder = Path(config.semantic_cache_model) if config.semantic_cache_model else default_model_dir()
-    cache = SemanticCache(config.semantic_cache_max_entries, config.semantic_cache_max_bytes,
-                          config.semantic_cache_ttl, config.semantic_cache_threshold)
+    folder = Path(config.model) if config.model else default_model_dir()
+    cache = SemanticCache(config.max_entries, config.max_bytes, config.ttl, config.threshold)
     return SemanticResponses(Embedder(folder), cache)

@@ -70,7 +70,7 @@ class Server:
         self.limits = EngineLimits.of(self.client.snapshot, llm.artifact.manifest)
         self.generations: Generations | None = None
         # --semantic-cache: loaded before serving, so a missing embedding model stops kiln serve
-        self.semantic = load_semantic_responses(config) if config.semantic_cache else None
+        self.semantic = load_semantic_responses(config.semantic_cache) if config.semantic_cache.enabled else None
         if self.semantic is not None:
             self.metrics.registry.register(self.semantic)
         self.workers = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="kiln-prepare")
@@ -84,8 +84,9 @@ class Server:
         self.client.step_timeout = c.step_timeout   # the engine watchdog (docs/serving.md, Limits and faults)
         self.client.step_listeners.append(self.metrics.observe_step)
         self.client.publish_prefix_cache()        # admission asks the snapshot's prefix-cache view
-        admission = Admission(c, self.client)
-        cache = ResponseCache(c.cache_max_entries, c.cache_max_bytes, c.cache_ttl) if c.response_cache else None
+        admission = Admission(c.admission, self.client)
+        rc = c.response_cache
+        cache = ResponseCache(rc.max_entries, rc.max_bytes, rc.ttl) if rc.enabled else None
         self.generations = Generations(self.client, admission, self.metrics, cache, c.request_timeout)
         self.metrics.watch(self.client, admission, self.generations)
 

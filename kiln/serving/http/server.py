@@ -18,7 +18,7 @@ DRAIN_TIMEOUT = 5.0      # seconds the streams in flight get to finish after SIG
 def run_server(artifact: Path, runtime: RuntimeConfig, config: ServeConfig, announce=print,
                drain_timeout: float | None = None) -> None:
     configure_logging(config.log_level)
-    loading = _start_loading(artifact, runtime.with_ttft_target(config.ttft_slo), config)
+    loading = _start_loading(artifact, runtime.with_ttft_target(config.admission.ttft_slo), config)
     import uvicorn
 
     from kiln.serving.http.app import create_app

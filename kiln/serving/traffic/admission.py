@@ -44,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from kiln.config import ServeConfig
+from kiln.config import AdmissionConfig
 from kiln.runtime.engine_stats import EngineSnapshot
 from kiln.serving.http.errors import ApiError
 
@@ -155,7 +155,7 @@ class Ticket:
 
 
 class Admission:
-    def __init__(self, config: ServeConfig, client, cached_prefix: Callable[[Sequence[int]], int] | None = None):
+    def __init__(self, config: AdmissionConfig, client, cached_prefix: Callable[[Sequence[int]], int] | None = None):
         """`client` is the engine client; its snapshot is read (never written) on each request.
         `cached_prefix(token_ids, salt)`: a prompt's leading tokens the prefix cache holds (by default
         what the snapshot's prefix-cache view says)."""
