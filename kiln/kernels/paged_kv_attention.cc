@@ -261,19 +261,26 @@ KILN_INLINE void TakeBlock(const PackedAttention& s, const AttentionParams& p, c
   }
   const int i0 = b0 < span.lo ? static_cast<int>(span.lo - b0) : 0;
   const int i1 = static_cast<int>(span.hi - b0 + 1 < bs ? span.hi - b0 + 1 : bs);
+  if constexpr (F::kAffine)       // each row's scale into its weight, its minimum into the share
+    for (int j = 0; j < J; ++j)
+      for (int i = i0; i < i1; ++i) {
+        run.minimum_share[j] += weight[j][i] * values.minimum[i];
+        weight[j][i] *= values.scale[i];
+      }
+  // NOTE: the sums in locals: run's, reached through a reference, would be stored and reloaded
+  // every row (the byte loads may alias them).
+  Lanes acc[J][C];
+  for (int j = 0; j < J; ++j)
+    for (int c = 0; c < C; ++c) acc[j][c] = run.acc[j][c];
   for (int i = i0; i < i1; ++i) {
     const uint8_t* row = values.codes + static_cast<size_t>(i) * hd * F::kBytes;
     Lanes v[C];
     for (int c = 0; c < C; ++c) v[c] = F::Widen(row + c * kLanes * F::kBytes);
-    for (int j = 0; j < J; ++j) {
-      float w = weight[j][i];
-      if constexpr (F::kAffine) {
-        run.minimum_share[j] += w * values.minimum[i];
-        w *= values.scale[i];
-      }
-      for (int c = 0; c < C; ++c) run.acc[j][c] += w * v[c];
-    }
+    for (int j = 0; j < J; ++j)
+      for (int c = 0; c < C; ++c) acc[j][c] += weight[j][i] * v[c];
   }
+  for (int j = 0; j < J; ++j)
+    for (int c = 0; c < C; ++c) run.acc[j][c] = acc[j][c];
 }
 
 // A task's keys for J queries: block by block, each block's keys and values read once, the next

@@ -17,6 +17,7 @@
 #include <openvino/op/op.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "kernels.h"
@@ -81,7 +82,8 @@ struct Task {
 };
 
 // Runs of a sequence's new tokens, each at most kKvMaxQueries query vectors with the group's heads,
-// for every kv head.
+// for every kv head; the costliest first (queries times the keys they read), so that threads taking
+// the next task as they finish end together (a causal prefill's last runs read the most keys).
 std::vector<Task> Tasks(const PackedAttention& s, const std::vector<PackedSequence>& seqs) {
   const int per_task = std::max(1, kKvMaxQueries / (s.heads / s.kv_heads));
   std::vector<Task> tasks;
@@ -89,7 +91,19 @@ std::vector<Task> Tasks(const PackedAttention& s, const std::vector<PackedSequen
     for (int s0 = 0; s0 < seqs[b].count; s0 += per_task)
       for (int g = 0; g < s.kv_heads; ++g)
         tasks.push_back({static_cast<int>(b), g, s0, std::min(seqs[b].count, s0 + per_task)});
+  const auto cost = [&](const Task& t) { return static_cast<int64_t>(t.s1 - t.s0) * (seqs[t.sequence].past + t.s1); };
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) { return cost(a) > cost(b); });
   return tasks;
+}
+
+// Every task once, each thread taking the next one when it is free.
+template <typename F>
+void RunTasks(size_t count, const F& run) {
+  std::atomic<size_t> next{0};
+  ov::parallel_nt(0, [&](int, int) {
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < count; i = next.fetch_add(1, std::memory_order_relaxed))
+      run(i);
+  });
 }
 
 // A cache row's head of values, from its bytes; 0 where the row fits no head of 16..kMaxHeadDim values
@@ -154,7 +168,7 @@ bool PagedKvAttention<kFormat>::evaluate(ov::TensorVector& out, const ov::Tensor
   float* result = out[0].data<float>();
   const float* q = in[kQ].data<const float>();
   const std::vector<Task> tasks = Tasks(s, seqs);
-  ov::parallel_for(tasks.size(), [&](size_t i) {
+  RunTasks(tasks.size(), [&](size_t i) {
     const Task& t = tasks[i];
     run.attend_kv(kFormat, s, p, q, key_cache, value_cache, seqs[t.sequence], t.kv_head, t.s0, t.s1, result);
   });
