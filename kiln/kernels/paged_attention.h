@@ -31,13 +31,17 @@ struct AttentionParams {
   int window = 0;         // 0: none
 };
 
-// Empty when tables and past_lens fit the pool; otherwise what is wrong.
+// Empty when tables and past_lens fit the pool; otherwise what is wrong. NOTE: past_lens come from
+// the caller (a graph input): the blocks a past uses are counted without past + block_size - 1, which
+// overflows near INT64_MAX, and a row's positions (past + seq) must fit the kernel's int.
 inline const char* CheckTables(const AttentionShape& s, const int64_t* tables, const int64_t* past_lens) {
   for (int b = 0; b < s.batch; ++b) {
     const int64_t past = past_lens[b];
-    if (past < 0 || (past + s.block_size - 1) / s.block_size > s.max_blocks)
+    if (past < 0 || past / s.block_size + (past % s.block_size != 0) > s.max_blocks)
       return "a past length is negative or longer than its row of block_tables holds";
-    const int64_t used = (past + s.block_size - 1) / s.block_size;
+    if (past > INT32_MAX - static_cast<int64_t>(s.seq))
+      return "a past length puts a row's positions past 2^31 - 1";
+    const int64_t used = past / s.block_size + (past % s.block_size != 0);
     for (int64_t i = 0; i < used; ++i) {
       const int64_t block = tables[static_cast<int64_t>(b) * s.max_blocks + i];
       if (block < 0 || block >= s.num_blocks) return "a block id in block_tables is outside the KV pool";

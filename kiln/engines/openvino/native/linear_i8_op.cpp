@@ -15,6 +15,7 @@
 #include <openvino/op/op.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "kernels.h"
@@ -94,31 +95,53 @@ class PackedOp : public ov::op::Op {
   PackedOp() = default;
   explicit PackedOp(const ov::OutputVector& args) : ov::op::Op(args) { constructor_validate_and_infer_types(); }
   void validate_and_infer_types() override {
-    // NOTE: a graph packed another way (another kiln's layout) is refused here, when it is read,
-    // not run past the ends of its constants.
+    // NOTE: a graph packed another way (another kiln's layout, or a hostile artifact) is refused here,
+    // when it is read, not run past the ends of its constants. What does not need x's K is checked
+    // whatever x's shape: each linear's scale [N] (N a positive multiple of 16) and comp [N], the
+    // same N for the gate and the up linear, codes a whole number of columns; K is x's last
+    // dimension, or the smoothing factors' length while that one is dynamic. evaluate() checks the
+    // tensors it gets again, so shapes left dynamic here are held to the same rule at run time.
     NODE_VALIDATION_CHECK(this, get_input_size() == 2 + 3 * kLinears, "expects x, (codes, scale, comp) x ", kLinears,
                           " and sm: kiln's int8 linears of another layout; rebuild the artifact");
-    const auto& x = get_input_partial_shape(0);
-    if (x.rank().is_static() && x[x.rank().get_length() - 1].is_static()) {
-      const auto k = x[x.rank().get_length() - 1].get_length();
-      for (size_t i = 0; i < kLinears; ++i) {
-        const auto& scale = get_input_partial_shape(2 + 3 * i);
-        const auto n = scale.rank().is_static() && scale.rank().get_length() == 1 && scale[0].is_static()
-                           ? scale[0].get_length()
-                           : 0;
-        NODE_VALIDATION_CHECK(this,
-                              n > 0 && n % kTileColumns == 0 &&
-                                  get_input_partial_shape(1 + 3 * i) ==
-                                      ov::PartialShape{n * I8PerChannel::PaddedK(static_cast<int>(k))} &&
-                                  get_input_partial_shape(3 + 3 * i) == ov::PartialShape{n},
-                              "a linear's codes, scale and comp do not fit x's ", k,
-                              " channels as kiln packs them; rebuild the artifact");
-      }
-      NODE_VALIDATION_CHECK(this, get_input_partial_shape(get_input_size() - 1) == ov::PartialShape{k},
-                            "the smoothing factors do not have x's ", k, " channels; rebuild the artifact");
+    int64_t n = 0;
+    for (size_t i = 0; i < kLinears; ++i) {
+      const auto& scale = get_input_partial_shape(2 + 3 * i);
+      const bool vector = scale.rank().is_static() && scale.rank().get_length() == 1 && scale[0].is_static();
+      const int64_t ni = vector ? scale[0].get_length() : 0;
+      NODE_VALIDATION_CHECK(this, ni > 0 && ni % kTileColumns == 0 && get_input_partial_shape(3 + 3 * i) == ov::PartialShape{ni},
+                            "a linear's scale and comp are not [N] with N a multiple of ", kTileColumns,
+                            " as kiln packs them; rebuild the artifact");
+      NODE_VALIDATION_CHECK(this, i == 0 || ni == n, "the gate linear has ", n, " columns and the up linear ", ni,
+                            ": kiln packs them alike; rebuild the artifact");
+      n = ni;
+      const auto& codes = get_input_partial_shape(1 + 3 * i);
+      NODE_VALIDATION_CHECK(this, codes.rank().is_dynamic() || codes.rank().get_length() == 1,
+                            "a linear's codes are not one flat vector as kiln packs them; rebuild the artifact");
     }
-    auto shape = get_input_partial_shape(0);
-    if (shape.rank().is_static()) shape[shape.rank().get_length() - 1] = get_input_partial_shape(2)[0];
+    const auto& x = get_input_partial_shape(0);
+    const auto& sm = get_input_partial_shape(get_input_size() - 1);
+    NODE_VALIDATION_CHECK(this, sm.rank().is_dynamic() || sm.rank().get_length() == 1,
+                          "the smoothing factors are not a [K] vector; rebuild the artifact");
+    NODE_VALIDATION_CHECK(this, x.rank().is_dynamic() || x.rank().get_length() >= 1, "x has no channels");
+    ov::Dimension k = sm.rank().is_static() ? sm[0] : ov::Dimension::dynamic();
+    if (x.rank().is_static()) {
+      const auto& xk = x[x.rank().get_length() - 1];
+      ov::Dimension merged;
+      NODE_VALIDATION_CHECK(this, ov::Dimension::merge(merged, k, xk), "the smoothing factors do not have x's ", xk,
+                            " channels; rebuild the artifact");
+      k = merged;
+    }
+    if (k.is_static()) {
+      NODE_VALIDATION_CHECK(this, k.get_length() > 0 && k.get_length() <= INT32_MAX / 2,
+                            "x's channels (", k.get_length(), ") are out of range");
+      const int64_t padded = I8PerChannel::PaddedK(static_cast<int>(k.get_length()));
+      for (size_t i = 0; i < kLinears; ++i)
+        NODE_VALIDATION_CHECK(this, get_input_partial_shape(1 + 3 * i).compatible(ov::PartialShape{n * padded}),
+                              "a linear's codes do not fit x's ", k.get_length(),
+                              " channels as kiln packs them; rebuild the artifact");
+    }
+    auto shape = x;
+    if (shape.rank().is_static()) shape[shape.rank().get_length() - 1] = n;
     set_output_type(0, ov::element::f32, shape);
   }
   std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override {
@@ -128,7 +151,18 @@ class PackedOp : public ov::op::Op {
   bool has_evaluate() const override { return true; }
   bool evaluate(ov::TensorVector& out, const ov::TensorVector& in) const override {
     const auto& xs = in[0].get_shape();
-    const size_t k = xs.back(), m = k ? ov::shape_size(xs) / k : 0, n = in[2].get_shape()[0];
+    OPENVINO_ASSERT(!xs.empty() && in.size() == 2 + 3 * kLinears, "kiln's int8 linear: x has no channels");
+    const size_t k = xs.back(), m = k ? ov::shape_size(xs) / k : 0, n = in[2].get_size();
+    // the tensors themselves, whatever the graph left dynamic (validate_and_infer_types' rule)
+    OPENVINO_ASSERT(k > 0 && k <= INT32_MAX / 2 && n > 0 && n % kTileColumns == 0 && in.back().get_size() == k,
+                    "kiln's int8 linear: x's ", k, " channels, ", n, " columns or the smoothing factors do not fit "
+                    "kiln's packing; rebuild the artifact");
+    for (size_t i = 0; i < kLinears; ++i)
+      OPENVINO_ASSERT(in[2 + 3 * i].get_size() == n && in[3 + 3 * i].get_size() == n &&
+                          in[1 + 3 * i].get_byte_size() ==
+                              n * static_cast<size_t>(I8PerChannel::PaddedK(static_cast<int>(k))),
+                      "kiln's int8 linear: a linear's codes, scale or comp do not fit x's ", k,
+                      " channels as kiln packs them; rebuild the artifact");
     auto ys = xs;
     ys.back() = n;
     out[0].set_shape(ys);

@@ -59,6 +59,10 @@ Status* Compute(void* op_kernel, ort_abi::KernelContext* context) {
       dims[5].size() != 2 || dims[6].size() != 1)
     return Fail("PagedAttention wants q, k, v [B, S, heads*hd], pools [kv_heads, blocks, block, hd], "
                 "block_tables [B, max_blocks], past_lens [B]");
+  // NOTE: the kernel counts in int: every dimension narrowed to one must fit (a graph's shapes are
+  // the artifact's word, not a promise)
+  for (const int64_t d : {q[0], q[1], q[2], pool[0], pool[1], pool[2], pool[3], dims[5][1]})
+    if (d < 0 || d > INT32_MAX) return Fail("PagedAttention: a dimension of the inputs exceeds 2^31 - 1");
   AttentionShape s{static_cast<int>(q[0]), static_cast<int>(q[1]), static_cast<int>(kernel.heads),
                      static_cast<int>(kernel.kv_heads), static_cast<int>(pool[3]), static_cast<int>(pool[1]),
                      static_cast<int>(pool[2]), static_cast<int>(dims[5][1])};
@@ -98,10 +102,10 @@ Status* CreateKernel(const ort_abi::CustomOp*, const void*, const ort_abi::Kerne
     kernel->params.softcap = Optional<float>(&ort_abi::Api::KernelInfoGetAttributeFloat, info, "softcap", 0.f);
     kernel->window = Optional<int64_t>(&ort_abi::Api::KernelInfoGetAttributeInt64, info, "local_window_size", 0);
     kernel->params.window = static_cast<int>(kernel->window);
-    if (kernel->heads <= 0 || kernel->kv_heads <= 0 || kernel->heads % kernel->kv_heads || kernel->window < 0 ||
-        kernel->window > INT_MAX || kernel->params.softcap < 0.f)
-      status = Fail("PagedAttention: num_heads must be a positive multiple of kv_num_heads; softcap and "
-                    "local_window_size >= 0");
+    if (kernel->heads <= 0 || kernel->kv_heads <= 0 || kernel->heads > INT32_MAX || kernel->heads % kernel->kv_heads ||
+        kernel->window < 0 || kernel->window > INT_MAX || kernel->params.softcap < 0.f)
+      status = Fail("PagedAttention: num_heads must be a positive multiple of kv_num_heads (below 2^31); softcap "
+                    "and local_window_size >= 0");
   }
   if (status != nullptr) {
     delete kernel;
