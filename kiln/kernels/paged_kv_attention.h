@@ -88,15 +88,17 @@ using StoreTokenFn = void (*)(KvFormat f, const float* x, int head_dim, int bloc
                               bool transposed);
 
 // One task: sequence `seq`, kv head g, its new tokens [s0, s1) — every query head of the group, at
-// most kKvMaxQueries query vectors — writing out's rows of those tokens and heads.
+// most kKvMaxQueries query vectors — writing out's rows of those tokens and heads. k and v are the
+// call's new keys and values (already stored): a task of several tokens reads the call's own tokens
+// from them exactly, as OpenVINO's operation does, and only the past through the cache's precision.
 using AttendKvFn = void (*)(KvFormat f, const PackedAttention& s, const AttentionParams& p, const float* q,
-                            const uint8_t* key_cache, const uint8_t* value_cache, const PackedSequence& seq, int g,
-                            int s0, int s1, float* out);
+                            const float* k, const float* v, const uint8_t* key_cache, const uint8_t* value_cache,
+                            const PackedSequence& seq, int g, int s0, int s1, float* out);
 
 #define KILN_KV_ATTENTION_COPY(Level)                                                                        \
   void StoreToken##Level(KvFormat, const float*, int, int, uint8_t*, int, bool);                            \
-  void AttendKv##Level(KvFormat, const PackedAttention&, const AttentionParams&, const float*, const uint8_t*, \
-                       const uint8_t*, const PackedSequence&, int, int, int, float*);
+  void AttendKv##Level(KvFormat, const PackedAttention&, const AttentionParams&, const float*, const float*,     \
+                       const float*, const uint8_t*, const uint8_t*, const PackedSequence&, int, int, int, float*);
 KILN_KV_ATTENTION_COPY(Scalar)
 KILN_KV_ATTENTION_COPY(Avx2)
 KILN_KV_ATTENTION_COPY(Avx512)

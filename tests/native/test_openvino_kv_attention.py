@@ -85,6 +85,15 @@ def attention(q, keys, values, past, window, head_dim):
     return out
 
 
+def read(layer, b, n, keys, new):
+    """What the call's queries read: the cache through its format, the call's own tokens exact when it
+    brought several (a decode reads its own token through the cache too)."""
+    seen = layer.cached(b, n, keys)
+    if len(new) > 1:
+        seen[n - len(new):] = new
+    return seen
+
+
 # (format, bound on |kiln - exact f32 attention|): u8 codes step at 1/255 of a token's range
 @pytest.mark.parametrize("fmt, exact_bound", [(KILN_U8, 0.15), (KILN_F16, 0.01)], ids=["u8", "f16"])
 @pytest.mark.parametrize("head_dim, window", [(64, 0), (128, 40), (48, 7)])
@@ -100,7 +109,8 @@ def test_the_operation_is_attention_over_what_it_stored(fmt, exact_bound, head_d
             all_k[b].append(k[b])
             all_v[b].append(v[b])
             n = past[b] + counts[b]
-            over_cache = attention(q[b], layer.cached(b, n, True), layer.cached(b, n, False), past[b], window, head_dim)
+            over_cache = attention(q[b], read(layer, b, n, True, k[b]), read(layer, b, n, False, v[b]), past[b],
+                                   window, head_dim)
             exact = attention(q[b], np.concatenate(all_k[b]), np.concatenate(all_v[b]), past[b], window, head_dim)
             np.testing.assert_allclose(got[b], over_cache, atol=2e-5, rtol=0)
             assert np.abs(got[b] - exact).max() < exact_bound

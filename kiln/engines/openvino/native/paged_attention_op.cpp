@@ -166,11 +166,11 @@ bool PagedKvAttention<kFormat>::evaluate(ov::TensorVector& out, const ov::Tensor
   Store(run, kFormat, s, seqs, in[kK].data<const float>(), in[kV].data<const float>(), key_cache, value_cache);
   out[0].set_shape(qs);
   float* result = out[0].data<float>();
-  const float* q = in[kQ].data<const float>();
+  const float *q = in[kQ].data<const float>(), *k = in[kK].data<const float>(), *v = in[kV].data<const float>();
   const std::vector<Task> tasks = Tasks(s, seqs);
   RunTasks(tasks.size(), [&](size_t i) {
     const Task& t = tasks[i];
-    run.attend_kv(kFormat, s, p, q, key_cache, value_cache, seqs[t.sequence], t.kv_head, t.s0, t.s1, result);
+    run.attend_kv(kFormat, s, p, q, k, v, key_cache, value_cache, seqs[t.sequence], t.kv_head, t.s0, t.s1, result);
   });
   return true;
 }
