@@ -46,7 +46,7 @@ def test_int8_takes_kiln_linears_where_they_run():
     """kiln's linears: f32 compute around them (bf16 would reorder at each), the u8 cache kept."""
     options = options_for_quant(QuantMode.INT8, native_bf16=True, kiln_kernels=True)
     assert options.kernels == "kiln-int8" and options.weights == "int8_sym"
-    assert (options.inference_precision, options.kv_cache_precision, options.key_cache_quant_mode) == ("f32", "u8", "by_channel")
+    assert (options.inference_precision, options.kv_cache_precision, options.key_cache_quant_mode) == ("f32", "u8", "by_token")
     assert options_for_quant(QuantMode.INT8, native_bf16=True, kiln_kernels=False).kernels == ""
     assert options_for_quant(QuantMode.INT4, kiln_kernels=True).kernels == ""      # int4 keeps its own recipe
 

@@ -11,10 +11,13 @@ from kiln.compiler.plan import QuantRecipe
 
 
 # A u8 cache's keys per channel over each block: what the plugin does unasked in this release, pinned
-# so that the record says it: per token, 32 decodes ran a little faster for a little more perplexity
-# through the engine (docs/results/2026-12-02-default-builds-side-by-side-with-peers.md, "The
+# so that the record says it (docs/results/2026-12-02-default-builds-side-by-side-with-peers.md, "The
 # 32-stream margin").
 U8_KEYS = "by_channel"
+# Under kiln's int8 linears (f32 compute), per token and head, as the values are: decodes read less
+# per step and the build's check agrees with fp32 more often, on plain text and in chat
+# (docs/results/2026-12-06-serving-third-round.md, "Keys per token").
+KILN_INT8_KEYS = "by_token"
 
 
 # int8 on kiln's own linears (kiln/compiler/openvino_recipes.py says where): against the bf16 recipe on
@@ -25,7 +28,7 @@ U8_KEYS = "by_channel"
 # of 32, larger int8 groups fall off the fast path; int4 takes the weights' group).
 WEIGHTS = {QuantMode.INT8.value: (WeightCompression.INT8.value, 128),
            QuantMode.INT4.value: (WeightCompression.Q4_1_AUGMENTED.value, 32)}
-KILN_INT8 = OpenVinoOptions(inference_precision="f32", kv_cache_precision="u8", key_cache_quant_mode=U8_KEYS,
+KILN_INT8 = OpenVinoOptions(inference_precision="f32", kv_cache_precision="u8", key_cache_quant_mode=KILN_INT8_KEYS,
                             weights=WeightCompression.INT8.value, dynamic_quantization_group_size=128,
                             kernels=native.KERNELS)
 
@@ -52,10 +55,11 @@ def options_for_recipe(recipe: QuantRecipe) -> OpenVinoOptions:
         raise ValueError(f"the openvino backend has no {recipe.mode} mode; use --quant int8 (OpenVINO "
                          f"quantizes activations itself: dynamic quantization, recorded in the artifact)")
     weights, groups = WEIGHTS[recipe.mode]
+    kiln_linears = uses_kiln_linears(recipe)
+    keys = (KILN_INT8_KEYS if kiln_linears else U8_KEYS) if recipe.kv_cache == "u8" else ""
     return OpenVinoOptions(inference_precision=recipe.compute, kv_cache_precision=recipe.kv_cache,
-                           key_cache_quant_mode=U8_KEYS if recipe.kv_cache == "u8" else "", weights=weights,
-                           dynamic_quantization_group_size=groups,
-                           kernels=native.KERNELS if uses_kiln_linears(recipe) else "")
+                           key_cache_quant_mode=keys, weights=weights, dynamic_quantization_group_size=groups,
+                           kernels=native.KERNELS if kiln_linears else "")
 
 
 def options_for_quant(quant: QuantMode, native_bf16: bool | None = None,
