@@ -451,7 +451,11 @@ def _guarded(fn):
     """Turn the errors a user can act on into a one-line message and exit code 1."""
     from kiln.contract.artifact import ArtifactError
     from kiln.contract.model_spec import UnsupportedModelError
-    from kiln.compiler.passes.base import PassCheckError
+
+    try:
+        from kiln.compiler.passes.base import PassCheckError
+    except ModuleNotFoundError:      # a runtime install (no build extra: no onnx) runs no pass
+        PassCheckError = ArtifactError
 
     try:
         return fn()

@@ -90,3 +90,19 @@ def test_a_build_that_runs_out_of_space_publishes_nothing_and_says_so(tmp_path):
     assert done.returncode == 1, said
     assert "out of disk space" in said and "Nothing was published" in said and "Traceback" not in said
     assert list(out_parent.iterdir()) == []
+
+
+def test_a_runtime_install_without_onnx_reports_errors_instead_of_needing_the_build_extra():
+    """kiln serve in an install without the build extra (the container image): the error guard around
+    every command must not import the build code, which needs onnx."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['onnx'] = None\n"          # as if onnx were not installed
+            "from kiln.cli import _guarded\n"
+            "assert _guarded(lambda: 7) == 7\n"
+            "def fails():\n    raise ValueError('a refusal the user can act on')\n"
+            "_guarded(fails)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "a refusal the user can act on" in done.stderr and "Traceback" not in done.stderr
