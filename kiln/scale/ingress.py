@@ -39,7 +39,7 @@ from kiln.scale.prefix import prompt_block_hashes
 from kiln.scale.remote import RemoteSubscription, ReplicaFailed, ReplicaStream
 from kiln.serving.http.app import prepare_body
 from kiln.serving.http.errors import ApiError
-from kiln.serving.http.http_io import EventStream, RequestGuard, allowed_host_names, check_api_key, \
+from kiln.serving.http.http_io import EventStream, RequestGuard, allowed_host_names, check_api_key, keyed_endpoint, \
     ignored_fields_header, read_body, until_disconnected
 from kiln.serving.openai.requests import DEFAULT_PRIORITY_RANGE, RequestOptions
 from kiln.serving.openai.responses import Renderer
@@ -185,9 +185,9 @@ def _busy(reason: str) -> ApiError:
 
 def create_ingress_app(ingress: Ingress) -> Starlette:
     routes = [
-        Route("/health", _keyed(ingress, "/health", partial(_health, ingress))),
-        Route("/ready", _keyed(ingress, "/ready", partial(_ready, ingress))),
-        Route("/metrics", _keyed(ingress, "/metrics", partial(_metrics, ingress))),
+        Route("/health", keyed_endpoint(ingress.config, "/health", partial(_health, ingress))),
+        Route("/ready", keyed_endpoint(ingress.config, "/ready", partial(_ready, ingress))),
+        Route("/metrics", keyed_endpoint(ingress.config, "/metrics", partial(_metrics, ingress))),
         Route("/v1/models", partial(_models, ingress)),
         Route("/v1/completions", partial(_generate, ingress, kind="completion"), methods=["POST"]),
         Route("/v1/chat/completions", partial(_generate, ingress, kind="chat"), methods=["POST"]),
@@ -195,21 +195,6 @@ def create_ingress_app(ingress: Ingress) -> Starlette:
     c = ingress.config
     middleware = [Middleware(RequestGuard, hosts=allowed_host_names(c.host, c.allowed_hosts))]
     return Starlette(routes=routes, middleware=middleware)
-
-
-def _keyed(ingress: Ingress, path: str, endpoint):
-    """The endpoint behind the API key (when one is set) unless --public-endpoints names it, as
-    kiln serve's Server.keyed does."""
-    if path in ingress.config.public_endpoints:
-        return endpoint
-
-    async def checked(request: HttpRequest) -> Response:
-        try:
-            check_api_key(request, ingress.config.api_key, ingress.config.api_keys)
-        except ApiError as e:
-            return e.response()
-        return await endpoint(request)
-    return checked
 
 
 async def _health(ingress: Ingress, request: HttpRequest) -> Response:

@@ -27,7 +27,7 @@ from kiln.serving.http.errors import ApiError, bad_request, engine_failure
 from kiln.serving.http.choices import generate_choices
 from kiln.serving.traffic.generations import Generations
 from kiln.serving.http.http_io import (EventStream, RequestGuard, allowed_host_names, check_api_key, decode_body,
-                                  ignored_fields_header, read_body, rendered_json,
+                                  ignored_fields_header, keyed_endpoint, read_body, rendered_json,
                                   until_disconnected)
 from kiln.serving.http.metrics import ServerMetrics
 from kiln.serving.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_body
@@ -126,16 +126,7 @@ class Server:
 
     def keyed(self, path: str, endpoint):
         """The endpoint behind the API key (when one is set) unless --public-endpoints names it."""
-        if path in self.config.public_endpoints:
-            return endpoint
-
-        async def checked(request: HttpRequest) -> Response:
-            try:
-                check_api_key(request, self.config.api_key, self.config.api_keys)
-            except ApiError as e:
-                return self.rejected(e)
-            return await endpoint(request)
-        return checked
+        return keyed_endpoint(self.config, path, endpoint, self.rejected)
 
     @contextlib.contextmanager
     def preparing(self):

@@ -108,6 +108,22 @@ def _too_large(max_bytes: int) -> ApiError:
     return ApiError(413, f"the request body exceeds {max_bytes} bytes", code="request_too_large")
 
 
+def keyed_endpoint(config, path: str, endpoint, rejected: Callable[[ApiError], object] = ApiError.response):
+    """`endpoint` behind the API key (when config sets one) unless config.public_endpoints names
+    `path`; a refusal is answered by `rejected` (kiln serve counts it in its metrics). config is a
+    ServeConfig: kiln serve's server and the Ray ingress key their endpoints the same way."""
+    if path in config.public_endpoints:
+        return endpoint
+
+    async def checked(request: HttpRequest):
+        try:
+            check_api_key(request, config.api_key, config.api_keys)
+        except ApiError as e:
+            return rejected(e)
+        return await endpoint(request)
+    return checked
+
+
 def check_api_key(request: HttpRequest, api_key: str | None,
                   api_keys: tuple[tuple[str, str], ...] = ()) -> str | None:
     """The name of the caller's key (None when no key is configured); 401 without a valid one.
