@@ -13,7 +13,7 @@ the `journal` entry (docs/results/) that tells the story of that run; `title`, `
     python -m bench.render_results           # rewrite both sections
     python -m bench.render_results --check   # exit 1 if either is not what the JSON gives
 
-tests/unit/test_results_render.py runs the check, so a new or changed JSON fails the suite until it
+tests/docs/test_results_render.py runs the check, so a new or changed JSON fails the suite until it
 is rendered. Standard library only.
 """
 

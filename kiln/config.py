@@ -2,7 +2,7 @@
 (e.g. the number of KV blocks) are computed from these at start-up and never written back.
 
 NOTE: this module sits below everything that reads a config: it imports nothing from kiln.runtime,
-kiln.serving or kiln.cli (tests/unit/test_layering.py checks it).
+kiln.serving or kiln.cli (tests/repository/test_layering.py checks it).
 """
 
 from __future__ import annotations

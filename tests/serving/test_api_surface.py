@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -314,8 +312,7 @@ def test_logprob_bytes_are_the_tokens_own_bytes(tiny_server, tok):
 
 @pytest.fixture(scope="module")
 def llama3_server(start_module_server, tiny_llama_artifact, tmp_path_factory):
-    sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
-    from test_chat_template_golden import LLAMA3_STYLE
+    from test_chat_template_golden import LLAMA3_STYLE  # same folder
     template = tmp_path_factory.mktemp("llama3") / "chat.jinja"
     template.write_text(LLAMA3_STYLE)
     return start_module_server(tiny_llama_artifact, *TINY_FLAGS, "--chat-template", str(template))

@@ -14,7 +14,7 @@ blocks itself (vLLM's interface):
 
 The dense mask, the past inputs and the present outputs fall away (nothing reaches them any more).
 Each layer's operation takes that layer's sliding window (0: full attention; kiln's rule "a key is
-visible iff query_pos - key_pos < window" is the operation's, tests/unit/test_openvino_windows.py)
+visible iff query_pos - key_pos < window" is the operation's, tests/engines/openvino/test_openvino_windows.py)
 and the scale head_dim**-0.5: the exporter already multiplied q by query_scale * head_dim**0.5
 (Gemma's query_pre_attn_scalar), before the q cut. Score soft-capping (Gemma 2) has no input in the
 operation, so such a model is refused. longrope's short/long switch, which the dense graph takes

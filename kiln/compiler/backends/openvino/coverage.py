@@ -11,7 +11,7 @@ def uncovered(spec: ModelSpec) -> str:
 
     Every family kiln exports is covered. The paged rewrite replaces kiln's attention core with
     OpenVINO's PagedAttentionExtension, which takes each layer's sliding window (the operation's
-    convention is kiln's, tests/unit/test_openvino_windows.py) and the scale head_dim**-0.5 (the
+    convention is kiln's, tests/engines/openvino/test_openvino_windows.py) and the scale head_dim**-0.5 (the
     exporter folds any other query scale into q); everything outside the core (Gemma's norms and
     scaled embeddings, partial rotary, every rope type, final logit soft-capping) stays kiln's
     graph. What the operation cannot compute (attention-score soft-capping, Gemma 2) keeps kiln's

@@ -7,17 +7,13 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from test_serving_tools import TOOL_TEMPLATE
 
 from kiln.compiler.export.presets import CHATML_TEMPLATE
 from kiln.contract.artifact import EngineArtifact
 from kiln.tokenizer import Tokenizer
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "serving"))
-from test_serving_tools import TOOL_TEMPLATE  # noqa: E402
 
 # A Llama-3.1-style template: tools as JSON in the user turn (tojson with indent), a loop
 # control, a date from strftime_now, and a raise_exception branch.
