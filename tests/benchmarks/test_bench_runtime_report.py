@@ -47,7 +47,7 @@ def test_targets_met_and_missed_from_ratios():
     rows = {(r.kiln_name, r.metric, r.peer_name): r for r in runtime_report.target_rows(summaries)}
     assert rows[("kiln ort int8", "TTFT 512", "openvino int8")].met is True          # 0.75x <= 1.0x
     assert rows[("kiln ort int8", "1 stream", "openvino int8")].met is True          # 1.0x >= 1.0x
-    assert rows[("kiln ort int8", "32-way", "openvino int8")].met is False           # 0.5x < 1.2x
+    assert rows[("kiln ort int8", "32-way", "openvino int8")].met is False           # 0.5x < 1.5x
     assert rows[("kiln ort int4", "1 stream", "genai int4")].ratio == pytest.approx(2.0)
     assert rows[("kiln ort int4", "chat answer names Paris", "")].met is False
     assert rows[("kiln ort int8", "Python overhead / decode step, B=32", "")].met is True
