@@ -59,6 +59,7 @@ from kiln.compiler.export.sources import load_source
 from kiln.compiler.passes.int4_calibration import CALIBRATION_TEXT
 from kiln.contract.quant import QuantMode
 from kiln.compiler.passes.quantize import QuantizePass, weight_bytes
+from kiln.compiler.passes.quant_settings import QuantSettings
 from kiln.tokenizer import Tokenizer
 
 QUESTION = "What is the capital of France?"
@@ -75,8 +76,6 @@ def make_pass(variant: str, calibration_ids: list[int] | None = None) -> Quantiz
         kw["head_kernel"] = "q4min"
     if "hq8" in opts:           # the LM head 8-bit on kiln's MatMulQ8 (the INT4 recipe with the library)
         kw["head_kernel"] = "q8"
-    # as the build: calibration tokens given (used by the search only); "nocal": plain squared error
-    kw["calibration_ids"] = None if "nocal" in opts else calibration_ids
     for o in opts:
         if o.startswith("bs"):
             kw["block_size"] = int(o[2:])
@@ -96,7 +95,9 @@ def make_pass(variant: str, calibration_ids: list[int] | None = None) -> Quantiz
             kw["offset_linears"] = tuple(o[2:].split("+"))
         if o.startswith("k8="):
             kw["int8_linears"] = tuple(o[3:].split("+"))
-    return QuantizePass(QuantMode.NONE if mode == "fp32" else QuantMode(mode), **kw)
+    settings = QuantSettings(QuantMode.NONE if mode == "fp32" else QuantMode(mode), **kw)
+    # as the build: calibration tokens given (used by the search only); "nocal": plain squared error
+    return QuantizePass(settings, None if "nocal" in opts else calibration_ids)
 
 
 def decode_feeds(sess, past: int = 256) -> dict:

@@ -3,8 +3,8 @@
 Pure: the backend, the mode, the model and the build host (a kiln.compiler.plan.BuildHost) come in;
 a QuantRecipe comes out, which the quantize pass (passes/quantize.py: QuantizePass.for_recipe) or the
 backend (backends/openvino/recipe.py: options_for_recipe) applies. The measurements behind each
-recipe: passes/quantize.py (the check's tolerances, the INT4 split), passes/q4min_linear.py,
-passes/dynamic_int8.py, backends/openvino/recipe.py and docs/benchmarks.md.
+recipe: passes/quantize.py (the check's tolerances), passes/quant_settings.py (the INT4 split),
+passes/q4min_linear.py, passes/dynamic_int8.py, backends/openvino/recipe.py and docs/benchmarks.md.
 
 On the ort backend (Backend.cpu_int4_recipe):
 - INT8: with kiln's op library, every linear and the LM head on kiln.MatMulQ8 (Q8_0 codes), its

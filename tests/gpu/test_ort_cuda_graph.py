@@ -17,6 +17,7 @@ from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.export.sources import load_source
 from kiln.contract.quant import QuantMode
 from kiln.compiler.passes.quantize import QuantizePass
+from kiln.compiler.passes.quant_settings import QuantSettings
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_fused_and_quantized_rewrites_resolve_in_onnx_runtime(tiny, tmp_path, qu
     spec, model = tiny
     for p in fusion_passes(spec):
         model = p.run(model)
-    model = QuantizePass(quant).run(model)
+    model = QuantizePass(QuantSettings(quant)).run(model)
     path, _ = save_onnx(paged_attention_graph(model, spec, "bfloat16"), tmp_path)
     assert check_resolves(path)["passed"]
 

@@ -23,6 +23,7 @@ import kiln.compiler.passes.verify_quant as verify_quant
 from kiln.compiler.build import build
 from kiln.compiler.passes.base import PassCheckError
 from kiln.compiler.passes.verify_quant import QuantCheck, QuantGate
+from kiln.compiler.passes.quant_settings import QuantSettings
 from kiln.compiler.plan import BuildHost
 from kiln.config import BuildConfig
 from kiln.contract.quant import QuantMode
@@ -34,8 +35,8 @@ HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
 class ScrambledQuantize(BrokenQuantize):
     """What the build makes from its plan's recipe, with every quantized linear's scales scrambled."""
 
-    def __init__(self, mode: QuantMode, **options):
-        super().__init__(mode, scrambled_scales, **options)
+    def __init__(self, settings: QuantSettings, calibration_ids: list[int] | None = None):
+        super().__init__(settings, scrambled_scales, calibration_ids)
 
 
 class Stages:

@@ -14,6 +14,7 @@ from kiln.compiler.passes.cleanup import CleanupPass
 from kiln.compiler.passes.fusion import fusion_passes
 from kiln.contract.quant import QuantMode
 from kiln.compiler.passes.quantize import QuantizePass
+from kiln.compiler.passes.quant_settings import QuantSettings
 from kiln.compiler.passes.verify import logits, seeded_feeds
 
 MIN_BYTES = 1024   # the tiny models' weights are 1-66 KB: externalize all but the smallest
@@ -26,7 +27,7 @@ def small_threshold(monkeypatch):
 
 def _quantized(src, mode: QuantMode, folder=None):
     model = build_decoder(src.spec, src.weights, folder)
-    for p in [CleanupPass(), *fusion_passes(src.spec), QuantizePass(mode)]:
+    for p in [CleanupPass(), *fusion_passes(src.spec), QuantizePass(QuantSettings(mode))]:
         model = p.run(model)
     return model
 
@@ -55,7 +56,7 @@ def test_quantized_tables_go_to_the_weights_file(tiny_sources, tmp_path):
 def test_quantize_report_counts_external_bytes(tiny_sources, tmp_path):
     """weight_bytes_before/after read the stored length of external tensors, not the inline bytes."""
     src = tiny_sources["tiny-llama"]
-    inline_pass, external_pass = QuantizePass(QuantMode.INT8), QuantizePass(QuantMode.INT8)
+    inline_pass, external_pass = (QuantizePass(QuantSettings(QuantMode.INT8)) for _ in range(2))
     inline_pass.run(build_decoder(src.spec, src.weights))
     external_pass.run(build_decoder(src.spec, src.weights, tmp_path))
     keys = ("weight_bytes_before", "weight_bytes_after")

@@ -14,6 +14,7 @@ from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.passes.kv_io import KvIoPass
 from kiln.contract.quant import QuantMode
 from kiln.compiler.passes.quantize import MIN_TOP1, QuantizePass
+from kiln.compiler.passes.quant_settings import QuantSettings
 from kiln.compiler.passes.verify import logits, seeded_feeds
 from kiln.compiler.passes.verify_paged import compare_paged, fp32_activations
 from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
@@ -65,8 +66,8 @@ def shifted_groups(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 class BrokenQuantize(QuantizePass):
-    def __init__(self, mode: QuantMode, breaker, **options):
-        super().__init__(mode, **options)
+    def __init__(self, settings: QuantSettings, breaker, calibration_ids: list[int] | None = None):
+        super().__init__(settings, calibration_ids)
         self.breaker = breaker
 
     def run(self, model: onnx.ModelProto) -> onnx.ModelProto:
@@ -77,7 +78,7 @@ class BrokenQuantize(QuantizePass):
 def test_a_correct_quantized_graph_passes_and_reports_its_quality(tiny, tiny_sources, check_ids, mode):
     spec, model = tiny
     name = next(n for n, s in tiny_sources.items() if s.spec == spec)
-    out, report = run_pass(QuantizePass(mode), model, quant_check(check_ids[name], mode))
+    out, report = run_pass(QuantizePass(QuantSettings(mode)), model, quant_check(check_ids[name], mode))
     d = report.details
     assert d["check_tokens"] == 512 and d["check_text"] == "kiln/data/check.txt"
     assert MIN_TOP1[mode] <= d["top1_agreement"] <= 1.0
@@ -88,7 +89,8 @@ def test_a_correct_quantized_graph_passes_and_reports_its_quality(tiny, tiny_sou
 def test_none_measures_fp32_once(tiny_sources, check_ids, tiny):
     spec, model = tiny
     name = next(n for n, s in tiny_sources.items() if s.spec == spec)
-    _, report = run_pass(QuantizePass(QuantMode.NONE), model, quant_check(check_ids[name], QuantMode.NONE))
+    none = QuantizePass(QuantSettings(QuantMode.NONE))
+    _, report = run_pass(none, model, quant_check(check_ids[name], QuantMode.NONE))
     assert report.details["top1_agreement"] == 1.0 and report.max_abs_error == 0.0
     assert report.details["perplexity"] == report.details["perplexity_fp32"]
 
@@ -102,7 +104,7 @@ def test_a_broken_quantized_graph_fails_with_the_pass_name(tiny_sources, check_i
     src = tiny_sources["tiny-llama"]
     model = build_decoder(src.spec, src.weights)
     with pytest.raises(PassCheckError, match="pass 'quantize' failed its numeric check"):
-        run_pass(BrokenQuantize(mode, breaker), model, quant_check(check_ids["tiny-llama"], mode))
+        run_pass(BrokenQuantize(QuantSettings(mode), breaker), model, quant_check(check_ids["tiny-llama"], mode))
 
 
 def test_a_build_with_a_broken_quantizer_fails(monkeypatch, tmp_path):
@@ -110,8 +112,8 @@ def test_a_build_with_a_broken_quantizer_fails(monkeypatch, tmp_path):
     from kiln.config import BuildConfig
 
     class ScrambledQuantize(BrokenQuantize):       # what the build makes from its plan's recipe, broken
-        def __init__(self, mode: QuantMode, **options):
-            super().__init__(mode, scrambled_scales, **options)
+        def __init__(self, settings: QuantSettings, calibration_ids: list[int] | None = None):
+            super().__init__(settings, scrambled_scales, calibration_ids)
 
     monkeypatch.setattr(kiln.compiler.build, "QuantizePass", ScrambledQuantize)
     with pytest.raises(PassCheckError, match="'quantize'.*top-1 agreement with fp32"):
@@ -144,8 +146,8 @@ def test_block_offsets_store_a_q4_1_weight_exactly(tiny, offsets, bound):
     (up to MatMulNBits' int8 activations, turned off here); an integer zero point is not."""
     _, model = tiny
     source = with_q4_1_linears(model)
-    p = QuantizePass(QuantMode.INT4, block_offsets=offsets, int8_linears=(), quantize_embedding=False,
-                     quantize_lm_head=False)
+    p = QuantizePass(QuantSettings(QuantMode.INT4, block_offsets=offsets, int8_linears=(), quantize_embedding=False,
+                                   quantize_lm_head=False))
     out = fp32_activations(p.run(source))
     feeds = seeded_feeds(source)
     ref = logits(source, feeds)
@@ -159,7 +161,7 @@ def test_block_offsets_store_a_q4_1_weight_exactly(tiny, offsets, bound):
 @pytest.mark.parametrize("mode", QUANTIZED)
 def test_kv_io_keeps_its_own_tolerance_on_a_quantized_graph(tiny, mode):
     spec, model = tiny
-    quantized = QuantizePass(mode).run(model)
+    quantized = QuantizePass(QuantSettings(mode)).run(model)
     kv_io = KvIoPass(spec)
     assert kv_io.rel_tolerance == 1e-4
     paged, report = run_pass(kv_io, quantized, lambda a, b: compare_paged(a, b, spec.num_layers, 16))
@@ -173,7 +175,7 @@ def test_kv_io_keeps_its_own_tolerance_on_a_quantized_graph(tiny, mode):
 
 def test_fp32_activations_only_touches_the_accuracy_level(tiny):
     _, model = tiny
-    q = QuantizePass(QuantMode.INT4).run(model)
+    q = QuantizePass(QuantSettings(QuantMode.INT4)).run(model)
     f = fp32_activations(q)
     assert {a.i for n in f.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
             if a.name == "accuracy_level"} == {0}

@@ -15,6 +15,7 @@ from kiln.compiler.passes.base import run_pass
 from kiln.compiler.passes.int4_calibration import calibration_token_ids, linear_inputs
 from kiln.contract.quant import QuantMode
 from kiln.compiler.passes.quantize import MIN_TOP1, QuantizePass
+from kiln.compiler.passes.quant_settings import QuantSettings
 from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
 
 SIDE_PATH = ("/block_sums", "/block_offset", "/add_block_offset")      # block_offsets.py's nodes
@@ -39,7 +40,7 @@ def test_the_int4_recipe_is_matmul_nbits_alone(tiny_sources, calibration, name):
     """The default INT4 recipe: attention 4-bit with searched integer zero points, the MLP and the
     tables 8-bit; no block-offset side path anywhere."""
     model = build_decoder(tiny_sources[name].spec, tiny_sources[name].weights)
-    p = QuantizePass(QuantMode.INT4, calibration_ids=calibration[name])
+    p = QuantizePass(QuantSettings(QuantMode.INT4), calibration_ids=calibration[name])
     check = QuantCheck("quantize", check_token_ids(tiny_sources[name].tokenizer_dir, 512), MIN_TOP1[QuantMode.INT4])
     out, report = run_pass(p, model, check)
     assert side_path_nodes(out) == []
@@ -65,7 +66,7 @@ def d_bits(report) -> dict:
 
 def test_a_mixed_split_keeps_block_offsets_only_where_named(tiny):
     _, model = tiny
-    out = QuantizePass(QuantMode.INT4, int8_linears=(), offset_linears=("layers.1",)).run(model)
+    out = QuantizePass(QuantSettings(QuantMode.INT4, int8_linears=(), offset_linears=("layers.1",))).run(model)
     sides = side_path_nodes(out)
     assert sides and all("/layers.1/" in s for s in sides)
     per_linear = Counter(s.rsplit("/", 1)[0] for s in sides)
@@ -74,7 +75,7 @@ def test_a_mixed_split_keeps_block_offsets_only_where_named(tiny):
 
 def test_an_unknown_rounding_is_refused():
     with pytest.raises(ValueError, match="int4_rounding must be one of"):
-        QuantizePass(QuantMode.INT4, int4_rounding="gptq")
+        QuantSettings(QuantMode.INT4, int4_rounding="gptq")
 
 
 def test_calibration_probes_every_linear_input(tiny):

@@ -9,8 +9,9 @@ import pytest
 from kiln.compiler.build import build
 from kiln.compiler.export.decoder_graph import build_decoder
 from kiln.compiler.passes.base import run_pass
-from kiln.compiler.passes.quant_recipe import pass_options
-from kiln.compiler.passes.quantize import MIN_TOP1, Q8_ACCURACY_LEVELS, QuantizePass
+from kiln.compiler.passes.quant_recipe import recipe_settings
+from kiln.compiler.passes.quantize import MIN_TOP1, QuantizePass
+from kiln.compiler.passes.quant_settings import Q8_ACCURACY_LEVELS, QuantSettings
 from kiln.compiler.plan import BuildHost
 from kiln.compiler.recipes import q8_activations, quant_recipe
 from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
@@ -38,10 +39,10 @@ def no_library(monkeypatch, tmp_path):
 def test_every_linear_but_the_head_runs_on_the_kernel(tiny_sources, name):
     src = tiny_sources[name]
     model = build_decoder(src.spec, src.weights)
-    options = pass_options(quant_recipe(get_backend("ort"), QuantMode.INT4, src.spec, BuildHost.probe()))
-    assert options == {"int4_rounding": "q4min", "int8_linears": (), "head_kernel": "q8"}
+    settings = recipe_settings(quant_recipe(get_backend("ort"), QuantMode.INT4, src.spec, BuildHost.probe()))
+    assert settings == QuantSettings(QuantMode.INT4, int4_rounding="q4min", int8_linears=(), head_kernel="q8")
     check = QuantCheck("quantize", check_token_ids(src.tokenizer_dir, 512), MIN_TOP1[QuantMode.INT4])
-    out, report = run_pass(QuantizePass(QuantMode.INT4, **options), model, check)
+    out, report = run_pass(QuantizePass(settings), model, check)
     kernel = [n for n in out.graph.node if n.op_type == native.OP_TYPE]
     matmuls = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in
                {t.name for t in model.graph.initializer}]
@@ -60,12 +61,12 @@ def test_int8_puts_every_linear_and_the_head_on_the_q8_kernel(tiny_sources):
     model = build_decoder(src.spec, src.weights)
     host = BuildHost.probe()
     recipe = quant_recipe(get_backend("ort"), QuantMode.INT8, src.spec, host)
-    options = pass_options(recipe)
+    settings = recipe_settings(recipe)
     activations = "int8" if host.cpu.isa in ("avx512vnni", "amx") else "int16"    # what the CPU multiplies fastest
     assert q8_activations(host.cpu) == activations
-    assert options == {"int8_kernel": "q8", "head_kernel": "q8", "q8_activations": activations}
+    assert settings == QuantSettings(QuantMode.INT8, int8_kernel="q8", head_kernel="q8", q8_activations=activations)
     check = QuantCheck("quantize", check_token_ids(src.tokenizer_dir, 512), MIN_TOP1[QuantMode.INT8])
-    out, report = run_pass(QuantizePass(QuantMode.INT8, **options), model, check)
+    out, report = run_pass(QuantizePass(settings), model, check)
     matmuls = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in
                {t.name for t in model.graph.initializer}]
     kernel = [n for n in out.graph.node if n.op_type == native.OP_TYPE_Q8]
@@ -96,9 +97,8 @@ def test_an_artifact_records_the_op_and_refuses_to_load_without_the_library(tmp_
 def test_without_the_library_the_build_keeps_matmul_nbits_and_says_so(no_library, tmp_path, tiny_sources):
     backend, spec, host = get_backend("ort"), tiny_sources["tiny-llama"].spec, BuildHost.probe()
     int4, int8 = (quant_recipe(backend, mode, spec, host) for mode in (QuantMode.INT4, QuantMode.INT8))
-    assert pass_options(int4) == {"int4_rounding": "search", "int8_linears": ("gate_up_proj", "gate_proj", "up_proj",
-                                                                              "down_proj")}     # the mode's defaults
-    assert pass_options(int8) == {}
+    assert recipe_settings(int4) == QuantSettings(QuantMode.INT4)      # the mode's defaults
+    assert recipe_settings(int8) == QuantSettings(QuantMode.INT8)
     assert native.BUILD_COMMAND in int4.note and native.BUILD_COMMAND in int8.note
     stages = []
 

@@ -9,6 +9,7 @@ from kiln.compiler.eval.perplexity import greedy_tokens
 from kiln.compiler.passes.base import PassCheckError, run_pass
 from kiln.contract.quant import QuantMode
 from kiln.compiler.passes.quantize import QuantizePass
+from kiln.compiler.passes.quant_settings import QuantSettings
 from kiln.compiler.passes.verify_quant import QuantCheck, check_token_ids
 from kiln.tokenizer import Tokenizer
 
@@ -42,7 +43,7 @@ def calibration(smollm2_source) -> list[int]:
 @pytest.fixture(scope="module")
 def int4(fused, check, calibration):
     """The MatMulNBits recipe: as the build makes it where kiln's op library is not built (build._checked_quantize)."""
-    return run_pass(QuantizePass(QuantMode.INT4, calibration_ids=calibration), fused, check)
+    return run_pass(QuantizePass(QuantSettings(QuantMode.INT4), calibration_ids=calibration), fused, check)
 
 
 def test_int4_perplexity_within_3_percent_of_fp32(int4):
@@ -83,4 +84,4 @@ def test_one_broken_linear_in_thirty_layers_fails_the_check(int4, fused, check, 
             return out
 
     with pytest.raises(PassCheckError, match="pass 'quantize' failed its numeric check"):
-        run_pass(OneBrokenLinear(QuantMode.INT4, calibration_ids=calibration), fused, check)
+        run_pass(OneBrokenLinear(QuantSettings(QuantMode.INT4), calibration_ids=calibration), fused, check)

@@ -13,6 +13,7 @@ from kiln.compiler.export.sources import load_source
 from kiln.compiler.passes.base import run_pass
 from kiln.contract.quant import QuantMode
 from kiln.compiler.passes.quantize import QuantizePass, weight_bytes
+from kiln.compiler.passes.quant_settings import QuantSettings
 from kiln.compiler.passes.verify import compare_logits
 
 QUANTIZED = [QuantMode.INT8, QuantMode.INT4]
@@ -53,7 +54,7 @@ def producer(model: onnx.ModelProto, tensor: str) -> onnx.NodeProto:
 def test_every_linear_and_the_embedding_are_quantized(models, name, mode):
     model = models[name]
     linears = len(weight_matmuls(model))               # 7 per layer + the LM head
-    out, report = run_pass(QuantizePass(mode), model, compare_logits)
+    out, report = run_pass(QuantizePass(QuantSettings(mode)), model, compare_logits)
     assert ops(out)["MatMulNBits"] == linears == 15
     assert ops(out)["GatherBlockQuantized"] == 1 and ops(out)["Gather"] == ops(model)["Gather"] - 1
     assert weight_matmuls(out) == []
@@ -71,7 +72,7 @@ def test_every_linear_and_the_embedding_are_quantized(models, name, mode):
 
 
 def test_tied_4bit_table_is_a_view_of_the_lm_heads_table(models):
-    p = QuantizePass(QuantMode.INT4, table_bits=4)
+    p = QuantizePass(QuantSettings(QuantMode.INT4, table_bits=4))
     out = p.run(models["tiny-qwen2"])
     gather = next(n for n in out.graph.node if n.op_type == "GatherBlockQuantized")
     head = next(n for n in out.graph.node if n.name.startswith("/model/lm_head"))
@@ -87,7 +88,7 @@ def test_tied_4bit_table_is_a_view_of_the_lm_heads_table(models):
 
 def test_tied_8bit_table_is_gathered_in_place(models):
     """The 8-bit gather reads MatMulNBits' 3-D weight directly: no Reshape of the big table."""
-    p = QuantizePass(QuantMode.INT4, table_bits=8)
+    p = QuantizePass(QuantSettings(QuantMode.INT4, table_bits=8))
     out, report = run_pass(p, models["tiny-qwen2"], compare_logits)
     gather = next(n for n in out.graph.node if n.op_type == "GatherBlockQuantized")
     head = next(n for n in out.graph.node if n.name.startswith("/model/lm_head"))
@@ -101,7 +102,7 @@ def test_tied_8bit_table_is_gathered_in_place(models):
 
 
 def test_untied_embedding_gets_its_own_table(models):
-    p = QuantizePass(QuantMode.INT8)
+    p = QuantizePass(QuantSettings(QuantMode.INT8))
     out = p.run(models["tiny-llama"])
     gather = next(n for n in out.graph.node if n.op_type == "GatherBlockQuantized")
     assert gather.input[0] in {t.name for t in out.graph.initializer}
@@ -114,7 +115,7 @@ PURE_INT4 = dict(table_bits=4, int8_linears=())
 @pytest.mark.parametrize("mode,options,bound", [(QuantMode.INT8, {}, 0.35), (QuantMode.INT4, PURE_INT4, 0.22),
                                                 (QuantMode.INT4, {}, 0.30)])
 def test_weight_bytes_shrink(models, mode, options, bound):
-    p = QuantizePass(mode, **options)
+    p = QuantizePass(QuantSettings(mode, **options))
     out = p.run(models["tiny-llama"])
     d = p.details()
     assert d["weight_bytes_before"] == weight_bytes(models["tiny-llama"].graph)
@@ -123,14 +124,15 @@ def test_weight_bytes_shrink(models, mode, options, bound):
 
 
 def test_pure_int4_is_all_4_bit(models):
-    out, report = run_pass(QuantizePass(QuantMode.INT4, **PURE_INT4), models["tiny-qwen2"], compare_logits)
+    p = QuantizePass(QuantSettings(QuantMode.INT4, **PURE_INT4))
+    out, report = run_pass(p, models["tiny-qwen2"], compare_logits)
     assert report.details["matmuls_by_bits"] == {4: 15}
     assert {a.i for n in out.graph.node if n.domain == "com.microsoft" for a in n.attribute if a.name == "bits"} == {4}
 
 
 def test_none_is_the_identity(models):
     model = models["tiny-llama"]
-    out, report = run_pass(QuantizePass(QuantMode.NONE), model, compare_logits)
+    out, report = run_pass(QuantizePass(QuantSettings(QuantMode.NONE)), model, compare_logits)
     assert out.SerializeToString() == model.SerializeToString()
     assert report.max_abs_error == 0.0
 
@@ -141,7 +143,7 @@ def test_mode_is_data():
 
 
 def test_flags_keep_the_tables_fp32(models):
-    p = QuantizePass(QuantMode.INT4, quantize_embedding=False, quantize_lm_head=False)
+    p = QuantizePass(QuantSettings(QuantMode.INT4, quantize_embedding=False, quantize_lm_head=False))
     out, _ = run_pass(p, models["tiny-qwen2"], compare_logits)
     assert ops(out)["MatMulNBits"] == 14 and ops(out)["GatherBlockQuantized"] == 0
     assert [n.name for n in weight_matmuls(out)] == ["/model/lm_head"]
@@ -150,13 +152,13 @@ def test_flags_keep_the_tables_fp32(models):
 
 
 def test_tied_embedding_without_a_quantized_head_gets_its_own_table(models):
-    p = QuantizePass(QuantMode.INT8, quantize_lm_head=False)
+    p = QuantizePass(QuantSettings(QuantMode.INT8, quantize_lm_head=False))
     out, _ = run_pass(p, models["tiny-qwen2"], compare_logits)
     assert ops(out)["GatherBlockQuantized"] == 1 and "own table" in p.details()["embedding"]
 
 
 def test_int4_recipe_keeps_the_tables_at_8_bits(models):
-    out, _ = run_pass(QuantizePass(QuantMode.INT4), models["tiny-qwen2"], compare_logits)
+    out, _ = run_pass(QuantizePass(QuantSettings(QuantMode.INT4)), models["tiny-qwen2"], compare_logits)
     bits = {n.name: next(a.i for a in n.attribute if a.name == "bits")
             for n in out.graph.node if n.domain == "com.microsoft"}
     assert bits["/model/lm_head_Q8"] == 8 and bits["/model/embed_tokens_Q8"] == 8
@@ -164,7 +166,8 @@ def test_int4_recipe_keeps_the_tables_at_8_bits(models):
 
 
 def test_int8_linears_keep_named_linears_at_8_bits_without_offsets(models):
-    out = QuantizePass(QuantMode.INT4, int8_linears=("down_proj",), block_offsets=True).run(models["tiny-qwen2"])
+    settings = QuantSettings(QuantMode.INT4, int8_linears=("down_proj",), block_offsets=True)
+    out = QuantizePass(settings).run(models["tiny-qwen2"])
     names = {n.name for n in out.graph.node}
     assert "/model/layers.1/mlp/down_proj/MatMul_Q8" in names
     assert "/model/layers.1/mlp/down_proj/MatMul/block_offset" not in names
@@ -172,7 +175,7 @@ def test_int8_linears_keep_named_linears_at_8_bits_without_offsets(models):
 
 
 def test_int8_linears_match_whole_name_segments(models):
-    p = QuantizePass(QuantMode.INT4, int8_linears=("proj",))      # no segment is exactly "proj": all 4-bit
+    p = QuantizePass(QuantSettings(QuantMode.INT4, int8_linears=("proj",)))    # no segment is exactly "proj": all 4-bit
     p.run(models["tiny-llama"])
     assert p.details()["matmuls_by_bits"] == {4: 14, 8: 1}
 
@@ -183,12 +186,12 @@ def test_any_matmul_with_a_weight_is_quantized_whatever_its_name(models):
     for i, n in enumerate(model.graph.node):
         if n.op_type == "MatMul":
             n.name = f"fused_{i}" if i % 2 else ""
-    out, _ = run_pass(QuantizePass(QuantMode.INT4), model, compare_logits)
+    out, _ = run_pass(QuantizePass(QuantSettings(QuantMode.INT4)), model, compare_logits)
     assert ops(out)["MatMulNBits"] == 15 and weight_matmuls(out) == []
 
 
 def test_k_not_divisible_by_the_block_is_skipped(models):
-    p = QuantizePass(QuantMode.INT8, block_size=128)   # hidden 64: only down_proj (K=128) qualifies
+    p = QuantizePass(QuantSettings(QuantMode.INT8, block_size=128))   # hidden 64: only down_proj (K=128) qualifies
     out, _ = run_pass(p, models["tiny-llama"], compare_logits)
     assert ops(out)["MatMulNBits"] == 2 and ops(out)["GatherBlockQuantized"] == 0
     reasons = [s["reason"] for s in p.details()["skipped"]]
@@ -201,7 +204,7 @@ def test_a_weight_shared_by_two_matmuls_is_quantized_once(models):
     model.CopyFrom(models["tiny-llama"])
     q1 = next(n for n in model.graph.node if n.name == "/model/layers.1/attn/q_proj/MatMul")
     q1.input[1] = "model.layers.0.self_attn.q_proj.weight"
-    out, _ = run_pass(QuantizePass(QuantMode.INT8), model, compare_logits)
+    out, _ = run_pass(QuantizePass(QuantSettings(QuantMode.INT8)), model, compare_logits)
     q_tables = [t.name for t in out.graph.initializer if "q_proj" in t.name and t.name.endswith("_Q8")]
     assert q_tables == ["model.layers.0.self_attn.q_proj.weight_Q8"]
     assert ops(out)["MatMulNBits"] == 15
@@ -214,7 +217,7 @@ def test_quantized_logits_stay_close_on_a_real_sequence(models):
     model = models["tiny-llama"]
     feeds = seeded_feeds(model, batch=1, seq=16, past=0)
     a = logits(model, feeds)
-    b = logits(QuantizePass(QuantMode.INT8).run(model), feeds)
+    b = logits(QuantizePass(QuantSettings(QuantMode.INT8)).run(model), feeds)
     assert np.mean(a.argmax(-1) == b.argmax(-1)) >= 0.9
 
 
@@ -229,7 +232,7 @@ def test_quantizes_the_fused_graph(models, name):
         model = p.run(model)
     linears = len(weight_matmuls(model))                  # per layer: qkv, o, gate_up, down; + head
     assert linears == 2 * 4 + 1
-    out, report = run_pass(QuantizePass(QuantMode.INT4), model, compare_logits)
+    out, report = run_pass(QuantizePass(QuantSettings(QuantMode.INT4)), model, compare_logits)
     assert weight_matmuls(out) == [] and ops(out)["GatherBlockQuantized"] == 1
     assert report.details["matmuls_by_bits"] == {4: 4, 8: 5}   # qkv, o 4-bit; gate_up, down, the head 8-bit
 
@@ -248,12 +251,13 @@ def test_a_weight_shared_by_two_matmuls_keeps_one_copy_in_every_recipe(models, m
     w = next(t for t in copied.graph.initializer if t.name == "model.layers.0.self_attn.q_proj.weight")
     copied.graph.initializer.append(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(w), "/test/q_copy"))
     next(n for n in copied.graph.node if n.name == "/model/layers.1/attn/q_proj/MatMul").input[1] = "/test/q_copy"
-    out = QuantizePass(mode).run(shared)
+    out = QuantizePass(QuantSettings(mode)).run(shared)
     q_tables = [t.name for t in out.graph.initializer if "q_proj" in t.name and "_Q" in t.name]
     assert q_tables == [f"model.layers.0.self_attn.q_proj.weight_Q{mode.bits}"]
     assert len({n.name for n in out.graph.node}) == len(out.graph.node)        # node names stay unique
     feeds = seeded_feeds(shared)
-    np.testing.assert_allclose(logits(out, feeds), logits(QuantizePass(mode).run(copied), feeds), atol=1e-5)
+    apart = QuantizePass(QuantSettings(mode)).run(copied)
+    np.testing.assert_allclose(logits(out, feeds), logits(apart, feeds), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
@@ -265,7 +269,7 @@ def test_w8a8_runs_linears_on_dynamic_int8_except_the_down_projection_and_the_he
     model = models[name]
     for p in fusion_passes(load_source(name).spec):
         model = p.run(model)
-    quantize = QuantizePass(QuantMode.W8A8)
+    quantize = QuantizePass(QuantSettings(QuantMode.W8A8))
     check = QuantCheck(quantize.name, list(range(3, 67)), MIN_TOP1[QuantMode.W8A8])
     out, report = run_pass(quantize, model, check)
     dynamic = [n for n in out.graph.node if n.op_type == "DynamicQuantizeMatMul"]
@@ -300,7 +304,7 @@ def test_fp32_activations_turns_dynamic_int8_into_a_matmul_of_the_dequantized_we
     from kiln.compiler.passes.verify_paged import fp32_activations
 
     model = models["tiny-llama"]
-    out = QuantizePass(QuantMode.W8A8).run(model)
+    out = QuantizePass(QuantSettings(QuantMode.W8A8)).run(model)
     fp32 = fp32_activations(out)
     assert ops(fp32)["DynamicQuantizeMatMul"] == 0 and ops(fp32)["DequantizeLinear"] == ops(out)["DynamicQuantizeMatMul"]
     feeds = seeded_feeds(model, batch=1, seq=8, past=0)

@@ -1,12 +1,13 @@
 """A build plan's quantization recipe (kiln.compiler.plan.QuantRecipe) as QuantizePass's settings.
 
 The recipe says, per role, which kernel and format; the pass's settings say the same by node-name
-segments and kernel names (quantize.py: INT8_KERNELS, HEAD_KERNELS, INT4_ROUNDINGS). Only what a
-recipe sets differently from the mode's defaults is passed, so the pass's record stays as it was.
+segments and kernel names (quant_settings.py: INT8_KERNELS, HEAD_KERNELS, INT4_ROUNDINGS). Only what a
+recipe sets differently from the mode's defaults is given, so the pass's record stays as it was.
 """
 
 from __future__ import annotations
 
+from kiln.compiler.passes.quant_settings import QuantSettings
 from kiln.compiler.plan import ROLE_SEGMENTS, Kernel, QuantRecipe
 from kiln.contract.quant import QuantMode
 
@@ -16,8 +17,13 @@ INT8_KERNEL_OF = {"MatMulNBits": "nbits", "DynamicQuantizeMatMul": "dynamic", "k
 HEAD_KERNEL_OF = {"MatMulNBits": "nbits", "kiln.MatMulQ8": "q8", "kiln.MatMulQ4Min": "q4min"}
 
 
-def pass_options(recipe: QuantRecipe) -> dict:
-    """QuantizePass keyword arguments beyond the mode's defaults that apply `recipe`."""
+def recipe_settings(recipe: QuantRecipe) -> QuantSettings:
+    """The quantize pass's settings that apply `recipe`."""
+    return QuantSettings(QuantMode(recipe.mode), **_options(recipe))
+
+
+def _options(recipe: QuantRecipe) -> dict:
+    """The settings beyond the mode's defaults that apply `recipe`."""
     if recipe.applied_by != "kiln":
         return {}
     layers = {role: recipe.role(role).kernel for role in LAYER_ROLES}

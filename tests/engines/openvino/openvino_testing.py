@@ -14,12 +14,13 @@ def standard_graph(source: str, quant: QuantMode = QuantMode.NONE):
     from kiln.compiler.passes.cleanup import CleanupPass
     from kiln.compiler.passes.fusion import fusion_passes
     from kiln.compiler.passes.quantize import QuantizePass
+    from kiln.compiler.passes.quant_settings import QuantSettings
 
     src = load_source(source)
     model = build_decoder(src.spec, src.weights)
     passes = [CleanupPass(), *fusion_passes(src.spec, get_backend("openvino").skipped_fusions)]
     if quant is not QuantMode.NONE:
-        passes.append(QuantizePass(quant))
+        passes.append(QuantizePass(QuantSettings(quant)))
     for p in passes:
         model, _ = run_pass(p, model, None)
     return src.spec, model
