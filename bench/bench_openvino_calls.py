@@ -12,7 +12,8 @@ engine's one dynamic-shape model). A shape B,PAST,T is B sequences of PAST cache
 new tokens each (1 = a decode), and shapes joined by `+` share one call (a mixed step: decodes
 beside a prefill chunk, `15,300,1+1,300,28`); calls alternate between the variants, the first two of each are
 dropped, and the medians of wall and CPU time (all threads) are printed with their ratios to
-the first variant's.
+the first variant's. `--profile` also prints, per variant and shape, where the last call's time
+went (the plugin's per-node counters, summed by operation type and kernel).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import statistics
 import time
 from dataclasses import replace
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +41,8 @@ OPTION_TYPES = {"dynamic_quantization_group_size": int}
 STATIC = "static"
 
 
-def compile_variant(variant: str, threads: int, static_feeds: dict | None = None) -> ov.CompiledModel:
+def compile_variant(variant: str, threads: int, static_feeds: dict | None = None,
+                    profile: bool = False) -> ov.CompiledModel:
     """static_feeds (for a `static` variant): the call's feeds, whose shapes the inputs are fixed to."""
     path, _, overrides = variant.partition("@")
     artifact = EngineArtifact.load(path)
@@ -55,7 +58,8 @@ def compile_variant(variant: str, threads: int, static_feeds: dict | None = None
         model = with_library_operations(core, model)
     if static_feeds is not None:
         model.reshape({name: ov.PartialShape(list(np.shape(value))) for name, value in static_feeds.items()})
-    return core.compile_model(model, "CPU", {**options.compile_properties(threads), **raw})
+    counters = {"PERF_COUNT": "YES"} if profile else {}
+    return core.compile_model(model, "CPU", {**options.compile_properties(threads), **raw, **counters})
 
 
 def is_static(variant: str) -> bool:
@@ -106,8 +110,9 @@ def main() -> None:
     ap.add_argument("variants", nargs="+")
     ap.add_argument("--shapes", nargs="+", default=["1,64,1", "8,64,1", "32,64,1", "32,512,1", "1,0,512"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="where each variant's last call went, by operation")
     args = ap.parse_args()
-    compiled = {v: compile_variant(v, args.threads) for v in args.variants}
+    compiled = {v: compile_variant(v, args.threads, profile=args.profile) for v in args.variants}
     for shape in args.shapes:
         groups = parse_shape(shape)
         runs = {}
@@ -119,7 +124,7 @@ def main() -> None:
                 caches = {port.get_any_name(): np.empty([num_blocks, *_block_shape(port)], np.uint8)
                           for port in cache_inputs(model)}
                 t0, rss0 = time.perf_counter(), resident_mb()
-                model = compile_variant(variant, args.threads, {**feeds, **caches})
+                model = compile_variant(variant, args.threads, {**feeds, **caches}, args.profile)
                 print(f"{shape:>20}  static compile {time.perf_counter() - t0:.2f} s, "
                       f"resident memory +{resident_mb() - rss0:.0f} MB")
             request, keep, _ = bind_caches(model, num_blocks)
@@ -135,6 +140,20 @@ def main() -> None:
             wall, cpu = _medians(times)
             print(f"{shape:>20}  {wall * 1e3:7.1f} ms  {wall / base_wall:5.3f}x  "
                   f"cpu {cpu * 1e3:7.1f} ms  {cpu / base_cpu:5.3f}x  {variant}")
+        if args.profile:
+            for variant, (request, *_) in runs.items():
+                print_profile(request, f"{shape} {variant}")
+
+
+def print_profile(request: ov.InferRequest, title: str, top: int = 8) -> None:
+    """The last call's per-node counters, summed by (operation type, kernel), costliest first."""
+    spent: dict[tuple[str, str], float] = defaultdict(float)
+    for info in request.profiling_info:
+        spent[(info.node_type, info.exec_type)] += info.real_time.total_seconds()
+    total = sum(spent.values()) or 1.0
+    print(f"  where {title} went ({total * 1e3:.1f} ms counted):")
+    for (node_type, exec_type), seconds in sorted(spent.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {seconds * 1e3:7.2f} ms  {seconds / total:5.1%}  {node_type} ({exec_type})")
 
 
 def resident_mb() -> float:

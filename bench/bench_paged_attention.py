@@ -39,6 +39,8 @@ HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64       # SmolLM2-135M
 BASELINE = "openvino-u8"
 # the plugin's cache precisions (its own compile properties) and kiln's formats
 SYSTEMS = {"openvino-u8": {"KV_CACHE_PRECISION": "u8", "KEY_CACHE_QUANT_MODE": "BY_CHANNEL"},
+           # the default openvino int8 build's cache (kiln's int8 linears: keys per token)
+           "openvino-u8-by-token": {"KV_CACHE_PRECISION": "u8", "KEY_CACHE_QUANT_MODE": "BY_TOKEN"},
            "openvino-f16": {"KV_CACHE_PRECISION": "f16"},
            "kiln-u8": None, "kiln-f16": None}
 SEQUENCE_INPUTS = ("past_lens", "subsequence_begins", "block_indices", "block_indices_begins")
@@ -147,7 +149,7 @@ def main(argv=None) -> int:
             pratio = prefill / statistics.median(m["prefill_us"] for m in base) if base else float("nan")
             rows.append({"shape": shape, "system": system, "decode_us": decode, "prefill_us": prefill,
                          "decode_vs_openvino_u8": ratio, "prefill_vs_openvino_u8": pratio})
-            print(f"{shape:>8s}  {system:13s} decode {decode:8.0f} us/layer ({ratio:4.2f}x)   "
+            print(f"{shape:>8s}  {system:20s} decode {decode:8.0f} us/layer ({ratio:4.2f}x)   "
                   f"prefill {batch}x{past} {prefill / 1e3:8.1f} ms/layer ({pratio:4.2f}x)")
     now = datetime.now(timezone.utc)
     result = {"date": now.strftime("%Y-%m-%d"), "time_utc": now.strftime("%H:%M"), **machine(),

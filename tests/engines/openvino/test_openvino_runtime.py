@@ -170,7 +170,9 @@ def test_int8_engine_serves_close_to_fp32(ov_tiny_llama_int8, ov_tiny_llama):
 
 
 def test_engine_quant_check_refuses_beyond_tolerance(ov_tiny_llama_int8):
-    """Held to fp32's own thresholds (exact agreement, no logit error) the int8 engine fails."""
+    """An engine that misses its gate is refused with the figure that failed. NOTE: the gate is one
+    no engine meets (perplexity halved against fp32's); fp32's own gate (every top-1 equal, no
+    perplexity increase) is a near-tie on a random model: the int8 engine met it by chance once."""
     from kiln.contract.artifact import EngineArtifact
     from kiln.compiler.backends.openvino.quant_check import check_compressed_engine
     from kiln.compiler.export.decoder_graph import build_decoder
@@ -182,7 +184,7 @@ def test_engine_quant_check_refuses_beyond_tolerance(ov_tiny_llama_int8):
     m = EngineArtifact.load(ov_tiny_llama_int8).manifest
     src = load_source("tiny-llama")
     tokens = np.random.default_rng(3).integers(0, m.spec.vocab_size, 40).tolist()
-    check = QuantCheck.for_mode("quantize", QuantMode.NONE, tokens)
-    with pytest.raises(PassCheckError, match="numeric check"):
+    check = QuantCheck("quantize", tokens, 0.0, max_perplexity_increase=-0.5)
+    with pytest.raises(PassCheckError, match="numeric check: perplexity .* over fp32's > -50%"):
         check_compressed_engine(ov_tiny_llama_int8, m.engines[0], m.spec, m.buckets, m.kv_layout,
                                 build_decoder(src.spec, src.weights), check, QuantMode.NONE)
