@@ -51,19 +51,28 @@ class StepCosts:
     prefill_seconds_per_token: float = PRIOR_PREFILL_SECONDS_PER_TOKEN
 
     def decode_seconds(self, num_decodes: int) -> float:
-        """A decode-only step of num_decodes sequences: the nearest bucket seen, scaled linearly
-        when extrapolating upwards (conservative: decode cost grows sublinearly in the batch)."""
+        """A decode-only step of num_decodes sequences: the nearest bucket seen at or above it;
+        above the largest seen, extrapolated (_extrapolated)."""
         if num_decodes <= 0:
             return 0.0
         if not self.decode_seconds_by_bucket:
             return PRIOR_DECODE_SECONDS
         want = batch_bucket(num_decodes)
-        below = [(b, s) for b, s in self.decode_seconds_by_bucket if b <= want]
         above = [(b, s) for b, s in self.decode_seconds_by_bucket if b >= want]
         if above:
             return min(above)[1]
-        bucket, seconds = max(below)
-        return seconds * want / bucket
+        return self._extrapolated(want)
+
+    def _extrapolated(self, bucket: int) -> float:
+        """A bucket past the largest seen: along the line through the two largest (a step is a
+        fixed cost, the weights read once, plus a cost per sequence), never below the largest;
+        with one bucket seen, in proportion to it. NOTE: proportion alone is the pessimistic
+        bound, and it held the auto batch at 32 for good where a step of 32 took over half the
+        ITL target (64 never predicted within it, so never run and measured); a bucket run is
+        then measured, and its own figure replaces this one."""
+        (b0, s0), (b1, s1) = ((0, 0.0), *self.decode_seconds_by_bucket)[-2:]
+        slope = max((s1 - s0) / (b1 - b0), 0.0)
+        return s1 + slope * (bucket - b1)
 
     def prefill_budget(self, num_decodes: int) -> int:
         """Prefill tokens one step may take while num_decodes streams decode."""
@@ -83,7 +92,8 @@ class StepCosts:
         return self.decode_seconds(num_decodes) + num_prefill_tokens * self.prefill_seconds_per_token
 
     def queue_prefill_seconds(self, prompts: Sequence[int], num_decodes: int, max_decodes: int,
-                              horizon: float = math.inf, decode_ends: Sequence[int] | None = None) -> float:
+                              horizon: float = math.inf, decode_ends: Sequence[int] | None = None,
+                              late_after: float = math.inf) -> float:
         """How long until the last of `prompts` (tokens left to prefill, in the scheduler's
         first-come order) has its first token, while num_decodes streams decode: step by step,
         each step prefilling its budget across prompt boundaries, and each prompt prefilled
@@ -91,19 +101,24 @@ class StepCosts:
         decoding streams' tokens left to their max_tokens, ascending (None: they outlast the
         queue); a stream that ends stops taking a share of each step, so a prompt behind a few
         short replies is prefilled at the full budget once they end (measured on a slow CPU:
-        3.3 s predicted for 1.1 s realised when this was ignored). NOTE: a prompt is a decode
+        3.3 s predicted for 1.1 s realised when this was ignored). late_after: seconds until the
+        oldest prompt is late for its TTFT objective; from then on the scheduler runs
+        prefill-only steps of the whole token budget (Scheduler._late_prompts_first), and so does
+        the walk (without them, a queue behind a full batch was predicted at twice what it took,
+        and admission refused requests that then came in time). NOTE: a prompt is a decode
         load only once it is prefilled; counting the queue as decoding from the start doubles
         the decode share of every step and halves the budget the prediction assumes. Stops early
         once past `horizon` seconds (admission needs no more than "too late"; a long queue beside
         a full batch is thousands of 16-token steps, tens of ms on the event loop)."""
         left = [n for n in prompts if n > 0]
         ends = list(decode_ends or ())[-num_decodes:] if num_decodes > 0 else []     # the longest count
-        seconds, done, step = 0.0, 0, 0
+        seconds, done, decode_steps = 0.0, 0, 0
         joined = len(prompts) - len(left)
         while done < len(left) and seconds <= horizon:
-            running = num_decodes - bisect.bisect_right(ends, step)
-            decodes = min(running + joined, max_decodes)
-            budget = max(self.prefill_budget(decodes), 1)
+            late = seconds >= late_after
+            running = num_decodes - bisect.bisect_right(ends, decode_steps)
+            decodes = 0 if late else min(running + joined, max_decodes)
+            budget = self.max_tokens if late else max(self.prefill_budget(decodes), 1)
             spent, finished = 0, 0
             while done + finished < len(left) and spent < budget:
                 take = min(left[done + finished], budget - spent)
@@ -113,7 +128,7 @@ class StepCosts:
             seconds += self.step_seconds(decodes, spent)
             done += finished
             joined += finished
-            step += 1
+            decode_steps += not late
         return seconds
 
     def prefill_seconds(self, num_tokens: int, num_decodes: int) -> float:

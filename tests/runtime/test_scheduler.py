@@ -160,6 +160,18 @@ def test_the_auto_batch_grows_past_the_floor_only_within_the_itl_target(decode_s
     assert len(chunks(out)) == expected == sched.batch_limit and out.num_waiting == 80 - expected
 
 
+def test_the_auto_batch_grows_where_the_steps_seen_extrapolate_within_the_itl_target():
+    """Steps of 16 and 32 decodes seen (40 and 55 ms): 64 is predicted along their line (85 ms),
+    within the 100 ms target, though twice the 32's cost (110 ms) is not; the batch grows and a
+    step of 64 is then measured."""
+    sched = make_scheduler(num_blocks=1024, max_num_seqs=64, itl_bounds_batch=True, target_itl=0.1,
+                           max_num_batched_tokens=512)
+    for _ in range(3):
+        sched.step_costs.observe(16, 0, 0.04)
+        sched.step_costs.observe(32, 0, 0.055)
+    assert sched.batch_limit == 64
+
+
 def test_a_fixed_max_num_seqs_ignores_the_itl_target():
     sched = make_scheduler(num_blocks=1024, max_num_seqs=64, target_itl=0.1, max_num_batched_tokens=512)
     sched.step_costs.observe(32, 0, 0.3)

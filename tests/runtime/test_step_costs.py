@@ -15,13 +15,18 @@ def test_batch_buckets_are_powers_of_two():
     assert [batch_bucket(n) for n in (0, 1, 2, 3, 4, 5, 16, 17)] == [0, 1, 2, 4, 4, 8, 16, 32]
 
 
-def test_decode_seconds_uses_the_bucket_at_or_above_and_extrapolates_linearly():
+def test_decode_seconds_uses_the_bucket_at_or_above_and_extrapolates_along_the_largest_two():
     c = costs()
     assert c.decode_seconds(0) == 0
     assert c.decode_seconds(1) == 0.01
     assert c.decode_seconds(2) == 0.02          # no bucket 2 seen: the next one up (conservative)
     assert c.decode_seconds(9) == 0.04
-    assert c.decode_seconds(32) == pytest.approx(0.08)   # beyond the largest seen: scaled
+    # Beyond the largest seen: along the line through the two largest (16 and 4), not in
+    # proportion to the largest (0.08).
+    assert c.decode_seconds(32) == pytest.approx(0.04 + 16 * 0.02 / 12)
+    assert costs(decode_seconds_by_bucket=((16, 0.04),)).decode_seconds(32) == pytest.approx(0.08)
+    flat = costs(decode_seconds_by_bucket=((8, 0.05), (16, 0.04)))     # noise: never below the largest
+    assert flat.decode_seconds(64) == pytest.approx(0.04)
     assert StepCosts().decode_seconds(3) == PRIOR_DECODE_SECONDS
 
 
@@ -167,3 +172,17 @@ def test_costs_snapshot_is_refreshed_after_each_observation():
     assert model.costs() is first
     model.observe(2, 0, 0.03)
     assert model.costs() is not first and model.costs().decode_seconds(2) == pytest.approx(0.03)
+
+
+def test_once_the_queue_is_late_the_walk_takes_prefill_only_steps():
+    """The scheduler serves prompts late for their objective with prefill-only steps of the whole
+    budget (Scheduler._late_prompts_first); the walk does the same from late_after on."""
+    c = costs()
+    beside_decodes = c.queue_prefill_seconds([300], 4, 32)
+    assert beside_decodes == pytest.approx(c.prefill_seconds(300, 4))        # 10 steps of 30 tokens
+    # Two steps of 30 tokens (0.1 s) beside the decodes, then the 240 left at once.
+    assert c.queue_prefill_seconds([300], 4, 32, late_after=0.1) == pytest.approx(2 * 0.05 + 0.24)
+    assert c.queue_prefill_seconds([300], 4, 32, late_after=0.0) == pytest.approx(0.3)
+    assert 0.3 < beside_decodes
+    # A queue past one step's budget: the decodes wait for every late prompt.
+    assert c.queue_prefill_seconds([400, 400], 4, 32, late_after=-1.0) == pytest.approx(0.512 + 0.288)

@@ -93,6 +93,9 @@ class _EngineCollector:
         yield from _admission_audit(self.admission.audit)
         yield _gauge("kiln_admission_ttft_calibration", "Realised over modelled TTFT of admitted requests "
                      "(its 90th percentile); it scales the prediction.", self.admission.calibration.factor)
+        yield _gauge("kiln_admission_refusal_calibration", "Realised over modelled TTFT of admitted requests "
+                     "(its 25th percentile); it scales the prediction a 429 is judged on.",
+                     self.admission.refusal_calibration.factor)
         yield _gauge("kiln_prefill_tokens_per_second", "Measured prefill rate with nothing decoding "
                      "(admission predicts TTFT from the step-cost model it comes from).",
                      self.admission.prefill_tokens_per_second)
