@@ -115,7 +115,8 @@ def test_tokenize_is_bounded_like_a_prompt(served, body):
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:300]
 
 
-def test_a_full_preparation_queue_answers_429_with_retry_after(served):
+def test_a_full_preparation_queue_answers_429_with_retry_after(served, monkeypatch):
+    monkeypatch.setattr(app_module, "MAX_PREPARING", 8)
     client, _ = served
     server = client.app.state.server
     release = threading.Event()
@@ -126,7 +127,7 @@ def test_a_full_preparation_queue_answers_429_with_retry_after(served):
         r = client.post("/tokenize", json={"prompt": "hello"})
         statuses.append((r.status_code, r.headers.get("retry-after")))
 
-    threads = [threading.Thread(target=tokenize) for _ in range(getattr(app_module, "MAX_PREPARING", 32) + 8)]
+    threads = [threading.Thread(target=tokenize) for _ in range(app_module.MAX_PREPARING + 8)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 10
@@ -141,6 +142,24 @@ def test_a_full_preparation_queue_answers_429_with_retry_after(served):
     assert refused and all(retry == "1" for _, retry in refused), statuses
     assert {s for s, _ in statuses} == {200, 429}
     assert client.get("/health").status_code == 200
+
+
+def test_preparation_is_bounded_by_the_bytes_of_the_bodies_it_holds(served, monkeypatch):
+    """Below the count bound, bodies past MAX_PREPARING_BYTES together are refused; one body alone
+    always has a place (--max-body-size bounds it)."""
+    client, _ = served
+    server = client.app.state.server
+    monkeypatch.setattr(app_module, "MAX_PREPARING_BYTES", 1000)
+    with server.preparing(900):
+        with pytest.raises(ApiError) as refused:
+            with server.preparing(200):
+                pass
+        assert refused.value.status == 429 and refused.value.headers["Retry-After"] == "1"
+        with server.preparing(100):
+            assert (server.num_preparing, server.preparing_bytes) == (2, 1000)
+    with server.preparing(5000):                 # alone: past the bound, still prepared
+        pass
+    assert (server.num_preparing, server.preparing_bytes) == (0, 0)
 
 
 # ---- 3. echo with prompt logprobs: bounded, and counted at its real size in the caches -----------

@@ -51,9 +51,12 @@ WARM_UP_PROMPT_TOKENS = 64
 # streams in flight keep being served while a huge prompt is refused.
 PREPARE_WORKERS = 2
 # Requests being prepared or queued for a worker: each holds its body (up to --max-body-size), so
-# past this many a request is refused at once (429, Retry-After) rather than queued, and a few
-# clients sending costly bodies cannot hold preparation up for everyone or grow memory unbounded.
-MAX_PREPARING = 32
+# past this many, or past this many bytes of bodies held, a request is refused at once (429,
+# Retry-After) rather than queued, and a few clients sending costly bodies cannot hold preparation
+# up for everyone or grow memory unbounded. NOTE: the count alone at 32 refused a burst of 64
+# chat clients' small bodies that the workers prepared in milliseconds; bytes bound the memory.
+MAX_PREPARING = 256
+MAX_PREPARING_BYTES = 64 << 20
 ENDPOINTS = {"completion": (CompletionRequest, prepare_completion), "chat": (ChatCompletionRequest, prepare_chat)}
 
 
@@ -75,6 +78,7 @@ class Server:
             self.metrics.registry.register(self.semantic)
         self.workers = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="kiln-prepare")
         self.num_preparing = 0           # requests inside preparing() (event-loop thread only)
+        self.preparing_bytes = 0         # and the bytes of their bodies
         self.key_budget = KeyBudget(None if config.max_key_contexts is None else
                                     config.max_key_contexts * min(self.limits.max_model_len, self.limits.kv_tokens))
         self._priorities = {name: (low, high) for name, low, high in config.key_priorities}
@@ -129,16 +133,22 @@ class Server:
         return keyed_endpoint(self.config, path, endpoint, self.rejected)
 
     @contextlib.contextmanager
-    def preparing(self):
-        """A request's place in preparation, or ApiError(429) when MAX_PREPARING hold one."""
-        if self.num_preparing >= MAX_PREPARING:
-            raise ApiError(429, f"server busy: {self.num_preparing} requests are being prepared (max "
-                           f"{MAX_PREPARING}); retry in 1 s", code="prepare_queue_full", headers={"Retry-After": "1"})
+    def preparing(self, num_bytes: int = 0):
+        """A request's place in preparation (its body `num_bytes` long), or ApiError(429) when
+        MAX_PREPARING hold one or their bodies would pass MAX_PREPARING_BYTES (one body alone
+        always has a place: --max-body-size bounds it)."""
+        if self.num_preparing >= MAX_PREPARING or \
+                (self.num_preparing and self.preparing_bytes + num_bytes > MAX_PREPARING_BYTES):
+            raise ApiError(429, f"server busy: {self.num_preparing} requests ({self.preparing_bytes} bytes) are "
+                           f"being prepared (max {MAX_PREPARING}, {MAX_PREPARING_BYTES} bytes); retry in 1 s",
+                           code="prepare_queue_full", headers={"Retry-After": "1"})
         self.num_preparing += 1
+        self.preparing_bytes += num_bytes
         try:
             yield
         finally:
             self.num_preparing -= 1
+            self.preparing_bytes -= num_bytes
 
     async def off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.workers, partial(fn, *args))
@@ -281,7 +291,7 @@ async def _prepare(server: Server, request: HttpRequest, kind: str):
     key_name = server.check(request)
     raw = await read_body(request, server.config.max_body_bytes)
     options = server.options(key_name)
-    with server.preparing():
+    with server.preparing(len(raw)):
         prepared = await server.off_loop(_prepare_body, server, kind, raw, options)
         semantic = None
         if server.semantic is not None:           # embedding is CPU work: off the loop too

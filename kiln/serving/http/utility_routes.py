@@ -103,7 +103,7 @@ async def _answer(server, request: HttpRequest, model, handler) -> Response:
         key_name = server.check(request)
         raw = await read_body(request, server.config.max_body_bytes)
         options = server.options(key_name)
-        with server.preparing():
+        with server.preparing(len(raw)):
             body, ignored = await server.off_loop(_parse, server, model, raw, options.strict_api)
             answer = await server.off_loop(handler, server, body, options)
     except ApiError as e:
