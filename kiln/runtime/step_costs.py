@@ -104,7 +104,7 @@ class StepCosts:
         3.3 s predicted for 1.1 s realised when this was ignored). late_after: seconds until the
         oldest prompt is late for its TTFT objective; from then on the scheduler runs
         prefill-only steps of the whole token budget (Scheduler._late_prompts_first), and so does
-        the walk (without them, a queue behind a full batch was predicted at twice what it took,
+        the walk (without them, a queue behind a full batch was predicted far later than it came,
         and admission refused requests that then came in time). NOTE: a prompt is a decode
         load only once it is prefilled; counting the queue as decoding from the start doubles
         the decode share of every step and halves the budget the prediction assumes. Stops early

@@ -53,8 +53,8 @@ PREPARE_WORKERS = 2
 # Requests being prepared or queued for a worker: each holds its body (up to --max-body-size), so
 # past this many, or past this many bytes of bodies held, a request is refused at once (429,
 # Retry-After) rather than queued, and a few clients sending costly bodies cannot hold preparation
-# up for everyone or grow memory unbounded. NOTE: the count alone at 32 refused a burst of 64
-# chat clients' small bodies that the workers prepared in milliseconds; bytes bound the memory.
+# up for everyone or grow memory unbounded. NOTE: bytes bound the memory; a small count bound
+# alone refused a crowd of chat clients whose small bodies the workers prepare at once.
 MAX_PREPARING = 256
 MAX_PREPARING_BYTES = 64 << 20
 ENDPOINTS = {"completion": (CompletionRequest, prepare_completion), "chat": (ChatCompletionRequest, prepare_chat)}

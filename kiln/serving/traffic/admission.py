@@ -261,10 +261,10 @@ class Admission:
         """The prediction a refusal is judged on: the model's, scaled by a low quantile of its
         errors (refusal_calibration, REFUSAL_QUANTILE), which may lower it, never raise it. NOTE:
         the queue's prediction takes a high quantile so that it is seldom late; a refusal on it
-        turned away requests that most often came in time (at 64 closed-loop clients first tokens
-        took a median 0.6 of the model's prediction, and the next admitted request proved most
-        refusals unneeded). A refusal is a user lost, a late first token is not: refuse only what
-        even a quick outcome would not bring within the bound."""
+        turned away requests that most often came in time (under a closed-loop crowd the next
+        admitted request proved most refusals unneeded: docs/results/2026-12-06-serving-fourth-round.md).
+        A refusal is a user lost, a late first token is not: refuse only what even a quick outcome
+        would not bring within the bound."""
         low = min(self.refusal_calibration.factor, 1.0)
         if low >= self.calibration.factor:
             return predicted
