@@ -18,6 +18,7 @@ from kiln.compiler.progress import console, rich_stage
 from kiln.config import LOG_LEVELS
 from kiln.config_options import runtime_config
 from kiln.contract.backends import BACKENDS
+from kiln.contract.quant import QuantMode
 from kiln.scale.cli_options import SCALE_OPTIONS, run_on_ray, scale_options, wants_ray
 
 
@@ -96,10 +97,10 @@ def _check_artifact_argument(ctx, _param, path: Path) -> Path:
 @main.command()
 @click.argument("model")
 @click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Artifact folder to create.")
-@click.option("--quant", type=click.Choice(["auto", "none", "int8", "int4", "w8a8"]), default="auto", show_default=True,
+@click.option("--quant", type=click.Choice(["auto", *(m.value for m in QuantMode)]), default="auto", show_default=True,
               help="Weights: auto (int8 unless the model is too small to gain), none (fp32), int8 / int4 "
-                   "weight-only, or w8a8 (int8 weights and int8 activations per call: faster prefill and "
-                   "batches, less exact).")
+                   "weight-only, w8a8 (int8 weights and int8 activations per call: faster prefill and "
+                   "batches, less exact), or f16 (16-bit float weights, computed in f32; openvino backend).")
 @click.option("--prefill-engine", type=click.Choice(["w8a8", "int8", "int4"]), default=None,
               help="ort backend: a second engine, quantized this way, for calls of 4+ tokens (prefill "
                    "chunks, decode batches); the --quant engine keeps single decodes.")
@@ -133,7 +134,6 @@ def build(model, out, quant, prefill_engine, attention, kv_dtype, block_size, ba
     a .gguf file or a Hugging Face checkpoint folder."""
     from kiln.compiler.build import build as run_build
     from kiln.config import BuildConfig
-    from kiln.contract.quant import QuantMode
     from kiln.units import parse_bytes
 
     cfg = BuildConfig(source=model, out=out, quant=None if quant == "auto" else QuantMode(quant), block_size=block_size,

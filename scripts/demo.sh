@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on the defaults: build SmolLM2 with no flags (kiln picks the backend and the weights
-# for this machine and says which), inspect it, generate. QUANT=none|int8|int4|w8a8 overrides the weights.
+# for this machine and says which), inspect it, generate. QUANT=none|int8|int4|w8a8|f16 overrides the weights.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -171,9 +171,9 @@ def _refuse_unbuildable(config: BuildConfig, backend: Backend) -> None:
             takers = [b.name for b in BACKENDS.values() if option in b.options]
             raise ValueError(f"--{option.replace('_', '-')} is an option of the {' / '.join(takers)} backend, "
                              f"not {backend.name!r} (which chooses its own; the artifact records it)")
-    if config.quant.value not in backend.quant_modes:
-        raise ValueError(f"the {backend.name} backend has no {config.quant.value} mode; it builds --quant "
-                         f"{' | '.join(backend.quant_modes)}")
+    refusal = backend.refuses(config.quant.value)
+    if refusal:
+        raise ValueError(refusal)
 
 
 def _weights_workdir(writer: ArtifactWriter) -> Path:

@@ -14,6 +14,7 @@ The rules follow the side-by-side measurements (docs/benchmarks.md, `python -m b
   OpenVINO's int8 weights run as f32 FMAs, and ort's kiln.MatMulQ8 with int16 activations (pmaddwd,
   twice an FMA's products) measured faster at one stream and at 32, TTFT level (SmolLM2 on an AVX2
   EPYC: docs/results/2026-12-02-default-builds-side-by-side-with-peers.md).
+- f16 weights on OpenVINO wherever it can run the model: the ort backend does not build them.
 - on ort, the attention core: kiln's PagedAttention op (reads the KV pool in place) where kiln's op
   library is built and the KV cache is fp32; the standard core (a paged gather in the graph) otherwise.
 Each choice carries its reason; the build prints it and the manifest records it. The rules are pure:
@@ -30,6 +31,8 @@ from kiln.engines.ort import native as ort_native
 AUTO = "auto"
 SMALL_MODEL_PARAMS = 20_000_000
 OPENVINO_FASTEST_FOR = (QuantMode.INT8,)
+# Modes the openvino backend alone builds on a CPU (kiln.contract.backends says why ort does not).
+OPENVINO_ONLY = (QuantMode.F16,)
 
 __all__ = ["AUTO", "Choice", "choose_quant", "choose_backend", "choose_attention", "openvino_blocker",
            "kiln_int8_is_faster_here", "openvino_int8_runs_kiln_linears", "parameter_count"]
@@ -64,6 +67,8 @@ def choose_backend(requested: str, quant: QuantMode, spec: ModelSpec, host: Buil
     if quant is QuantMode.INT8 and openvino_int8_runs_kiln_linears(host):
         return Choice("openvino", AUTO, "OpenVINO with kiln's int8 linears (activations smoothed and quantized "
                       f"per row, AVX-512 VNNI): the fastest int8 engine on this {host.cpu.machine} CPU")
+    if quant in OPENVINO_ONLY:
+        return Choice("openvino", AUTO, f"OpenVINO: the CPU backend that builds {quant.value} weights")
     return Choice("openvino", AUTO, f"OpenVINO: the fastest {quant.value} engine on this {host.cpu.machine} CPU"
                   + _library_missing_note(quant, host))
 
@@ -93,7 +98,7 @@ def openvino_blocker(quant: QuantMode, spec: ModelSpec, host: BuildHost) -> str:
         return f"OpenVINO's CPU paged attention is chosen only on x86 (this is {host.cpu.machine})"
     if not host.openvino:
         return "openvino is not installed (it comes with `pip install kiln`)"
-    if quant not in OPENVINO_FASTEST_FOR:
+    if quant not in OPENVINO_FASTEST_FOR + OPENVINO_ONLY:
         return (f"kiln picks openvino at {', '.join(m.value for m in OPENVINO_FASTEST_FOR)}, where it measured "
                 f"fastest; {'fp32' if quant is QuantMode.NONE else quant.value} engines run on ort")
     from kiln.compiler.backends.openvino.coverage import uncovered

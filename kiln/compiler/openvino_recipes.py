@@ -9,15 +9,19 @@ plugin's options; the figures behind each choice are there and in docs/benchmark
   bf16 compute where the CPU computes bf16 natively, f32 elsewhere.
 - INT4: the layers' linears as Q4_1 blocks in the augmented form (weights.py), bf16 compute; the
   embedding and the LM head NNCF int8 per channel.
+- F16: every weight f16 (OpenVINO's own compression as it saves the model), f32 compute and an f16
+  cache: the ladder's rung after every int8 rung failed, so accuracy first (bf16 compute would keep
+  fewer bits of each activation than the weights keep), with half fp32's bytes to read.
 """
 
 from __future__ import annotations
 
-from kiln.compiler.plan import Kernel, QuantRecipe, RoleKernel
+from kiln.compiler.plan import ROLES, Kernel, QuantRecipe, RoleKernel
 from kiln.contract.cpu import HostCPU
 from kiln.contract.quant import QuantMode
 
 INT8_SYM = "int8_sym"                 # kiln.compiler.backends.openvino.weights.WeightCompression values
+F16 = "f16"
 Q4_1_AUGMENTED = "q4_1_g32_aug"
 KILN_LINEAR, KILN_GATE_UP = "kiln.LinearI8", "kiln.GateUpI8"
 # Flags under which the CPU plugin computes bf16 natively (its OPTIMIZATION_CAPABILITIES says BF16):
@@ -35,6 +39,8 @@ def openvino_recipe(mode: QuantMode, bf16: bool, kiln_linears: bool, paged: bool
     take that layout only, not kiln's paged gather)."""
     if mode is QuantMode.NONE:
         return QuantRecipe(mode.value, "none", (), compute="f32", kv_cache="f32")
+    if mode is QuantMode.F16:
+        return _f16()
     if mode is QuantMode.INT8 and kiln_linears and paged:
         return _kiln_int8()
     if mode is QuantMode.INT8 and kiln_linears:
@@ -64,6 +70,13 @@ def _kiln_int8() -> QuantRecipe:
                         "kiln's gated pair: silu(x Wg) * x Wu in one op, activations as its linears'"),
              RoleKernel("down", linear, why), RoleKernel("lm_head", linear, why), EMBEDDING)
     return QuantRecipe("int8", "backend", roles, compute="f32", kv_cache="u8")
+
+
+def _f16() -> QuantRecipe:
+    kernel = Kernel("openvino", 16, weights=F16)
+    why = "f16 weights (OpenVINO's own compression), f32 compute: half fp32's bytes, 11 significant bits of each"
+    roles = tuple(RoleKernel(role, kernel, why) for role in ROLES)
+    return QuantRecipe(QuantMode.F16.value, "backend", roles, compute="f32", kv_cache="f16")
 
 
 def _own_int8(compute: str, kv_cache: str, why: str) -> QuantRecipe:

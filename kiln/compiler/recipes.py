@@ -46,6 +46,8 @@ def quant_recipe(backend: Backend, mode: QuantMode, spec: ModelSpec, host: Build
     """What `backend` at `mode` stores each role as. openvino_kiln_linears: an openvino int8 build takes
     kiln's linears (kiln.compiler.defaults.openvino_int8_runs_kiln_linears says where); paged: the
     model runs on OpenVINO's paged attention (openvino_recipes.openvino_recipe)."""
+    if backend.refuses(mode.value):          # no recipe here would be what the mode says
+        raise ValueError(backend.refuses(mode.value))
     if mode is QuantMode.NONE:
         return QuantRecipe(mode.value, "none", _all(FP32, "--quant none: fp32 weights"))
     if mode.value in backend.compresses_weights:

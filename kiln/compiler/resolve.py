@@ -27,15 +27,21 @@ def resolve(config: BuildConfig, spec: ModelSpec, host: BuildHost) -> BuildPlan:
     modes = get_backend(config.backend).quant_modes if config.backend != AUTO else ()
     quant = choose_quant(config.quant, spec, modes)
     mode = QuantMode(quant.value)
-    ort_options = tuple(o for o, neutral in BACKEND_OPTIONS.items() if getattr(config, o) != neutral)
-    backend = choose_backend(config.backend, mode, spec, host, ort_options)
+    backend = _backend(config, mode, spec, host)
     attention = choose_attention(config.attention, backend.value, config.kv_dtype, host, spec)
     recipe = _recipe(backend.value, mode, spec, host)
     fusions = planned_fusions(get_backend(backend.value).skipped_fusions, mode.value, config.fuse)
+    # another backend refuses the option itself (kiln.compiler.build), saying which backend takes it
+    takes_prefill = config.prefill_engine and "prefill_engine" in get_backend(backend.value).options
     prefill = (quant_recipe(get_backend(backend.value), QuantMode(config.prefill_engine), spec, host)
-               if config.prefill_engine else None)
+               if takes_prefill else None)
     return BuildPlan(backend, quant, attention, _kv_dtype(config, backend.value, recipe), fusions, recipe, host,
                      prefill)
+
+
+def _backend(config: BuildConfig, mode: QuantMode, spec: ModelSpec, host: BuildHost) -> Choice:
+    ort_options = tuple(o for o, neutral in BACKEND_OPTIONS.items() if getattr(config, o) != neutral)
+    return choose_backend(config.backend, mode, spec, host, ort_options)
 
 
 def fallbacks(plan: BuildPlan, config: BuildConfig, spec: ModelSpec) -> tuple[Fallback, ...]:
@@ -44,18 +50,23 @@ def fallbacks(plan: BuildPlan, config: BuildConfig, spec: ModelSpec) -> tuple[Fa
     later rung passes. Where kiln's int8 linears run, OpenVINO's own next; then the ort backend at the
     same mode (blocks of 32 where OpenVINO's int8 is per channel); int8 where the mode was coarser;
     int8 with the sensitive tensors (the LM head, the embedding, the first and last layers) kept fp32;
-    last, fp32 weights. The build takes a rung only where it changes nothing the user chose
-    (Fallback.allowed_after); the first it may not take is named in the failure."""
+    f16 weights where a backend the user allows builds them (OpenVINO: half fp32's bytes to read, so
+    faster than fp32 and still almost exact); last, fp32 weights. The build takes a rung only where it
+    changes nothing the user chose (Fallback.allowed_after); the first it may not take is named in the
+    failure."""
     mode = QuantMode(plan.quant.value)
     rungs = [_openvino_own(plan)] if uses_kiln_linears(plan.recipe) else []
     if mode is QuantMode.NONE:
         return tuple(rungs)
+    if mode is QuantMode.F16:
+        return (_fp32(plan, config, spec),)
     if plan.backend.value == "openvino":
         rungs.append(_on_ort(plan, config, spec, mode))
     if plan.backend.value in ("openvino", "ort"):
         if mode is not QuantMode.INT8:
             rungs.append(_on_ort(plan, config, spec, QuantMode.INT8))
         rungs.append(_sensitive_fp32(plan, _on_ort(plan, config, spec, QuantMode.INT8).plan, spec))
+    rungs += [r for r in (_f16_weights(plan, config, spec),) if r is not None]
     rungs.append(_fp32(plan, config, spec))
     return tuple(rungs)
 
@@ -92,15 +103,31 @@ def _sensitive_fp32(primary: BuildPlan, plan: BuildPlan, spec: ModelSpec) -> Fal
                     changes=("quant",) + (("backend",) if primary.backend.value != "ort" else ()))
 
 
+def _f16_weights(plan: BuildPlan, config: BuildConfig, spec: ModelSpec) -> Fallback | None:
+    """f16 weights, on the backend the user named or the auto choice for f16 (OpenVINO, where it runs
+    the model); None where that backend does not build them (ort: kiln.contract.backends says why)."""
+    if get_backend(_backend(config, QuantMode.F16, spec, plan.host).value).refuses(QuantMode.F16.value):
+        return None
+    rung = resolve(replace(config, quant=QuantMode.F16), spec, plan.host)
+    return _whole_mode(plan, rung, f"{rung.backend.value} f16 weights", "f16 weights: every int8 rung failed the "
+                       "build's check, and 16-bit weights change almost nothing (half fp32's bytes to read)")
+
+
 def _fp32(plan: BuildPlan, config: BuildConfig, spec: ModelSpec) -> Fallback:
     """fp32 weights, on the backend the user named or the auto choice for fp32: exact, so it passes."""
     rung = resolve(replace(config, quant=QuantMode.NONE), spec, plan.host)
-    quant = Choice(QuantMode.NONE.value, AUTO, "fp32 weights: every quantized rung failed the build's check")
+    return _whole_mode(plan, rung, f"{rung.backend.value} fp32", "fp32 weights: every quantized rung failed the "
+                       "build's check")
+
+
+def _whole_mode(plan: BuildPlan, rung: BuildPlan, label: str, why: str) -> Fallback:
+    """`rung` (a plan resolved at one mode for every weight) as the ladder's step after `plan`."""
+    quant = Choice(rung.quant.value, AUTO, why)
     changes = ("quant",) + (("backend",) if rung.backend.value != plan.backend.value else ())
-    label = f"{rung.backend.value} fp32"
+    flags = f"--quant {rung.quant.value}" + (f" --backend {rung.backend.value}" if "backend" in changes else "")
     return Fallback(replace(rung, quant=quant, rung=label), stage=f"the next rung: {label}",
                     reason=f"the rung before failed the build's check ({{failure}}), so {label}", changes=changes,
-                    flags="--quant none" + (f" --backend {rung.backend.value}" if "backend" in changes else ""))
+                    flags=flags)
 
 
 def _relabelled(primary: Choice, rung: Choice, reason: str) -> Choice:

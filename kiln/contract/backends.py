@@ -8,7 +8,7 @@ backend never imports another backend's library, and this layer imports neither 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # The build options only some backends take (BuildConfig field -> its neutral value).
@@ -30,6 +30,16 @@ class Backend:
     # int4 on ORT's CPU kernels takes kiln's searched recipe (MatMulNBits with integer zero points,
     # 8-bit MLP); elsewhere the block-offset recipe, exact on a Q4_1 source.
     cpu_int4_recipe: bool = False
+    # QuantMode values it does not build, each with why and what to build instead (said in the refusal)
+    without: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def refuses(self, mode: str) -> str:
+        """Why this backend does not build `mode`: "" where it does."""
+        if mode in self.quant_modes:
+            return ""
+        why = self.without.get(mode)
+        return (f"the {self.name} backend has no {mode} mode" + (f": {why}" if why else "")
+                + f"; it builds --quant {' | '.join(self.quant_modes)}")
 
     def build_function(self) -> Any:
         return _resolve(self.builder)
@@ -75,18 +85,28 @@ OPENVINO_SKIPPED_FUSIONS = (
 GPU_SKIPPED_FUSIONS = (SkippedFusion("fuse_skip_rms_norm", reason=f"{_ORT_CONTRIB}: TensorRT's parser takes the "
                                      "residual Add and the norm as they are"),)
 
+# f16 weights: ONNX Runtime's CPU linears take fp32 weights, so f16 ones need a Cast, which its
+# constant folding turns back into fp32 weights, or which (kiln's engines load without optimizations)
+# widens every weight on every call. The GPU backends store and compute 16-bit under their own
+# --precision (fp16 by default) from fp32 weights.
+_ORT_WITHOUT = {"f16": "ONNX Runtime's CPU linears take fp32 weights, so f16 ones would be widened back (a Cast "
+                       "folded into fp32 weights, or run on every call); f16 weights build on --backend openvino"}
+_GPU_WITHOUT = {"f16": "its --precision fp16 (the default) already stores and computes the weights in fp16: "
+                       "build --quant none"}
+
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("ort", "kiln.compiler.backends.ort:build_engines", "kiln.engines.ort.loader:load_ort_engine", "cpu",
-            quant_modes=("none", "int8", "int4", "w8a8"), options=tuple(BACKEND_OPTIONS), cpu_int4_recipe=True),
+            quant_modes=("none", "int8", "int4", "w8a8"), options=tuple(BACKEND_OPTIONS), cpu_int4_recipe=True,
+            without=_ORT_WITHOUT),
     Backend("openvino", "kiln.compiler.backends.openvino.compile:build_engines",
-            "kiln.engines.openvino.loader:load_openvino_engine", "cpu", quant_modes=("none", "int8", "int4"),
-            options=("attention",), compresses_weights=("int8", "int4"), skipped_fusions=OPENVINO_SKIPPED_FUSIONS),
+            "kiln.engines.openvino.loader:load_openvino_engine", "cpu", quant_modes=("none", "int8", "int4", "f16"),
+            options=("attention",), compresses_weights=("int8", "int4", "f16"), skipped_fusions=OPENVINO_SKIPPED_FUSIONS),
     Backend("tensorrt", "kiln.compiler.backends.tensorrt.build:build_engines",
             "kiln.engines.tensorrt.loader:load_tensorrt_engine", "cuda", quant_modes=("none", "int4"),
-            skipped_fusions=GPU_SKIPPED_FUSIONS),
+            skipped_fusions=GPU_SKIPPED_FUSIONS, without=_GPU_WITHOUT),
     Backend("ort-cuda", "kiln.compiler.backends.ort_cuda.build:build_engines",
             "kiln.engines.ort_cuda.loader:load_ort_cuda_engine", "cuda", quant_modes=("none", "int8", "int4"),
-            skipped_fusions=GPU_SKIPPED_FUSIONS),
+            skipped_fusions=GPU_SKIPPED_FUSIONS, without=_GPU_WITHOUT),
 )}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import re
 
 import pytest
 
@@ -58,6 +59,7 @@ W8A8 = {"qkv": "DynamicQuantizeMatMul", "o": "DynamicQuantizeMatMul", "gate_up":
         "down": "MatMulNBits", "lm_head": "MatMulNBits", "embedding": "GatherBlockQuantized"}
 FP32 = dict.fromkeys(Q8, "fp32")
 OV_INT8 = dict.fromkeys(Q8, "openvino")
+OV_F16 = OV_INT8                                            # the plugin's own, every weight f16
 KILN_OV = {"qkv": "kiln.LinearI8", "o": "kiln.LinearI8", "gate_up": "kiln.GateUpI8", "down": "kiln.LinearI8",
            "lm_head": "kiln.LinearI8", "embedding": "openvino"}
 
@@ -80,6 +82,9 @@ TABLE = [
     ("amx", "auto", "int4", "ort", Q4, "native", {}),
     ("amx", "auto", "w8a8", "ort", W8A8, "native", {"weight_range": 127}),
     ("amx", "ort", "int8", "ort", Q8, "native", {"activations": "int8"}),
+    ("avx2", "auto", "f16", "openvino", OV_F16, "auto", {"compute": "f32"}),
+    ("avx512-vnni", "openvino", "f16", "openvino", OV_F16, "auto", {"compute": "f32"}),
+    ("amx", "auto", "f16", "openvino", OV_F16, "auto", {"compute": "f32"}),
 ]
 
 
@@ -172,28 +177,80 @@ def test_the_default_ladder_runs_from_the_fastest_engine_to_fp32():
     plan, rungs = ladder("avx512-vnni")
     assert [(r.plan.backend.value, r.plan.quant.value, r.changes) for r in rungs] == [
         ("openvino", "int8", ()), ("ort", "int8", ("backend",)), ("ort", "int8", ("quant", "backend")),
-        ("ort", "none", ("quant", "backend"))]
+        ("openvino", "f16", ("quant",)), ("ort", "none", ("quant", "backend"))]
     assert ops(rungs[1].plan) == Q8 and rungs[1].flags == "--backend ort --quant int8"
     sensitive = rungs[2].plan.recipe
     assert sensitive.fp32_layers == (0, 29) and ops(rungs[2].plan)["lm_head"] == ops(rungs[2].plan)["embedding"] == "fp32"
     assert ops(rungs[2].plan)["qkv"] == "kiln.MatMulQ8" and rungs[2].flags == ""
-    assert ops(rungs[3].plan) == FP32 and rungs[3].flags == "--quant none --backend ort"
+    assert ops(rungs[3].plan) == OV_F16 and rungs[3].flags == "--quant f16"
+    assert ops(rungs[4].plan) == FP32 and rungs[4].flags == "--quant none --backend ort"
     assert all(r.allowed_after(plan) for r in rungs)
     amx_plan, amx = ladder("amx")                    # OpenVINO's own linears first: no kiln rung
-    assert [r.plan.backend.value for r in amx] == ["ort", "ort", "ort"]
+    assert [r.plan.backend.value for r in amx] == ["ort", "ort", "openvino", "ort"]
+
+
+@needs_openvino
+def test_the_f16_rung_comes_after_the_sensitive_int8_rung_and_before_fp32():
+    plan, rungs = ladder("avx512-vnni")
+    names = [r.name for r in rungs]
+    assert names[-3:] == ["ort int8, the LM head, embedding and layers 0, 29 fp32", "openvino f16 weights", "ort fp32"]
+    f16 = rungs[-2]
+    assert f16.plan.recipe.mode == "f16" and f16.plan.recipe.compute == "f32" and f16.plan.kv_dtype.value == "f16"
+    assert {r.kernel.bits for r in f16.plan.recipe.roles} == {16}
+    assert {r.kernel.weights for r in f16.plan.recipe.roles} == {"f16"}
+    assert f16.plan.quant.chosen_by == "auto" and "16-bit weights change almost nothing" in f16.plan.quant.reason
+    taken = f16.taken("top-1 0.5 < 0.9")
+    assert taken.backend.reason.endswith("the rung before failed the build's check (top-1 0.5 < 0.9), so openvino "
+                                         "f16 weights")
+    on_ort, ort_rungs = ladder("avx2")               # ort's int8 first: the f16 rung moves to openvino
+    assert (on_ort.backend.value, ort_rungs[-2].name, ort_rungs[-2].flags) == (
+        "ort", "openvino f16 weights", "--quant f16 --backend openvino")
+
+
+def test_without_openvino_the_ladder_has_no_f16_rung():
+    """The ort backend builds no f16 weights (kiln.contract.backends says why): fp32 follows int8."""
+    no_openvino = dataclasses.replace(host("avx2"), openvino=False)
+    config = BuildConfig(source="x", out="x")
+    plan = resolve(config, SMOLLM2, no_openvino)
+    assert [r.plan.quant.value for r in fallbacks(plan, config, SMOLLM2)] == ["int8", "none"]
 
 
 @needs_openvino
 def test_a_rung_that_changes_what_the_user_named_is_not_taken():
     plan, rungs = ladder("avx512-vnni", quant="int8")
-    assert [r.allowed_after(plan) for r in rungs] == [True, True, False, False]
+    assert [r.allowed_after(plan) for r in rungs] == [True, True, False, False, False]
     plan, rungs = ladder("avx2", "ort", "int8")
     assert [r.name for r in rungs][-1] == "ort fp32" and not any(r.allowed_after(plan) for r in rungs)
-    plan, rungs = ladder("avx2", "ort")              # the backend named, the quant auto
+    plan, rungs = ladder("avx2", "ort")              # the backend named, the quant auto: ort has no f16
     assert [r.allowed_after(plan) for r in rungs] == [True, True]
+    plan, rungs = ladder("avx2", "openvino")         # openvino named: its f16 rung is taken
+    assert [(r.name, r.allowed_after(plan)) for r in rungs][-2:] == [("openvino f16 weights", True),
+                                                                     ("openvino fp32", True)]
     plan, rungs = ladder("avx2", "ort", "int4")
     assert [(r.plan.quant.value, r.flags) for r in rungs][0] == ("int8", "--backend ort --quant int8")
     assert ladder("avx2", "ort", "none")[1] == ()
+    plan, rungs = ladder("avx2", quant="f16")        # an explicit f16 build's one rung: fp32, named on failure
+    assert [(r.name, r.flags, r.allowed_after(plan)) for r in rungs] == [("ort fp32", "--quant none --backend ort",
+                                                                        False)]
+
+
+@pytest.mark.parametrize("backend, says", [
+    ("ort", "ONNX Runtime's CPU linears take fp32 weights"),
+    ("tensorrt", "--precision fp16 (the default) already stores and computes the weights in fp16"),
+    ("ort-cuda", "build --quant none"),
+])
+def test_f16_is_refused_where_a_backend_does_not_build_it(tmp_path, backend, says):
+    from kiln.compiler.build import build
+
+    with pytest.raises(ValueError, match=f"the {backend} backend has no f16 mode: .*{re.escape(says)}"):
+        build(BuildConfig(source="tiny-llama", out=tmp_path / "a", backend=backend, quant=QuantMode.F16))
+    assert not (tmp_path / "a").exists()
+
+
+def test_f16_with_the_auto_backend_and_no_openvino_is_refused_saying_where_it_builds():
+    no_openvino = dataclasses.replace(host("avx2"), openvino=False)
+    with pytest.raises(ValueError, match="f16 weights build on --backend openvino"):
+        resolve(BuildConfig(source="x", out="x", quant=QuantMode.F16), SMOLLM2, no_openvino)
 
 
 @needs_openvino

@@ -125,20 +125,58 @@ def test_the_cli_says_the_next_rung_when_an_explicit_build_fails(tmp_path, scram
     assert "--backend ort --quant int8" in res.output
 
 
-@pytest.mark.skipif(not HAS_OPENVINO, reason="the default ladder here starts on openvino")
-def test_a_gate_no_int8_engine_meets_climbs_the_whole_ladder_to_fp32(tmp_path, auto_quantizes_tiny, monkeypatch):
+def unmeetable(monkeypatch, *modes: QuantMode) -> None:
+    """Gates no engine at `modes` meets (top-1 above 1: fp32 itself would fail them)."""
     gates = dict(verify_quant.QUANT_GATES)
-    gates[QuantMode.INT8] = QuantGate(1.01, 0.03)           # beyond any int8 engine, fp32 included
+    gates.update({mode: QuantGate(1.01, gates[mode].max_perplexity_increase) for mode in modes})
     monkeypatch.setattr(verify_quant, "QUANT_GATES", gates)
+
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason="the default ladder here starts on openvino")
+def test_a_gate_no_int8_engine_meets_stops_at_the_f16_rung(tmp_path, auto_quantizes_tiny, monkeypatch):
+    from kiln.cli import main
+
+    unmeetable(monkeypatch, QuantMode.INT8)
     stages = Stages()
     path = build(BuildConfig(source="tiny-llama", out=tmp_path / "art"), stage=stages)
     rungs = ladder_of(path)
     assert [r["passed"] for r in rungs] == [False] * (len(rungs) - 1) + [True]
-    assert rungs[-1]["rung"] == "ort fp32" and rungs[-1]["quant"] == "none"
-    assert [r["backend"] for r in rungs][-3:] == ["ort", "ort", "ort"] and rungs[0]["backend"] == "openvino"
+    assert [r["quant"] for r in rungs[:-1]] == ["int8"] * (len(rungs) - 1)          # every int8 rung was tried
+    assert rungs[-2]["rung"] == "ort int8, the LM head, embedding and layers 0, 1 fp32"
+    assert (rungs[-1]["rung"], rungs[-1]["backend"], rungs[-1]["quant"]) == ("openvino f16 weights", "openvino", "f16")
+    gate = verify_quant.QUANT_GATES[QuantMode.F16]
+    for figures in (rungs[-1]["figures"], rungs[-1]["figures"]["chat"]):
+        assert figures["top1_agreement"] >= gate.min_top1 and figures["perplexity_increase"] <= gate.max_perplexity_increase
+    assert "the next rung: openvino f16 weights" in stages.text()
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["quant"]["mode"] == "f16" and manifest["choices"]["quant"]["chosen_by"] == "auto"
+    assert manifest["plan"]["rung"] == "openvino f16 weights" and manifest["engines"][0]["options"]["weights"] == "f16"
+    res = CliRunner().invoke(main, ["inspect", str(path)], terminal_width=400)
+    assert res.exit_code == 0 and "openvino f16 weights" in res.output and "passed: chosen" in res.output
+
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason="the default ladder here starts on openvino")
+def test_a_gate_no_int8_or_f16_engine_meets_climbs_the_whole_ladder_to_fp32(tmp_path, auto_quantizes_tiny,
+                                                                             monkeypatch):
+    unmeetable(monkeypatch, QuantMode.INT8, QuantMode.F16)
+    stages = Stages()
+    path = build(BuildConfig(source="tiny-llama", out=tmp_path / "art"), stage=stages)
+    rungs = ladder_of(path)
+    assert [r["passed"] for r in rungs] == [False] * (len(rungs) - 1) + [True]
+    assert [(r["rung"], r["quant"]) for r in rungs][-2:] == [("openvino f16 weights", "f16"), ("ort fp32", "none")]
+    assert [r["backend"] for r in rungs][-4:] == ["ort", "ort", "openvino", "ort"] and rungs[0]["backend"] == "openvino"
     assert all(f"rung {r['rung']}: " in stages.text() for r in rungs)
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["quant"]["mode"] == "none" and manifest["choices"]["quant"]["chosen_by"] == "auto"
+
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason="f16 weights build on openvino")
+def test_an_explicit_f16_build_that_fails_names_the_fp32_rung(tmp_path, monkeypatch):
+    unmeetable(monkeypatch, QuantMode.F16)
+    with pytest.raises(PassCheckError, match="the next rung of kiln's ladder, ort fp32, changes what you asked for: "
+                                             "`--quant none --backend ort`"):
+        build(BuildConfig(source="tiny-llama", out=tmp_path / "art", quant=QuantMode.F16))
+    assert not (tmp_path / "art").exists()
 
 
 # The gate, on logits made up to look like each case (vocabulary of V, T positions).

@@ -139,7 +139,7 @@ def test_none_is_the_identity(models):
 
 def test_mode_is_data():
     assert QuantMode("int4") is QuantMode.INT4 and QuantMode.INT8.value == "int8"
-    assert [m.bits for m in QuantMode] == [None, 8, 4, 8]
+    assert [m.bits for m in QuantMode] == [None, 8, 4, 8, 16]
 
 
 def test_flags_keep_the_tables_fp32(models):

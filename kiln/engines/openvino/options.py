@@ -25,7 +25,7 @@ def cpu_computes_bf16() -> bool:
 class OpenVinoOptions:
     inference_precision: str = "f32"     # INFERENCE_PRECISION_HINT: f32 | bf16 | f16
     kv_cache_precision: str = "f32"      # KV_CACHE_PRECISION: f32 | f16 | u8 (u8 holds per-token scales)
-    weights: str = "none"                # a WeightCompression value: none | int8_sym | int4_sym_g32 | q4_1_g32 | q4_1_g32_aug
+    weights: str = "none"                # a WeightCompression value: none | int8_sym | int4_sym_g32 | q4_1_g32 | q4_1_g32_aug | f16
     # DYNAMIC_QUANTIZATION_GROUP_SIZE: activations quantized to int8 per group of this many values, so
     # compressed weights run int8 x int8 kernels (0: off). The plugin's default differs by weight type
     # (on for 4-bit, off for int8 here), so kiln records its choice (docs/benchmarks.md has the figures).

@@ -128,9 +128,8 @@ def compile_openvino(model: onnx.ModelProto, spec: ModelSpec, out_dir: Path,
             compression["kernels"] = {"name": options.kernels, **kernels}
         if _already_quantized(model):
             compression["weights"] = "onnx MatMulNBits (kiln's quantize pass)"
-        # NOTE: compress_to_fp16=False: save_model halves fp32 weights by default, which would
-        # break the fp32 artifact's HF parity.
-        ov.save_model(ov_model, out_dir / MODEL_FILE, compress_to_fp16=False)
+        # NOTE: save_model halves fp32 weights by default; only the f16 recipe asks it to.
+        ov.save_model(ov_model, out_dir / MODEL_FILE, compress_to_fp16=WeightCompression(options.weights).saved_f16)
         del ov_model
     if gather_block_size:
         compiled = compile_gathered(out_dir / MODEL_FILE, options, threads=1)

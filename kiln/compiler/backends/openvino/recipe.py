@@ -26,8 +26,10 @@ KILN_INT8_KEYS = "by_token"
 # "kiln's int8 linears become the default").
 # A mode's weight compression and its activations' dynamic quantization group (on MatMulNBits' blocks
 # of 32, larger int8 groups fall off the fast path; int4 takes the weights' group).
+# f16 weights take no dynamic quantization: activations stay f32, as the recipe's accuracy asks.
 WEIGHTS = {QuantMode.INT8.value: (WeightCompression.INT8.value, 128),
-           QuantMode.INT4.value: (WeightCompression.Q4_1_AUGMENTED.value, 32)}
+           QuantMode.INT4.value: (WeightCompression.Q4_1_AUGMENTED.value, 32),
+           QuantMode.F16.value: (WeightCompression.F16.value, 0)}
 KILN_INT8 = OpenVinoOptions(inference_precision="f32", kv_cache_precision="u8", key_cache_quant_mode=KILN_INT8_KEYS,
                             weights=WeightCompression.INT8.value, dynamic_quantization_group_size=128,
                             kernels=native.KERNELS)
@@ -46,7 +48,8 @@ def options_for_recipe(recipe: QuantRecipe) -> OpenVinoOptions:
     as Q4_1 blocks (exact on a Q4_1 source) in the augmented form (weights.py), bf16 compute (TTFT
     and batched decodes ahead of f32 for a little more check perplexity), a u8 cache and activations
     in groups of 32 (the weights' group); the engine then takes less CPU time per decode than
-    OpenVINO reading kiln's block-offset MatMulNBits.
+    OpenVINO reading kiln's block-offset MatMulNBits. f16 stores every weight as f16, f32 compute
+    over an f16 cache, activations unquantized (openvino_recipes.py says why).
     The measurements behind each choice: docs/benchmarks.md (`python bench/bench_openvino_calls.py`)
     and docs/results/2026-12-06-figures-from-code-comments.md."""
     if recipe.mode == QuantMode.NONE.value:
@@ -73,6 +76,6 @@ def options_for_quant(quant: QuantMode, native_bf16: bool | None = None,
         host = BuildHost.probe()
         native_bf16 = computes_bf16(host.cpu) if native_bf16 is None else native_bf16
         kiln_kernels = openvino_int8_runs_kiln_linears(host) if kiln_kernels is None else kiln_kernels
-    if quant not in (QuantMode.NONE, QuantMode.INT8, QuantMode.INT4):
+    if quant is not QuantMode.NONE and quant.value not in WEIGHTS:
         return options_for_recipe(QuantRecipe(quant.value, "backend"))      # refused there, with what to use
     return options_for_recipe(openvino_recipe(quant, native_bf16, kiln_kernels))

@@ -31,10 +31,20 @@ class WeightCompression(enum.Enum):
     # float zero point only without dynamic quantization (bench/bench_openvino_int4_weights.py).
     Q4_1_AUGMENTED = "q4_1_g32_aug"
     Q4_1 = "q4_1_g32"
+    # Every float weight as f16, by OpenVINO's own compression as the model is saved (saved_f16):
+    # the plugin widens them inside its kernels, the arithmetic stays the recipe's.
+    F16 = "f16"
+
+    @property
+    def saved_f16(self) -> bool:
+        """Whether ov.save_model stores the float weights as f16 (compress_to_fp16): only this
+        compression's, since halving fp32 weights would break the fp32 artifact's HF parity."""
+        return self is WeightCompression.F16
 
     def apply(self, model: ov.Model) -> dict:
-        """Compress `model` in place; returns what was done, for the engine record."""
-        if self is WeightCompression.NONE:
+        """Compress `model` in place; returns what was done, for the engine record (F16: done as the
+        model is saved, saved_f16)."""
+        if self in (WeightCompression.NONE, WeightCompression.F16):
             return {"weights": self.value}
         import nncf
 
