@@ -364,8 +364,8 @@ def _limits_config(request_timeout, limit_concurrency, keep_alive_timeout, body_
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the folder name).")
 @click.option("--ttft-slo", type=float, default=None,
               help="The TTFT objective, S seconds (default 2; 0 = no TTFT check): requests predicted past it "
-                   "queue; past --ttft-refuse-factor times it they get 429; a prompt waiting 3/4 of it gets "
-                   "prefill-only steps.")
+                   "queue; past --ttft-refuse-factor times it they get 429; a prompt waiting half of it gets "
+                   "longer steps (a larger share beside the decodes).")
 @click.option("--max-waiting", type=int, default=None,
               help="Refuse when N requests await their first token (default 256; 0 = no bound).")
 @click.option("--max-waiting-tokens", type=int, default=None, help="Refuse when their prompts exceed N tokens.")

@@ -79,9 +79,9 @@ class SchedulerConfig:
     itl_stretch: float = 0.0
     min_prefill_chunk: int = 16
     # The TTFT objective the scheduler serves beside target_itl (0 = none; kiln serve passes its
-    # --ttft-slo): while a prompt has waited LATE_SHARE of it for its first token, steps are
-    # prefill-only with the whole token budget (runtime/scheduler.py, _late_prompts_first), so a
-    # burst of prompts is prefilled at full speed while the decoding streams wait a step or two.
+    # --ttft-slo): while a prompt has waited LATE_SHARE of it for its first token, a step may take
+    # LATE_STEP_FACTOR times target_itl (runtime/step_costs.py, StepCosts.late), so a burst of
+    # prompts gets a larger share of each step while every decoding stream still gets its token.
     target_ttft: float = 0.0
     # The batch wait window (runtime/batch_wait.py): while nothing decodes, hold new prompts up to
     # batch_wait seconds after the oldest arrived, until batch_wait_batch of them wait (0: max_num_seqs).
@@ -187,7 +187,7 @@ class RuntimeConfig:
 
     def with_ttft_target(self, seconds: float) -> RuntimeConfig:
         """This config with the scheduler serving a TTFT objective of `seconds` (a late prompt
-        gets prefill-only steps: SchedulerConfig.target_ttft), unless it names its own."""
+        gets longer steps: SchedulerConfig.target_ttft), unless it names its own."""
         if self.scheduler.target_ttft or not seconds:
             return self
         return replace(self, scheduler=replace(self.scheduler, target_ttft=seconds))

@@ -18,11 +18,11 @@ from kiln.runtime.batch_wait import BatchWaitWindow
 from kiln.runtime.kv_manager import KVCacheManager
 from kiln.runtime.request import Request, RequestStatus, kv_tokens_held
 from kiln.runtime.speculative.speculator import Speculator
-from kiln.runtime.step_costs import StepCostModel
+from kiln.runtime.step_costs import StepCostModel, StepCosts
 from kiln.runtime.step_io import (RequestDelta, RunnerOutput, ScheduledRequest, SchedulerOutput, StepBudget,
                                   StepStats, UpdateOutput)
 
-LATE_SHARE = 0.75     # a prompt is late once it has waited this share of target_ttft for its first token
+LATE_SHARE = 0.5      # a prompt is late once it has waited this share of target_ttft for its first token
 
 
 class Scheduler:
@@ -74,11 +74,8 @@ class Scheduler:
     # -- one step -----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        out = self._late_prompts_first() if self._a_prompt_is_late() else None
-        if out is not None:
-            return out
         out = SchedulerOutput(finished_request_ids=self._take_finished_ids())
-        prefill_budget = self.step_costs.costs().prefill_budget(self._num_decodes())
+        prefill_budget = self._step_costs_now().prefill_budget(self._num_decodes())
         budget = StepBudget(self.config.max_num_batched_tokens, prefill_budget)
         self._schedule_running(out, budget, self._proposals())
         held = self.batch_wait.hold(self.waiting, self._num_decodes(), prefill_budget)
@@ -86,22 +83,15 @@ class Scheduler:
             self._schedule_waiting(out, budget)
         return self._finish_schedule(out, prefill_budget)
 
-    def _late_prompts_first(self) -> SchedulerOutput | None:
-        """A prefill-only step, the whole token budget for prompts (in admission order), while a
-        prompt is late for its TTFT objective: its first token is failing its objective now, the
-        decoding streams are not, and each of them waits this step once (one long gap in a
-        stream, where spreading the prefill over many steps would slow every gap for seconds).
-        None when no prompt can progress (no seat or no free KV block): the decodes then run."""
-        out = SchedulerOutput(finished_request_ids=[])
-        size = self.config.max_num_batched_tokens
-        budget = StepBudget(size, size)
-        self._schedule_running(out, budget, {}, decodes=False)
-        if not out.preempted_request_ids:
-            self._schedule_waiting(out, budget)
-        if not out.scheduled and not out.preempted_request_ids:
-            return None
-        out.finished_request_ids = self._take_finished_ids()
-        return self._finish_schedule(out, size)
+    def _step_costs_now(self) -> StepCosts:
+        """The step costs this step is planned on: while a prompt is late for its TTFT objective,
+        with the late step target (StepCosts.late): the decodes go on, and the prompts get the
+        larger prefill budget a longer step leaves. NOTE: a late prompt used to get prefill-only
+        steps of the whole budget; each burst of late prompts then stalled every decoding stream
+        for the whole burst, and the streams it prefilled together ended together, so under a
+        closed-loop crowd every burst brought the next (docs/results has the run)."""
+        costs = self.step_costs.costs()
+        return costs.late() if self._a_prompt_is_late() else costs
 
     def _take_finished_ids(self) -> list[str]:
         ids, self._finished_ids = self._finished_ids, []
@@ -139,8 +129,7 @@ class Scheduler:
             return {}
         return self.speculator.propose([r for r in self.running if _is_decode(r)])
 
-    def _schedule_running(self, out: SchedulerOutput, budget: StepBudget, proposals: dict[str, list[int]],
-                          decodes: bool = True) -> None:
+    def _schedule_running(self, out: SchedulerOutput, budget: StepBudget, proposals: dict[str, list[int]]) -> None:
         """Running requests in admission order: each decode, and prefill chunks within the
         prefill budget. NOTE: the prefill budget leaves room in the token budget for every decode
         (StepCosts.prefill_budget), so a prefill earlier in the order never starves one; a
@@ -150,9 +139,6 @@ class Scheduler:
         while i < len(self.running) and budget.tokens > 0:
             request = self.running[i]
             decode = _is_decode(request)
-            if decode and not decodes:
-                i += 1
-                continue
             proposed = ()
             if decode:
                 decodes_left -= 1

@@ -8,7 +8,10 @@ step within the target inter-token latency,
     step_target(d)    = min(target_itl, itl_stretch * decode_seconds(d))
 
 tokens, at least `min_prefill_chunk` so waiting prompts always progress, and the whole token
-budget when nothing is decoding (no stream to protect). The absolute target bounds the ITL a
+budget when nothing is decoding (no stream to protect). While a prompt is late for its TTFT
+objective the scheduler plans on `late()`: a step may take LATE_STEP_FACTOR times target_itl
+(or LATE_MIN_STRETCH decode steps, where longer), so the late prompts get a larger share of each
+step and every stream still gets its token. The absolute target bounds the ITL a
 crowd sees; the stretch bounds how much slower a newcomer's prefill makes a few running streams
 (a stretch of two: their tokens come at most twice as far apart while a prompt is prefilled).
 Admission control reads the same model to predict how long a queue of prompts takes to prefill
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 FORGET = 0.95                   # weight of the past per observation (about the last 20 steps count)
@@ -33,6 +36,14 @@ PRIOR_PREFILL_SECONDS_PER_TOKEN = 1e-3
 MIN_SPREAD = 2048.0             # tokens^2: chunk sizes must vary this much before a slope is fitted
 MIN_SECONDS_PER_TOKEN = 1e-5
 MIN_SLOPE_SHARE = 0.25          # the fitted slope's floor, as a fraction of the idle steps' seconds per token
+# How much longer than target_itl a step may take while a prompt is late for its TTFT objective:
+# at the default target a late step still keeps each stream's gap within the ITL objective the
+# serving benchmark holds kiln to, with room for a step that runs slower than predicted.
+LATE_STEP_FACTOR = 1.3
+# And a late step may always take this multiple of a decode-only step: where the decodes alone
+# take most of the late target (long contexts, a large batch), the late prompts would otherwise get
+# min_prefill_chunk a step and wait seconds for their first token.
+LATE_MIN_STRETCH = 2.0
 
 
 def batch_bucket(num_decodes: int) -> int:
@@ -49,6 +60,7 @@ class StepCosts:
     itl_stretch: float = 0.0                    # 0: no bound relative to the decode step
     decode_seconds_by_bucket: tuple[tuple[int, float], ...] = ()
     prefill_seconds_per_token: float = PRIOR_PREFILL_SECONDS_PER_TOKEN
+    min_stretch: float = 0.0                    # a step may always take this multiple of the decode step
 
     def decode_seconds(self, num_decodes: int) -> float:
         """A decode-only step of num_decodes sequences: the nearest bucket seen at or above it;
@@ -86,7 +98,15 @@ class StepCosts:
     def step_target(self, num_decodes: int) -> float:
         """How long a step beside num_decodes streams may take (when the policy is on)."""
         decode = self.decode_seconds(num_decodes)
-        return min(self.target_itl, self.itl_stretch * decode) if self.itl_stretch else self.target_itl
+        target = min(self.target_itl, self.itl_stretch * decode) if self.itl_stretch else self.target_itl
+        return max(target, self.min_stretch * decode)
+
+    def late(self) -> StepCosts:
+        """These costs as a step is planned while a prompt is late for its TTFT objective: the
+        step target LATE_STEP_FACTOR times target_itl, or LATE_MIN_STRETCH decode steps where
+        that is longer, without the bound relative to a decode step."""
+        return replace(self, target_itl=self.target_itl * LATE_STEP_FACTOR, itl_stretch=0.0,
+                       min_stretch=LATE_MIN_STRETCH)
 
     def step_seconds(self, num_decodes: int, num_prefill_tokens: int) -> float:
         return self.decode_seconds(num_decodes) + num_prefill_tokens * self.prefill_seconds_per_token
@@ -102,10 +122,10 @@ class StepCosts:
         queue); a stream that ends stops taking a share of each step, so a prompt behind a few
         short replies is prefilled at the full budget once they end (measured on a slow CPU:
         3.3 s predicted for 1.1 s realised when this was ignored). late_after: seconds until the
-        oldest prompt is late for its TTFT objective; from then on the scheduler runs
-        prefill-only steps of the whole token budget (Scheduler._late_prompts_first), and so does
-        the walk (without them, a queue behind a full batch was predicted far later than it came,
-        and admission refused requests that then came in time). NOTE: a prompt is a decode
+        oldest prompt is late for its TTFT objective; from then on the scheduler plans its steps
+        on the late costs (late(): a longer step, a larger prefill budget beside the decodes), and
+        so does the walk (without them, a queue behind a full batch was predicted far later than
+        it came, and admission refused requests that then came in time). NOTE: a prompt is a decode
         load only once it is prefilled; counting the queue as decoding from the start doubles
         the decode share of every step and halves the budget the prediction assumes. Stops early
         once past `horizon` seconds (admission needs no more than "too late"; a long queue beside
@@ -114,11 +134,12 @@ class StepCosts:
         ends = list(decode_ends or ())[-num_decodes:] if num_decodes > 0 else []     # the longest count
         seconds, done, decode_steps = 0.0, 0, 0
         joined = len(prompts) - len(left)
+        late = self.late()
         while done < len(left) and seconds <= horizon:
-            late = seconds >= late_after
+            step = late if seconds >= late_after else self
             running = num_decodes - bisect.bisect_right(ends, decode_steps)
-            decodes = 0 if late else min(running + joined, max_decodes)
-            budget = self.max_tokens if late else max(self.prefill_budget(decodes), 1)
+            decodes = min(running + joined, max_decodes)
+            budget = max(step.prefill_budget(decodes), 1)
             spent, finished = 0, 0
             while done + finished < len(left) and spent < budget:
                 take = min(left[done + finished], budget - spent)
@@ -128,7 +149,7 @@ class StepCosts:
             seconds += self.step_seconds(decodes, spent)
             done += finished
             joined += finished
-            decode_steps += not late
+            decode_steps += 1
         return seconds
 
     def prefill_seconds(self, num_tokens: int, num_decodes: int) -> float:

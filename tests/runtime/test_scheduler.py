@@ -496,7 +496,7 @@ def test_the_engine_s_first_step_teaches_the_step_cost_model_nothing():
     assert sched.step_costs.costs().prefill_seconds_per_token == pytest.approx(0.064 / 64)
 
 
-# -- the TTFT objective: late prompts first ---------------------------------------------------
+# -- the TTFT objective: late prompts get longer steps ---------------------------------------------------
 
 def _decoding_pair_and_a_prompt(now: float, prompt_arrival: float, **config):
     """Two streams decoding, then a 40-token prompt that arrived at prompt_arrival (clock: now)."""
@@ -511,17 +511,19 @@ def _decoding_pair_and_a_prompt(now: float, prompt_arrival: float, **config):
     return sched
 
 
-def test_a_prompt_late_for_its_ttft_objective_gets_a_prefill_only_step():
-    sched = _decoding_pair_and_a_prompt(now=100.0, prompt_arrival=100.0 - 1.6, target_ttft=2.0)
+def _scheduled_tokens(sched) -> dict[str, int]:
     out, _ = step(sched)
-    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("late", 40)]
+    return {s.request.request_id: s.num_new_tokens for s in out.scheduled}
 
 
-def test_a_prompt_on_time_shares_the_step_with_the_decodes():
-    sched = _decoding_pair_and_a_prompt(now=100.0, prompt_arrival=100.0 - 0.5, target_ttft=2.0)
-    out, _ = step(sched)
-    tokens = {s.request.request_id: s.num_new_tokens for s in out.scheduled}
-    assert tokens["a"] == tokens["b"] == 1 and 0 < tokens["late"] < 40
+def test_a_prompt_late_for_its_ttft_objective_gets_a_longer_step_beside_the_decodes():
+    """A decode step of two costs 20 ms and a prompt token 1 ms (the prior): a 50 ms step leaves
+    30 tokens for the prompt; once it has waited half of its 2 s objective, a step may take
+    1.3 x 50 ms, which leaves 45, and its 40 fit in one step. The decodes run in both."""
+    on_time = _decoding_pair_and_a_prompt(now=100.0, prompt_arrival=100.0 - 0.9, target_ttft=2.0)
+    late = _decoding_pair_and_a_prompt(now=100.0, prompt_arrival=100.0 - 1.1, target_ttft=2.0)
+    assert _scheduled_tokens(on_time) == {"a": 1, "b": 1, "late": 30}
+    assert _scheduled_tokens(late) == {"a": 1, "b": 1, "late": 40}
 
 
 def test_without_a_ttft_objective_no_prompt_is_ever_late():

@@ -174,15 +174,21 @@ def test_costs_snapshot_is_refreshed_after_each_observation():
     assert model.costs() is not first and model.costs().decode_seconds(2) == pytest.approx(0.03)
 
 
-def test_once_the_queue_is_late_the_walk_takes_prefill_only_steps():
-    """The scheduler serves prompts late for their objective with prefill-only steps of the whole
-    budget (Scheduler._late_prompts_first); the walk does the same from late_after on."""
+def test_once_the_queue_is_late_the_walk_takes_the_late_steps():
+    """The scheduler plans its steps on the late costs while a prompt is late for its objective
+    (Scheduler._step_costs_now); the walk does the same from late_after on."""
     c = costs()
+    assert c.late().target_itl == pytest.approx(1.3 * c.target_itl)
+    assert (c.prefill_budget(4), c.late().prefill_budget(4)) == (30, 45)    # 20 ms of decodes, 1 ms a token
     beside_decodes = c.queue_prefill_seconds([300], 4, 32)
-    assert beside_decodes == pytest.approx(c.prefill_seconds(300, 4))        # 10 steps of 30 tokens
-    # Two steps of 30 tokens (0.1 s) beside the decodes, then the 240 left at once.
-    assert c.queue_prefill_seconds([300], 4, 32, late_after=0.1) == pytest.approx(2 * 0.05 + 0.24)
-    assert c.queue_prefill_seconds([300], 4, 32, late_after=0.0) == pytest.approx(0.3)
-    assert 0.3 < beside_decodes
-    # A queue past one step's budget: the decodes wait for every late prompt.
-    assert c.queue_prefill_seconds([400, 400], 4, 32, late_after=-1.0) == pytest.approx(0.512 + 0.288)
+    assert beside_decodes == pytest.approx(10 * 0.05)
+    # Two steps of 30 tokens (0.1 s), then the 240 left: five late steps of 45 and one of 15.
+    assert c.queue_prefill_seconds([300], 4, 32, late_after=0.1) == pytest.approx(0.1 + 5 * 0.065 + 0.035)
+    assert c.queue_prefill_seconds([300], 4, 32, late_after=0.0) == pytest.approx(6 * 0.065 + 0.05)
+    # 16 decodes take 40 ms of a 50 ms step: 10 tokens a step on time; late, a step may take two
+    # decode steps where that is longer than 1.3 x 50 ms, which leaves 40.
+    assert (c.prefill_budget(16), c.late().prefill_budget(16)) == (10, 40)
+    # With nothing decoding a step takes the whole token budget, late or not (512 tokens); the
+    # first prompt then decodes beside the 288 left: 40 tokens a 50 ms step, or 55 a late one.
+    assert c.queue_prefill_seconds([400, 400], 0, 32) == pytest.approx(0.512 + 7 * 0.05 + 0.018)
+    assert c.queue_prefill_seconds([400, 400], 0, 32, late_after=-1.0) == pytest.approx(0.512 + 5 * 0.065 + 0.023)

@@ -210,7 +210,7 @@ class Admission:
 
     def _until_late(self) -> float:
         """Seconds until the oldest waiting request (or a newcomer, when none waits) is late for
-        the objective, when the scheduler turns to prefill-only steps (LATE_SHARE)."""
+        the objective, when the scheduler turns to its late steps (LATE_SHARE, StepCosts.late)."""
         if not self.config.ttft_slo:
             return math.inf
         oldest = next(iter(self.waiting), None)
