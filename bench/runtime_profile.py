@@ -75,6 +75,7 @@ def profile_engines(kiln: KilnRunner, genai_dir: Path | None, threads: int, prom
                 peer.generate(prompts, n)
     finally:
         engine.sessions[index] = (engine.sessions[index][0], recorder.original)
+        engine._bindings[index] = recorder.original_binding
     shapes = recorder.shapes
     kiln_units = _kiln_units(_model_runs(recorder.session.end_profiling()), shapes, starts[1:] + [len(shapes)], phase)
     if peer is None:
@@ -88,19 +89,37 @@ def profile_engines(kiln: KilnRunner, genai_dir: Path | None, threads: int, prom
 
 
 class _RecordingSession:
-    """A profiling session in the engine's place; remembers each call's [batch, seq] shape."""
+    """A profiling session in the engine's place; remembers each call's [batch, seq] shape. NOTE:
+    the engine runs its calls through an IOBinding made on its own session (the KV pool bound
+    once), so the profiling session gets one of its own (_RecordingBinding), swapped in beside it."""
 
-    def __init__(self, session, original):
-        self.session, self.original, self.shapes = session, original, []
+    def __init__(self, session, original, original_binding):
+        self.session, self.original, self.original_binding, self.shapes = session, original, original_binding, []
 
-    def run(self, names, feeds):
-        self.shapes.append(feeds["input_ids"].shape)
-        return self.session.run(names, feeds)
+    def run_with_iobinding(self, binding: _RecordingBinding):
+        self.session.run_with_iobinding(binding.binding)
+
+
+class _RecordingBinding:
+    """The profiling session's IOBinding as the engine's: each call's input_ids shape recorded."""
+
+    def __init__(self, binding, shapes: list):
+        self.binding, self.shapes = binding, shapes
+
+    def bind_cpu_input(self, name, value):
+        if name == "input_ids":
+            self.shapes.append(value.shape)
+        self.binding.bind_cpu_input(name, value)
+
+    def __getattr__(self, name):
+        return getattr(self.binding, name)
 
 
 def _swap_in_profiling(runner: KilnRunner, batch: int, phase: str):
-    """kiln's ORT engine (Engine.execute -> session.run per bucket call) on a profiling session: the
-    one of its engines that serves this phase (an artifact with a prefill engine has two)."""
+    """kiln's ORT engine (Engine.execute -> run_with_iobinding per bucket call) on a profiling session:
+    the one of its engines that serves this phase (an artifact with a prefill engine has two)."""
+    from kiln.engines.ort.engine import bind_pool
+
     engine = runner.llm.core.engine
     if not hasattr(engine, "sessions"):
         raise SystemExit(f"{runner.name}: per-op profiles need the ONNX Runtime backend")
@@ -109,8 +128,9 @@ def _swap_in_profiling(runner: KilnRunner, batch: int, phase: str):
     artifact = runner.llm.artifact
     model_path = artifact.path / [e["file"] for e in artifact.manifest.engines if e["backend"] == "ort"][index]
     min_tokens, original = engine.sessions[index]
-    recorder = _RecordingSession(_profiling_session(model_path, engine.threads), original)
+    recorder = _RecordingSession(_profiling_session(model_path, engine.threads), original, engine._bindings[index])
     engine.sessions[index] = (min_tokens, recorder)
+    engine._bindings[index] = _RecordingBinding(bind_pool(recorder.session, engine.pool), recorder.shapes)
     return engine, index, recorder
 
 

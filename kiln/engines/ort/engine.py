@@ -53,7 +53,7 @@ class OrtEngine:
 
     def allocate_kv(self, num_blocks: int) -> None:
         self.pool = KvPool(self.kv_layout, num_blocks)
-        self._bindings = [_bind_pool(session, self.pool) for _, session in self.sessions]
+        self._bindings = [bind_pool(session, self.pool) for _, session in self.sessions]
 
     def execute(self, batch: PagedBatch) -> EngineResult:
         if self.pool is None:
@@ -91,7 +91,7 @@ class OrtEngine:
         return logits[call.logit_rows[:, 0], call.logit_rows[:, 1]]
 
 
-def _bind_pool(session: ort.InferenceSession, pool: KvPool) -> ort.IOBinding:
+def bind_pool(session: ort.InferenceSession, pool: KvPool) -> ort.IOBinding:
     """The session's IOBinding with the pool's arrays bound once (OrtValues over their memory, which
     the runtime's writes update in place). NOTE: run() with the pool in its feeds wrapped and
     checked all of them (60 for SmolLM2) at every call."""
