@@ -65,8 +65,11 @@ def choose_backend(requested: str, quant: QuantMode, spec: ModelSpec, host: Buil
     if blocker:
         return Choice("ort", AUTO, f"ONNX Runtime: {blocker}")
     if quant is QuantMode.INT8 and openvino_int8_runs_kiln_linears(host):
+        from kiln.engines.openvino import native
+
         return Choice("openvino", AUTO, "OpenVINO with kiln's int8 linears (activations smoothed and quantized "
-                      f"per row, AVX-512 VNNI): the fastest int8 engine on this {host.cpu.machine} CPU")
+                      f"per row, {native.kernel_instructions(host.cpu.flags or frozenset())}): the fastest int8 "
+                      f"engine on this {host.cpu.machine} CPU")
     if quant in OPENVINO_ONLY:
         return Choice("openvino", AUTO, f"OpenVINO: the CPU backend that builds {quant.value} weights")
     return Choice("openvino", AUTO, f"OpenVINO: the fastest {quant.value} engine on this {host.cpu.machine} CPU"
@@ -87,7 +90,7 @@ def _library_missing_note(quant: QuantMode, host: BuildHost) -> str:
                 "ort's kiln.MatMulQ8 is faster on this AVX2 CPU without AVX-512 or VNNI)")
     if not host.openvino_ops and openvino_int8_runs_kiln_linears(replace(host, openvino_ops=True)):
         return (f", on the plugin's own linears: kiln's OpenVINO op library is not built here "
-                f"(`{ov_native.BUILD_COMMAND}` builds it, and this AVX-512 VNNI CPU then runs kiln's faster "
+                f"(`{ov_native.BUILD_COMMAND}` builds it, and this CPU then runs kiln's faster "
                 "int8 linears)")
     return ""
 
@@ -121,7 +124,7 @@ def kiln_int8_is_faster_here(host: BuildHost) -> bool:
 
 def openvino_int8_runs_kiln_linears(host: BuildHost) -> bool:
     """Whether an openvino int8 build here takes kiln's linears (kiln/engines/openvino/native): the
-    library is built, the CPU runs its AVX-512 VNNI kernel, and it has no AMX (the plugin's tiles are faster)."""
+    library is built and the CPU runs its kernels (AVX-512 VNNI, and AMX tiles where it has them)."""
     from kiln.engines.openvino import native
 
     return host.openvino_ops and native.cpu_runs_kernels(host.cpu.flags or frozenset())

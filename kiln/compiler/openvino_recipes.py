@@ -1,7 +1,8 @@
 """The openvino backend's quantization recipes as data (backends/openvino/recipe.py turns one into the
 plugin's options; the figures behind each choice are there and in docs/benchmarks.md).
 
-- INT8 with kiln's linears (kiln/engines/openvino/native: AVX-512 VNNI, no AMX, the library built):
+- INT8 with kiln's linears (kiln/engines/openvino/native: AVX-512 VNNI, AMX tiles where the CPU has
+  them, the library built):
   the layers' linears and the LM head on kiln.LinearI8 / kiln.GateUpI8, activations smoothed and
   quantized per row inside the operation, so the rest of the graph computes f32 (bf16 would put
   two reorders around each of kiln's nodes); the embedding NNCF int8 per channel.
@@ -64,7 +65,7 @@ EMBEDDING = RoleKernel("embedding", NNCF_INT8, "NNCF int8 per channel")
 def _kiln_int8() -> QuantRecipe:
     linear = Kernel(KILN_LINEAR, 8, activations="uint8")
     why = ("kiln's int8 linear: activations smoothed (SmoothQuant, calibrated at build) and quantized "
-           "per row inside the op, AVX-512 VNNI")
+           "per row inside the op, AVX-512 VNNI (AMX tiles on a CPU with them)")
     roles = (RoleKernel("qkv", linear, why), RoleKernel("o", linear, why),
              RoleKernel("gate_up", Kernel(KILN_GATE_UP, 8, activations="uint8"),
                         "kiln's gated pair: silu(x Wg) * x Wu in one op, activations as its linears'"),

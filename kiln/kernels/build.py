@@ -198,7 +198,7 @@ OPENVINO_NATIVE = KERNELS.parent / "engines" / "openvino" / "native"
 ORT_WITHOUT = ("ort builds run ONNX Runtime's own kernels instead of kiln.MatMulQ4Min, kiln.MatMulQ8 and "
                "kiln.PagedAttention (int8 and int4 linears on MatMulNBits, attention as a paged gather), int8 "
                "on an AVX2 CPU without AVX-512 goes to OpenVINO, and an artifact built with them does not load")
-OPENVINO_WITHOUT = ("openvino int8 builds keep the plugin's own linears instead of kiln.LinearI8 (AVX-512 VNNI), "
+OPENVINO_WITHOUT = ("openvino int8 builds keep the plugin's own linears instead of kiln.LinearI8 (AVX-512 VNNI, AMX), "
                     "and an artifact built with them does not load")
 
 

@@ -7,11 +7,11 @@
 
 namespace kiln {
 
-// NOTE: an AMX micro-kernel is one file, microkernels_amx.cc (build.py compiles each
+// NOTE: the AMX micro-kernels are one file, microkernels_amx.cc (build.py compiles each
 // microkernels_<level>.cc with that level's flags, amx's among them): it defines AmxKernels, setting the
-// entries it does better (say q8_0_i8 on tiles), and the table below takes it up by itself. Weak, so
-// the library links without the file. (Linux lets a thread use AMX tiles once it has asked for them:
-// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), which that file would do.)
+// entries it does better (I8PerChannel's linears on tiles), and the table below takes it up by itself.
+// Weak, so the library links without the file. (Linux lets a process use AMX tiles once it has asked
+// for them: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), which that file does.)
 __attribute__((weak)) void AmxKernels(Kernels* k);
 
 namespace {
@@ -71,3 +71,13 @@ void* ScratchMemory(Scratch slot, size_t bytes) {
 }
 
 }  // namespace kiln
+
+// Which level's I8PerChannel linears this process runs ("amx", "avx512vnni", or "none" below them):
+// the amx level's table keeps the avx512vnni entries where its file is missing or Linux refused the
+// tile state, so the level alone does not say. For the op library's Python side and its tests.
+extern "C" __attribute__((visibility("default"))) const char* kiln_i8_linear_level() {
+  using kiln::Isa;
+  const kiln::Kernels& k = kiln::KernelsFor(kiln::HostIsa());
+  if (k.i8_linear == nullptr) return "none";
+  return k.i8_linear != kiln::KernelsFor(Isa::kAvx512Vnni).i8_linear ? "amx" : "avx512vnni";
+}

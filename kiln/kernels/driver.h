@@ -7,8 +7,8 @@
 //     RowGroups Groups(int rows)        rows per call
 //     void Prepare(const TileStep&)     once per step, before its row groups (e.g. widen the codes)
 //     void Run(const TileStep&, const RowGroup&, const Rows& x, float* y, size_t ystride)
-// A new level's micro-kernel (AMX's, on tiles of its own) is such a struct in that level's own file,
-// microkernels_amx.cc; the driver and the op libraries do not change (dispatch.cc).
+// A level's micro-kernel is such a struct in that level's own file (AMX's, on tiles of its own, in
+// microkernels_amx.cc); the driver and the op libraries do not change (dispatch.cc).
 #pragma once
 
 #include <cstddef>

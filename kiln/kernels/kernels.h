@@ -4,8 +4,8 @@
 // Every linear is one tile driver (driver.h) over one packed layout (formats.h) with one micro-kernel
 // per instruction-set level, each level's micro-kernels in a file compiled with that level's flags
 // (microkernels_<level>.cc; kiln/kernels/build.py). KernelsFor(level) is the table a level runs: the
-// scalar file's entries, overridden by each file up to the level (dispatch.cc). An AMX micro-kernel is
-// one more such file, microkernels_amx.cc, and nothing else (dispatch.cc says how).
+// scalar file's entries, overridden by each file up to the level (dispatch.cc). The AMX micro-kernels
+// are one more such file, microkernels_amx.cc, and nothing else (dispatch.cc says how).
 #pragma once
 
 #include <cstddef>
@@ -112,6 +112,7 @@ const Kernels& KernelsFor(Isa isa);
 void ScalarKernels(Kernels* k);       // microkernels_scalar.cc
 void Avx2Kernels(Kernels* k);         // microkernels_avx2.cc
 void Avx512VnniKernels(Kernels* k);   // microkernels_avx512vnni.cc
+void AmxKernels(Kernels* k);          // microkernels_amx.cc (weak in dispatch.cc)
 
 // Int8Rows' qsum: each block's sum of int8 codes, for `blocks` blocks of 32.
 void BlockSums(const int8_t* xq, size_t blocks, int32_t* qsum);

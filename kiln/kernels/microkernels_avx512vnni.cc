@@ -9,6 +9,7 @@
 
 #include "driver.h"
 #include "kernels.h"
+#include "swiglu.h"
 #include "u8s8.h"
 
 namespace kiln {
@@ -130,6 +131,7 @@ struct Q8Int8 : OneTileMicro {
 // ---- I8PerChannel (OpenVINO): u8 activations, one scale a row --------------------------------------
 constexpr int kI8Rows = 8;                      // rows per call (I8Tile says why 8 x 3)
 constexpr int kI8Tiles = 3;                     // 16-column tiles per call
+constexpr int kI8StepColumns = kI8Tiles * kTileColumns;    // a row of the gate's and up's sums
 constexpr size_t kPrefetchL1Bytes = 16384;      // a row group's share of the next step that goes to L1
 constexpr int kCacheLine = 64;
 
@@ -229,35 +231,6 @@ constexpr const I8TileFn* kI8Tile[kI8Rows] = {I8TilesOf<1>::kFns, I8TilesOf<2>::
                                              I8TilesOf<4>::kFns, I8TilesOf<5>::kFns, I8TilesOf<6>::kFns,
                                              I8TilesOf<7>::kFns, I8TilesOf<8>::kFns};
 
-// exp(x), x clamped below at -87: 2^n * p(f), a degree-5 polynomial in f (relative error ~2e-7).
-__m512 Exp(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT);
-  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718f));
-  __m512 p = _mm512_set1_ps(1.f / 120);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
-constexpr int kI8StepColumns = kI8Tiles * kTileColumns;    // a row of the gate's and up's sums
-
-// y = silu(g) * u over R rows of J tiles (g, u: rows of kI8StepColumns)
-void SwiGlu(const float* g, const float* u, int rows, int tiles, float* y, size_t ldy) {
-  const __m512 one = _mm512_set1_ps(1.f);
-  for (int r = 0; r < rows; ++r)
-    for (int j = 0; j < tiles; ++j) {
-      const size_t at = static_cast<size_t>(r) * kI8StepColumns + j * kTileColumns;
-      const __m512 gv = _mm512_loadu_ps(g + at), uv = _mm512_loadu_ps(u + at);
-      const __m512 sig = _mm512_div_ps(one, _mm512_add_ps(one, Exp(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-      _mm512_storeu_ps(y + r * ldy + j * kTileColumns, _mm512_mul_ps(_mm512_mul_ps(gv, sig), uv));
-    }
-}
-
 // Part i of parts of the next step: the lines a row group asks for while it multiplies this one. The
 // weights come from memory once per call (a model's linears exceed the caches), and the hardware
 // prefetcher starts over at every step, since each row group reads the tiles again.
@@ -304,7 +277,7 @@ struct I8GateUpMicro {
     const int8_t* codes = reinterpret_cast<const int8_t*>(s.at);
     tile(x, codes, s.tile_bytes, gate.scale + column, gate.comp + column, gs, kI8StepColumns, pg.at, pg.lines);
     tile(x, codes + apart, s.tile_bytes, up.scale + column, up.comp + column, us, kI8StepColumns, pu.at, pu.lines);
-    SwiGlu(gs, us, g.rows, s.count, y, ldy);
+    SwiGlu(gs, us, kI8StepColumns, g.rows, s.count, y, ldy);
   }
 };
 

@@ -78,7 +78,8 @@ TABLE = [
     ("avx512-vnni", "auto", "none", "ort", FP32, "native", {}),
     ("avx512-vnni", "ort", "int8", "ort", Q8, "native", {"activations": "int8"}),
     ("avx512-vnni", "openvino", "none", "openvino", FP32, "auto", {}),
-    ("amx", "auto", None, "openvino", OV_INT8, "auto", {"compute": "bf16"}),
+    ("amx", "auto", None, "openvino", KILN_OV, "auto", {"compute": "f32"}),
+    ("amx", "openvino", "int8", "openvino", KILN_OV, "auto", {"compute": "f32"}),
     ("amx", "auto", "int4", "ort", Q4, "native", {}),
     ("amx", "auto", "w8a8", "ort", W8A8, "native", {"weight_range": 127}),
     ("amx", "ort", "int8", "ort", Q8, "native", {"activations": "int8"}),
@@ -109,7 +110,9 @@ def test_each_auto_backend_choice_says_why():
     assert "neither AVX-512 nor VNNI" in plan_for("avx2").backend.reason
     assert "MatMulQ8" in plan_for("avx2").backend.reason
     assert "kiln's int8 linears" in plan_for("avx512-vnni").backend.reason
-    assert plan_for("amx").backend.reason == "OpenVINO: the fastest int8 engine on this x86_64 CPU"
+    assert "kiln's int8 linears" in plan_for("amx").backend.reason
+    # the reason names what the kernels multiply on: the AMX tiles where the CPU has them
+    assert "AMX int8 tiles" in plan_for("amx").backend.reason and "AMX" not in plan_for("avx512-vnni").backend.reason
     assert "ort" == plan_for("avx512-vnni", quant="int4").backend.value       # ort measured faster at int4
     assert "where it measured fastest" in plan_for("avx512-vnni", quant="int4").backend.reason
 
@@ -132,7 +135,8 @@ def test_without_kilns_libraries_int8_goes_to_openvinos_own_linears():
     # the reason says the default moved for a missing library, and how to build it
     assert native.BUILD_COMMAND in plan_for("avx2", libraries=False).backend.reason
     assert "kiln.engines.openvino.native.build" in plan_for("avx512-vnni", libraries=False).backend.reason
-    assert plan_for("amx", libraries=False).backend.reason == plan_for("amx").backend.reason   # nothing to miss
+    assert ops(plan_for("amx", libraries=False)) == OV_INT8
+    assert "kiln.engines.openvino.native.build" in plan_for("amx", libraries=False).backend.reason
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "ort-cuda"])
@@ -185,8 +189,11 @@ def test_the_default_ladder_runs_from_the_fastest_engine_to_fp32():
     assert ops(rungs[3].plan) == OV_F16 and rungs[3].flags == "--quant f16"
     assert ops(rungs[4].plan) == FP32 and rungs[4].flags == "--quant none --backend ort"
     assert all(r.allowed_after(plan) for r in rungs)
-    amx_plan, amx = ladder("amx")                    # OpenVINO's own linears first: no kiln rung
-    assert [r.plan.backend.value for r in amx] == ["ort", "ort", "openvino", "ort"]
+    amx_plan, amx = ladder("amx")                    # the same ladder: kiln's linears run on AMX tiles there
+    assert [(r.plan.backend.value, r.plan.quant.value) for r in amx] == [(r.plan.backend.value, r.plan.quant.value)
+                                                                        for r in rungs]
+    no_library_plan, no_library = ladder("amx", libraries=False)     # OpenVINO's own linears first: no kiln rung
+    assert [r.plan.backend.value for r in no_library] == ["ort", "ort", "openvino", "ort"]
 
 
 @needs_openvino

@@ -15,7 +15,7 @@ from kiln.compiler.backends.openvino.int8_linears import (GateUpI8, LinearI8, pa
 from kiln.engines.openvino import native  # noqa: E402
 
 needs_kernel = pytest.mark.skipif(not native.usable(), reason="kiln's OpenVINO op library is not built, or this CPU "
-                                  "lacks AVX-512 VNNI (or has AMX, where the plugin's own linears are used)")
+                                  "lacks AVX-512 VNNI")
 
 
 def reference(x: np.ndarray, weight: np.ndarray, sm: np.ndarray | None = None) -> np.ndarray:
@@ -141,11 +141,65 @@ def test_engine_on_kiln_linears_stays_close_to_fp32(tmp_path):
         assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
 
 
-def test_cpu_check_wants_vnni_and_leaves_amx_to_the_plugin():
+LEVEL_RUN = """
+import ctypes, sys, numpy as np
+from kiln.compiler.backends.openvino.int8_linears import quantize_weight
+from kiln.engines.openvino import native
+lib = ctypes.CDLL(str(native.require()))
+p, n_ = ctypes.c_void_p, ctypes.c_size_t
+lib.kiln_ov_linear_i8.argtypes = [p, p, n_, n_, p, p, p, n_, p]
+lib.kiln_ov_gate_up_i8.argtypes = [p, p, n_, n_, p, p, p, p, p, p, n_, p]
+out = [np.array(native.linear_level())]
+for m, k, n in %r:
+    rng = np.random.default_rng(m * k + n)
+    x, sm = rng.standard_normal((m, k)).astype(np.float32), rng.uniform(0.5, 2.0, k).astype(np.float32)
+    packed = [a for w in rng.standard_normal((2, n, k)).astype(np.float32) for a in quantize_weight(w)]
+    at = [a.ctypes.data for a in packed]
+    y, yg = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+    lib.kiln_ov_linear_i8(x.ctypes.data, sm.ctypes.data, m, k, *at[:3], n, y.ctypes.data)
+    lib.kiln_ov_gate_up_i8(x.ctypes.data, sm.ctypes.data, m, k, *at, n, yg.ctypes.data)
+    out += [y, yg]
+np.savez(sys.argv[1], *out)
+"""
+
+
+def run_level(tmp_path, shapes, max_isa: str | None) -> list[np.ndarray]:
+    """The level the linears ran on, then each shape's linear and gate-up outputs, computed in a fresh
+    process at the level KILN_MAX_ISA caps."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "KILN_MAX_ISA"}
+    if max_isa:
+        env["KILN_MAX_ISA"] = max_isa
+    out = tmp_path / f"{max_isa or 'host'}.npz"
+    subprocess.run([sys.executable, "-c", LEVEL_RUN % (shapes,), str(out)], env=env, check=True)
+    with np.load(out) as arrays:
+        return [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
+
+
+@pytest.mark.skipif(not (native.usable() and native.kernel_instructions() == "AMX int8 tiles"),
+                    reason="this CPU has no AMX tiles (the amx level's kernels run only there)")
+def test_amx_tiles_give_the_vnni_levels_outputs_bit_for_bit(tmp_path):
+    """Both levels sum the same int8 products exactly in int32 and scale them alike, so their outputs are
+    equal bit for bit: rows below the tiles' threshold (1), one partial tile (5), one whole (16), past it
+    (17, 32: two tiles; 70: three calls), K in whole tiles of 64 (576) and not (130, 600), one and two
+    weight tiles per call (n = 48: three tiles, the last alone)."""
+    shapes = [(1, 576, 64), (5, 130, 48), (16, 576, 96), (17, 600, 48), (32, 576, 1536), (70, 1536, 64)]
+    (amx_level, *amx), (vnni_level, *vnni) = run_level(tmp_path, shapes, None), run_level(tmp_path, shapes, "avx512vnni")
+    assert (str(amx_level), str(vnni_level)) == ("amx", "avx512vnni")       # the tiles ran, and the vectors
+    for (m, k, n), a, v in zip([s for s in shapes for _ in "lg"], amx, vnni):
+        assert a.shape == (m, n) and np.abs(a).max() > 0
+        np.testing.assert_array_equal(a, v, err_msg=f"{m} x {k} x {n}")
+
+
+def test_cpu_check_wants_vnni_and_takes_amx_tiles_where_there():
     base = frozenset(native.REQUIRED_FLAGS)
-    assert native.cpu_runs_kernels(base)
+    assert native.cpu_runs_kernels(base) and native.cpu_runs_kernels(base | {"amx_tile", "amx_int8"})
     assert not native.cpu_runs_kernels(base - {"avx512_vnni"})
-    assert not native.cpu_runs_kernels(base | {"amx_tile"})
+    assert native.kernel_instructions(base) == "AVX-512 VNNI"
+    assert native.kernel_instructions(base | {"amx_tile", "amx_int8", "amx_bf16"}) == "AMX int8 tiles"
 
 
 def test_a_load_without_the_library_says_how_to_build_it(tmp_path, monkeypatch):

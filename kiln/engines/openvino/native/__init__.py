@@ -1,4 +1,5 @@
-"""kiln's OpenVINO extension library: int8 linears with activations quantized per row, on AVX-512 VNNI.
+"""kiln's OpenVINO extension library: int8 linears with activations quantized per row, on AVX-512 VNNI
+(and on AMX tiles where the CPU has them).
 
 The library (built when kiln is installed with openvino in its build environment, or by
 `python -m kiln.engines.openvino.native.build`) holds two operations the CPU plugin runs through evaluate(): `kiln.LinearI8` (y = x W^T) and
@@ -7,7 +8,8 @@ channel (kiln/compiler/backends/openvino/int8_linears.py packs them; the layout 
 I8PerChannel, the arithmetic kiln's kernel library). Each row of x, times its
 channels' SmoothQuant factors, is quantized to u8 with its own scale (absmax / 127) as the call runs. Why: the plugin runs an int8-weight linear as a
 bf16 product (its int8 path needs a static activation range, and the graph that would compute one per
-row costs more than it saves); vpdpbusd does 64 multiply-adds where the bf16 dot product does 32.
+row costs more than it saves); vpdpbusd does 64 multiply-adds where the bf16 dot product does 32, and
+on an AMX CPU an int8 tile product (TDPBUSD) twice a bf16 one's (kiln/kernels/microkernels_amx.cc).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ def build_command() -> str:
     It works in any install: the sources ship with the package, and building the package built the
     library already wherever a C++ compiler was found."""
     return f"{shlex.quote(sys.executable)} -m kiln.engines.openvino.native.build"
-# The kernel's instructions; AMX parts are left to the plugin, whose AMX tiles are faster still.
+# The kernel's instructions: AVX-512 with VNNI; AMX tiles, where the CPU has them, on top.
 REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni")
+AMX_FLAGS = ("amx_tile", "amx_int8")
 
 
 class NativeOpsMissing(RuntimeError):
@@ -57,9 +60,26 @@ def cpu_flags() -> frozenset[str]:
 
 
 def cpu_runs_kernels(flags: frozenset[str] | None = None) -> bool:
-    """Whether this CPU runs the kernel (AVX-512 with VNNI) and the plugin has nothing faster (no AMX)."""
+    """Whether this CPU runs the kernel: AVX-512 with VNNI. On an AMX CPU too: the plugin's linears
+    there are bf16 tile products, and kiln's int8 tiles beat them (docs/benchmarks.md has the figures)."""
     flags = cpu_flags() if flags is None else flags
-    return all(f in flags for f in REQUIRED_FLAGS) and "amx_tile" not in flags
+    return all(f in flags for f in REQUIRED_FLAGS)
+
+
+def kernel_instructions(flags: frozenset[str] | None = None) -> str:
+    """What the kernel multiplies on, in words, for a build's reasons: AMX tiles or AVX-512 VNNI."""
+    flags = cpu_flags() if flags is None else flags
+    return "AMX int8 tiles" if all(f in flags for f in AMX_FLAGS) else "AVX-512 VNNI"
+
+
+def linear_level() -> str:
+    """What the library's int8 linears run on in this process: "amx" (tiles), "avx512vnni", or "none"
+    (a CPU, or KILN_MAX_ISA, below AVX-512 VNNI). Loads the library (require() says when it is missing)."""
+    import ctypes
+
+    fn = ctypes.CDLL(str(require())).kiln_i8_linear_level
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
 
 
 def usable() -> bool:

@@ -195,6 +195,15 @@ extern "C" __attribute__((visibility("default"))) void kiln_ov_linear_i8(const f
   kiln::ov_ops::Forward(kiln::ov_ops::I8Kernels(kernels), x, sm, m, k, &linear, 1, n, y);
 }
 
+// For tests: silu(x Wg^T) * (x Wu^T) the same way.
+extern "C" __attribute__((visibility("default"))) void kiln_ov_gate_up_i8(
+    const float* x, const float* sm, size_t m, size_t k, const int8_t* gate_codes, const float* gate_scale,
+    const float* gate_comp, const int8_t* up_codes, const float* up_scale, const float* up_comp, size_t n, float* y) {
+  const kiln::I8Linear linears[] = {{gate_codes, gate_scale, gate_comp}, {up_codes, up_scale, up_comp}};
+  static const kiln::Kernels& kernels = kiln::KernelsFor(kiln::HostIsa());
+  kiln::ov_ops::Forward(kiln::ov_ops::I8Kernels(kernels), x, sm, m, k, linears, 2, n, y);
+}
+
 OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
     std::make_shared<ov::OpExtension<kiln::ov_ops::LinearI8>>(),
     std::make_shared<ov::OpExtension<kiln::ov_ops::GateUpI8>>(),
