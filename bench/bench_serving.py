@@ -139,10 +139,18 @@ def wait_ready(proc: subprocess.Popen, port: int, log: Path) -> None:
     raise RuntimeError(f"the server was not serving within {READY_WITHIN_S} s:\n{log.read_text()[-3000:]}")
 
 
+def level_seed(clients: int) -> int:
+    """Each level's own requests (the same for every system): a server stays up across levels, and a
+    level that replayed the last one's prompts would be answered from caches (kiln's response cache
+    streams a repeated greedy request at once, and both servers' prefix caches hold its prompt)."""
+    return clients
+
+
 def run_level(url: str, workload: str, clients: int, duration: float, artifact: Path, out: Path) -> dict:
     """One closed-loop level through `kiln bench --url`, reduced to the side-by-side's figures."""
     subprocess.run([str(VENV_BIN / "kiln"), "bench", "--url", url, "--workload", workload, "--concurrency",
                     str(clients), "--duration", str(duration), "--temperature", "0", "--timeout", "600",
+                    "--seed", str(level_seed(clients)),
                     "--tokenizer", str(artifact), "--model", MODEL_NAME, "--json", str(out)], check=True)
     level = json.loads(out.read_text())["runs"][0]["levels"][0]
     return summarize(level)

@@ -19,9 +19,13 @@
 namespace kiln {
 
 // Rows per micro-kernel call: at most `most`, filled in turn, or (even) split as evenly as that allows.
+// rows_outer: each row group walks all the tiles before the next group starts, so the group's
+// activations stay in L1 and the weights stream past them (the default, tiles outer, keeps a step's
+// weights in L1 and streams the rows: better where the rows are few, their reload cheap).
 struct RowGroups {
   int most;
   bool even = false;
+  bool rows_outer = false;
 };
 
 // The tiles of one call: `count` tiles from `first`, their bytes one after another from `at`;
@@ -60,18 +64,38 @@ void DriveTiles(Micro& micro, const Rows& x, int rows, const uint8_t* w, int n, 
   const int per_step = micro.TilesPerStep(rows);
   const RowGroups groups = micro.Groups(rows);
   const int count = (rows + groups.most - 1) / groups.most;
-  for (int t = t0; t < t1; t += per_step) {
+  const auto step_at = [&](int t) {
     const int tiles = t1 - t < per_step ? t1 - t : per_step;
     const int end = n < (t + tiles) * kTileColumns ? n : (t + tiles) * kTileColumns;
     const int after = t1 - t - tiles < per_step ? t1 - t - tiles : per_step;       // the next step's tiles
-    const TileStep step{t, tiles, end - t * kTileColumns, rows, w + t * tile_bytes, tile_bytes,
-                        after > 0 ? w + (t + tiles) * tile_bytes : nullptr, after * tile_bytes};
+    return TileStep{t, tiles, end - t * kTileColumns, rows, w + t * tile_bytes, tile_bytes,
+                    after > 0 ? w + (t + tiles) * tile_bytes : nullptr, after * tile_bytes};
+  };
+  const auto group_rows = [&](int i, int m) {
+    return groups.even ? rows / count + (i < rows % count ? 1 : 0) : (rows - m < groups.most ? rows - m : groups.most);
+  };
+  const auto run = [&](const TileStep& step, int i, int m, int r) {
+    micro.Run(step, RowGroup{m, r, i, count}, x.From(m), y + m * ystride + static_cast<size_t>(step.first) * kTileColumns,
+              ystride);
+  };
+  if (groups.rows_outer) {
+    for (int i = 0, m = 0; m < rows; ++i) {
+      const int r = group_rows(i, m);
+      for (int t = t0; t < t1; t += per_step) {
+        const TileStep step = step_at(t);
+        micro.Prepare(step);
+        run(step, i, m, r);
+      }
+      m += r;
+    }
+    return;
+  }
+  for (int t = t0; t < t1; t += per_step) {
+    const TileStep step = step_at(t);
     micro.Prepare(step);
     for (int i = 0, m = 0; m < rows; ++i) {
-      const int r = groups.even ? rows / count + (i < rows % count ? 1 : 0)
-                                : (rows - m < groups.most ? rows - m : groups.most);
-      micro.Run(step, RowGroup{m, r, i, count}, x.From(m), y + m * ystride + static_cast<size_t>(t) * kTileColumns,
-                ystride);
+      const int r = group_rows(i, m);
+      run(step, i, m, r);
       m += r;
     }
   }

@@ -103,11 +103,15 @@ void TileSums(const uint8_t* xq, size_t stride, const int8_t* w0, const int8_t* 
   }
   const uint8_t* second = xq + kTileRows * stride;
   for (size_t kt = 0; kt < tiles_k; ++kt) {
+    // each load just before its first product: a tile is not renamed, so a load waits for the
+    // products still reading the register it overwrites
     _tile_loadd(kRows0, xq + kt * kTileK, stride);
-    if constexpr (kTwoRowTiles) _tile_loadd(kRows1, second + kt * kTileK, stride);
     _tile_loadd(kWeights0, w0 + kt * kWeightTileBytes, I8PerChannel::kStepBytes);
     _tile_dpbusd(kSum00, kRows0, kWeights0);
-    if constexpr (kTwoRowTiles) _tile_dpbusd(kSum10, kRows1, kWeights0);
+    if constexpr (kTwoRowTiles) {
+      _tile_loadd(kRows1, second + kt * kTileK, stride);
+      _tile_dpbusd(kSum10, kRows1, kWeights0);
+    }
     if (w1 != nullptr) {
       _tile_loadd(kWeights1, w1 + kt * kWeightTileBytes, I8PerChannel::kStepBytes);
       _tile_dpbusd(kSum01, kRows0, kWeights1);
@@ -166,7 +170,7 @@ struct AmxLinearMicro {
   I8Linear w;
   TileShapes shapes;
   int TilesPerStep(int) const { return 2; }
-  RowGroups Groups(int) const { return {kCallRows, true}; }
+  RowGroups Groups(int rows) const { return {kCallRows, true, rows > kCallRows}; }
   void Prepare(const TileStep&) {}
   void Run(const TileStep& s, const RowGroup& g, const U8Rows& x, float* y, size_t ldy) {
     alignas(64) int32_t sums[kCallRows * kSumColumns];
@@ -183,7 +187,7 @@ struct AmxGateUpMicro {
   I8Linear gate, up;
   TileShapes shapes;
   int TilesPerStep(int) const { return 1; }
-  RowGroups Groups(int) const { return {kCallRows, true}; }
+  RowGroups Groups(int rows) const { return {kCallRows, true, rows > kCallRows}; }
   void Prepare(const TileStep&) {}
   void Run(const TileStep& s, const RowGroup& g, const U8Rows& x, float* y, size_t ldy) {
     alignas(64) int32_t sums[kCallRows * kSumColumns];
