@@ -21,7 +21,8 @@ namespace kiln {
 // Rows per micro-kernel call: at most `most`, filled in turn, or (even) split as evenly as that allows.
 // rows_outer: each row group walks all the tiles before the next group starts, so the group's
 // activations stay in L1 and the weights stream past them (the default, tiles outer, keeps a step's
-// weights in L1 and streams the rows: better where the rows are few, their reload cheap).
+// weights in L1 and streams the rows: better where the rows are few, their reload cheap). Rows outer
+// calls Prepare once per step and row group, so it suits a micro-kernel with nothing to prepare.
 struct RowGroups {
   int most;
   bool even = false;

@@ -12,8 +12,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cstring>
-
 #include "driver.h"
 #include "kernels.h"
 #include "swiglu.h"
@@ -126,12 +124,6 @@ void TileSums(const uint8_t* xq, size_t stride, const int8_t* w0, const int8_t* 
   }
 }
 
-inline int32_t Word(const void* p) {      // 4 activation bytes as one int32 (unaligned)
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // The sums of a call's rows (< 32) against one or two weight panels (w1 may be null) over all of K:
 // the tiles' part, then the steps past the last whole tile on vpdpbusd.
 void RowSums(const U8Rows& x, int rows, const int8_t* w0, const int8_t* w1, size_t panel, TileShapes& shapes,
@@ -145,7 +137,7 @@ void RowSums(const U8Rows& x, int rows, const int8_t* w0, const int8_t* w1, size
   const int8_t* w[] = {w0, w1};
   for (size_t s = tiles_k * kTileSteps; s < steps; ++s)
     for (int r = 0; r < rows; ++r) {
-      const __m512i xb = _mm512_set1_epi32(Word(x.q + r * x.stride + s * I8PerChannel::kStepRows));
+      const __m512i xb = _mm512_set1_epi32(u8s8::Word(x.q + r * x.stride + s * I8PerChannel::kStepRows));
       for (int j = 0; j < (w1 != nullptr ? 2 : 1); ++j) {
         int32_t* at = sums + r * kSumColumns + j * kTileColumns;
         const __m512i wv = _mm512_loadu_si512(w[j] + s * I8PerChannel::kStepBytes);
@@ -165,13 +157,19 @@ void Dequantize(const int32_t* sums, int j, int rows, const U8Rows& x, const I8L
   }
 }
 
-// One linear's tiles, two at a time, 32 rows at a time.
-struct AmxLinearMicro {
-  I8Linear w;
+// What both micro-kernels share: 32 rows a call (rows outer past one call: driver.h), nothing to
+// prepare per step, and the tile shapes last loaded.
+struct AmxMicro {
   TileShapes shapes;
-  int TilesPerStep(int) const { return 2; }
   RowGroups Groups(int rows) const { return {kCallRows, true, rows > kCallRows}; }
   void Prepare(const TileStep&) {}
+};
+
+// One linear's tiles, two at a time.
+struct AmxLinearMicro : AmxMicro {
+  I8Linear w;
+  explicit AmxLinearMicro(const I8Linear& linear) : w(linear) {}
+  int TilesPerStep(int) const { return 2; }
   void Run(const TileStep& s, const RowGroup& g, const U8Rows& x, float* y, size_t ldy) {
     alignas(64) int32_t sums[kCallRows * kSumColumns];
     const int8_t* codes = reinterpret_cast<const int8_t*>(s.at);
@@ -183,12 +181,10 @@ struct AmxLinearMicro {
 
 // The gate's and the up projection's same tile (their codes the same distance apart as their first
 // tiles) as the two weight tiles of one call, then silu(gate) * up.
-struct AmxGateUpMicro {
+struct AmxGateUpMicro : AmxMicro {
   I8Linear gate, up;
-  TileShapes shapes;
+  AmxGateUpMicro(const I8Linear& g, const I8Linear& u) : gate(g), up(u) {}
   int TilesPerStep(int) const { return 1; }
-  RowGroups Groups(int rows) const { return {kCallRows, true, rows > kCallRows}; }
-  void Prepare(const TileStep&) {}
   void Run(const TileStep& s, const RowGroup& g, const U8Rows& x, float* y, size_t ldy) {
     alignas(64) int32_t sums[kCallRows * kSumColumns];
     alignas(64) float gs[kCallRows * kTileColumns], us[kCallRows * kTileColumns];
@@ -207,7 +203,7 @@ I8GateUpFn vnni_gate_up = nullptr;
 
 void LinearI8(const U8Rows& x, int rows, const I8Linear& w, int t0, int t1, float* y, size_t ldy) {
   if (rows < kMinTileRows) return vnni_linear(x, rows, w, t0, t1, y, ldy);
-  AmxLinearMicro micro{w, {}};
+  AmxLinearMicro micro(w);
   DriveTiles<I8PerChannel>(micro, x, rows, reinterpret_cast<const uint8_t*>(w.codes), t1 * kTileColumns, t0, t1, y, ldy);
   _tile_release();
 }
@@ -215,7 +211,7 @@ void LinearI8(const U8Rows& x, int rows, const I8Linear& w, int t0, int t1, floa
 void GateUpI8(const U8Rows& x, int rows, const I8Linear& gate, const I8Linear& up, int t0, int t1, float* y,
               size_t ldy) {
   if (rows < kMinTileRows) return vnni_gate_up(x, rows, gate, up, t0, t1, y, ldy);
-  AmxGateUpMicro micro{gate, up, {}};
+  AmxGateUpMicro micro(gate, up);
   DriveTiles<I8PerChannel>(micro, x, rows, reinterpret_cast<const uint8_t*>(gate.codes), t1 * kTileColumns, t0, t1,
                            y, ldy);
   _tile_release();

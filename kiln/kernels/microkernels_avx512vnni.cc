@@ -5,7 +5,6 @@
 #include <immintrin.h>
 
 #include <cmath>
-#include <cstring>
 
 #include "driver.h"
 #include "kernels.h"
@@ -16,12 +15,6 @@ namespace kiln {
 namespace {
 
 constexpr int kRowGroup = 4;    // rows that share one unpacking of a Q4_1 / Q8_0 tile's codes
-
-inline int32_t Word(const void* p) {      // 4 activation bytes as one int32 (unaligned)
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 
 // 16 columns' half floats at byte `offset` of a tile-block
 inline __m512 Halves(const uint8_t* blk, int offset) {
@@ -71,8 +64,8 @@ void Q4_1Rows(const int8_t* xq, const float* dx, const float* xs, int k, const u
       // two chains of four, so the dependent vpdpbusd latency halves
       __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
       for (int i = 0; i < Q4_1::kGroups; ++i) {
-        s0 = _mm512_dpbusd_epi32(s0, lo[i], _mm512_set1_epi32(Word(xb + Q4_1::kGroupRows * i)));
-        s1 = _mm512_dpbusd_epi32(s1, hi[i], _mm512_set1_epi32(Word(xb + Q4_1::kGroupRows * i + Q4_1::kHighRows)));
+        s0 = _mm512_dpbusd_epi32(s0, lo[i], _mm512_set1_epi32(u8s8::Word(xb + Q4_1::kGroupRows * i)));
+        s1 = _mm512_dpbusd_epi32(s1, hi[i], _mm512_set1_epi32(u8s8::Word(xb + Q4_1::kGroupRows * i + Q4_1::kHighRows)));
       }
       const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
       acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(dx[r * nb + b])), acc[r]);
@@ -99,8 +92,8 @@ void Q8Rows(const int8_t* xq, const float* dx, const int32_t* qsum, int k, const
       const int8_t* xb = xq + static_cast<size_t>(r) * k + b * kBlock;
       __m512i s0 = u8s8::Start(qsum[r * nb + b]), s1 = _mm512_setzero_si512();
       for (int g = 0; g < Q8_0::kGroups; g += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, u[g], _mm512_set1_epi32(Word(xb + Q8_0::kGroupRows * g)));
-        s1 = _mm512_dpbusd_epi32(s1, u[g + 1], _mm512_set1_epi32(Word(xb + Q8_0::kGroupRows * (g + 1))));
+        s0 = _mm512_dpbusd_epi32(s0, u[g], _mm512_set1_epi32(u8s8::Word(xb + Q8_0::kGroupRows * g)));
+        s1 = _mm512_dpbusd_epi32(s1, u[g + 1], _mm512_set1_epi32(u8s8::Word(xb + Q8_0::kGroupRows * (g + 1))));
       }
       const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
       acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(dx[r * nb + b])), acc[r]);
@@ -188,7 +181,7 @@ void I8Tile(const U8Rows& x, const int8_t* w, size_t panel, const float* ws, con
           a60 = c0, a61 = c1, a62 = c2, a70 = c0, a71 = c1, a72 = c2;
 #define KILN_ROW(r)                                                                               \
   if constexpr (R > r) {                                                                          \
-    const __m512i xb = _mm512_set1_epi32(Word(q + r * kp + k4i * I8PerChannel::kStepRows));       \
+    const __m512i xb = _mm512_set1_epi32(u8s8::Word(q + r * kp + k4i * I8PerChannel::kStepRows));       \
     a##r##0 = _mm512_dpbusd_epi32(a##r##0, xb, w0);                                               \
     if constexpr (J > 1) a##r##1 = _mm512_dpbusd_epi32(a##r##1, xb, w1);                          \
     if constexpr (J > 2) a##r##2 = _mm512_dpbusd_epi32(a##r##2, xb, w2);                          \

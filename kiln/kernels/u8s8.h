@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace kiln {
 namespace u8s8 {
@@ -20,6 +21,13 @@ namespace u8s8 {
 constexpr int32_t kOffset = 128;
 
 #define KILN_U8S8 inline __attribute__((always_inline))
+
+// 4 consecutive activation codes (one vpdpbusd lane's worth) as one int32, from any address
+KILN_U8S8 int32_t Word(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
 
 // a + 128 as u8, for int8 codes (their sign bit flipped)
 KILN_U8S8 __m512i Offset(__m512i a) { return _mm512_xor_si512(a, _mm512_set1_epi8(static_cast<char>(0x80))); }

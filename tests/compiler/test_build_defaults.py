@@ -189,10 +189,10 @@ def test_the_default_ladder_runs_from_the_fastest_engine_to_fp32():
     assert ops(rungs[3].plan) == OV_F16 and rungs[3].flags == "--quant f16"
     assert ops(rungs[4].plan) == FP32 and rungs[4].flags == "--quant none --backend ort"
     assert all(r.allowed_after(plan) for r in rungs)
-    amx_plan, amx = ladder("amx")                    # the same ladder: kiln's linears run on AMX tiles there
+    _, amx = ladder("amx")                    # the same ladder: kiln's linears run on AMX tiles there
     assert [(r.plan.backend.value, r.plan.quant.value) for r in amx] == [(r.plan.backend.value, r.plan.quant.value)
                                                                         for r in rungs]
-    no_library_plan, no_library = ladder("amx", libraries=False)     # OpenVINO's own linears first: no kiln rung
+    _, no_library = ladder("amx", libraries=False)     # OpenVINO's own linears first: no kiln rung
     assert [r.plan.backend.value for r in no_library] == ["ort", "ort", "openvino", "ort"]
 
 
