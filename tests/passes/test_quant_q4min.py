@@ -87,7 +87,7 @@ def test_an_artifact_records_the_op_and_refuses_to_load_without_the_library(tmp_
     art = build(BuildConfig(source="tiny-llama", out=tmp_path / "a", quant=QuantMode.INT4, backend="ort"))
     record = EngineArtifact.load(art).manifest.engines[0]
     assert record["native_ops"] == ["kiln.MatMulQ4Min", "kiln.MatMulQ8", "kiln.PagedAttention"]
-    out = LLM(art, RuntimeConfig(kv_cache_memory=16 << 20)).generate([[1, 2, 3]], SamplingParams(max_tokens=4))
+    out = LLM(art, RuntimeConfig(kv_cache_memory=16 << 20)).generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(out[0].token_ids) == 4
     monkeypatch.setattr(native, "LIBRARY", tmp_path / "absent.so")
     with pytest.raises(ArtifactError, match=r"kiln\.MatMulQ4Min, kiln\.MatMulQ8, kiln\.PagedAttention.*python -m kiln\.engines\.ort\.native\.build"):
