@@ -47,8 +47,11 @@ def free_port() -> int:
 
 
 def kiln_artifact(cache: Path) -> Path:
-    """The default build, once per kiln build-code state (the folder is rebuilt with --force otherwise)."""
-    out = cache / "kiln-default"
+    """The default build, once per kiln build-code state: a change to what shapes an artifact (the build
+    plan's defaults among it) names another folder, so a run never serves a stale default."""
+    from bench.runtime_kiln import _build_code_hash
+
+    out = cache / f"kiln-default-{_build_code_hash()}"
     if not (out / "manifest.json").is_file():
         subprocess.run([str(VENV_BIN / "kiln"), "build", "smollm2-135m", "--out", str(out), "--force"], check=True)
     return out

@@ -111,7 +111,8 @@ def _check_artifact_argument(ctx, _param, path: Path) -> Path:
                    "native: kiln's PagedAttention op, which reads the KV pool in place (needs kiln's op "
                    "library and an fp32 KV cache); with --prefill-engine only the decode engine takes it. "
                    "With --backend openvino, native is kiln's own paged attention over its u8 KV cache "
-                   "(kiln.PagedAttentionU8) in place of OpenVINO's.")
+                   "(kiln.PagedAttentionU8) in place of OpenVINO's, which auto takes for int8 builds on a CPU "
+                   "with AMX tiles (standard keeps OpenVINO's).")
 @click.option("--kv-dtype", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
               help="ort backend: the KV cache's element type; fp16 halves its memory, int8 (one scale per "
                    "token and head) takes ~0.27x; attention still computes in fp32.")

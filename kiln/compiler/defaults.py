@@ -130,6 +130,22 @@ def openvino_int8_runs_kiln_linears(host: BuildHost) -> bool:
     return host.openvino_ops and native.cpu_runs_kernels(host.cpu.flags or frozenset())
 
 
+KILN_ATTENTION_ON_TILES = ("kiln's paged attention over its u8 cache (kiln.PagedAttentionU8) in place of the plugin's: "
+                           "on this CPU's AMX tiles its prefill multiplies in bf16, and its decodes read each block "
+                           "once per kv head; faster than the plugin's operation in both (docs/benchmarks.md)")
+
+
+def openvino_attention_on_tiles(host: BuildHost, spec: ModelSpec) -> bool:
+    """Whether an openvino build here takes kiln's paged attention by default: its op library is built,
+    the CPU has AMX tiles for bf16 (where it lacks them kiln's prefill runs on vectors, slower than the
+    plugin's), and the model's heads fit the tile kernel (a multiple of 32 values, the paged layout)."""
+    from kiln.compiler.backends.openvino.coverage import attention_core
+    from kiln.engines.openvino import kiln_attention
+
+    return (host.openvino_ops and host.cpu.has("amx_tile", "amx_bf16") and spec.head_dim % 32 == 0
+            and not kiln_attention.supports(spec) and attention_core(spec)[0] != "paged-gather")
+
+
 def parameter_count(spec: ModelSpec) -> int:
     """Weights of the decoder: embeddings (+ an untied LM head) and per layer attention and MLP."""
     attn = spec.hidden_size * spec.head_dim * (2 * spec.num_heads + 2 * spec.num_kv_heads)

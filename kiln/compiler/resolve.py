@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kiln.compiler.defaults import AUTO, choose_attention, choose_backend, choose_quant, openvino_int8_runs_kiln_linears
+from kiln.compiler.defaults import (AUTO, KILN_ATTENTION_ON_TILES, choose_attention, choose_backend, choose_quant,
+                                    openvino_attention_on_tiles, openvino_int8_runs_kiln_linears)
 from kiln.compiler.openvino_recipes import computes_bf16, openvino_recipe, uses_kiln_linears
 from kiln.compiler.passes.fusion import planned_fusions
 from kiln.compiler.plan import BuildHost, BuildPlan, Choice, Fallback, QuantRecipe
@@ -30,13 +31,16 @@ def resolve(config: BuildConfig, spec: ModelSpec, host: BuildHost) -> BuildPlan:
     backend = _backend(config, mode, spec, host)
     attention = choose_attention(config.attention, backend.value, config.kv_dtype, host, spec)
     recipe = _recipe(backend.value, mode, spec, host)
+    if attention.chosen_by == AUTO and backend.value == "openvino" and uses_kiln_linears(recipe) \
+            and openvino_attention_on_tiles(host, spec):
+        attention = Choice("native", AUTO, KILN_ATTENTION_ON_TILES)
     fusions = planned_fusions(get_backend(backend.value).skipped_fusions, mode.value, config.fuse)
     # another backend refuses the option itself (kiln.compiler.build), saying which backend takes it
     takes_prefill = config.prefill_engine and "prefill_engine" in get_backend(backend.value).options
     prefill = (quant_recipe(get_backend(backend.value), QuantMode(config.prefill_engine), spec, host)
                if takes_prefill else None)
-    return BuildPlan(backend, quant, attention, _kv_dtype(config, backend.value, recipe), fusions, recipe, host,
-                     prefill)
+    return BuildPlan(backend, quant, attention, _kv_dtype(config, backend.value, recipe, attention), fusions, recipe,
+                     host, prefill)
 
 
 def _backend(config: BuildConfig, mode: QuantMode, spec: ModelSpec, host: BuildHost) -> Choice:
@@ -73,7 +77,8 @@ def fallbacks(plan: BuildPlan, config: BuildConfig, spec: ModelSpec) -> tuple[Fa
 
 def _openvino_own(plan: BuildPlan) -> Fallback:
     own = openvino_recipe(QuantMode(plan.quant.value), computes_bf16(plan.host.cpu), kiln_linears=False)
-    kv = Choice(own.kv_cache, plan.kv_dtype.chosen_by, _openvino_kv_reason(own))
+    kv = (plan.kv_dtype if plan.attention.value == "native"      # kiln's attention keeps its own cache
+          else Choice(own.kv_cache, plan.kv_dtype.chosen_by, _openvino_kv_reason(own)))
     return Fallback(replace(plan, recipe=own, kv_dtype=kv, rung="openvino's own int8 linears"),
                     stage="the next rung: building on OpenVINO's own int8 linears",
                     reason="kiln's int8 linears failed the build's check ({failure}), so OpenVINO's own")
@@ -151,7 +156,10 @@ def _recipe(backend: str, mode: QuantMode, spec: ModelSpec, host: BuildHost) -> 
     return quant_recipe(get_backend(backend), mode, spec, host, kiln_linears, paged)
 
 
-def _kv_dtype(config: BuildConfig, backend: str, recipe: QuantRecipe) -> Choice:
+def _kv_dtype(config: BuildConfig, backend: str, recipe: QuantRecipe, attention: Choice) -> Choice:
+    if backend == "openvino" and attention.value == "native":
+        return Choice("u8", AUTO, "kiln's u8 cache (codes with a scale and a minimum per token and head), which "
+                      "its paged attention reads")
     if backend == "openvino":
         return Choice(recipe.kv_cache or "f32", AUTO, _openvino_kv_reason(recipe))
     if "kv_dtype" not in get_backend(backend).options:

@@ -81,3 +81,11 @@ extern "C" __attribute__((visibility("default"))) const char* kiln_i8_linear_lev
   if (k.i8_linear == nullptr) return "none";
   return k.i8_linear != kiln::KernelsFor(Isa::kAvx512Vnni).i8_linear ? "amx" : "avx512vnni";
 }
+
+// What kiln.PagedAttentionU8 / F16 compute a prefill's run of queries on in this process: "amx-bf16"
+// (tiles: bf16 products, f32 sums) or "f32" (vectors throughout). For the Python side and its tests.
+extern "C" __attribute__((visibility("default"))) const char* kiln_kv_attention_level() {
+  using kiln::Isa;
+  const kiln::Kernels& k = kiln::KernelsFor(kiln::HostIsa());
+  return k.attend_kv != kiln::KernelsFor(Isa::kAvx512Vnni).attend_kv ? "amx-bf16" : "f32";
+}

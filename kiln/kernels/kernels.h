@@ -98,6 +98,7 @@ struct Kernels {
   LinearFn<FloatRows> q8_0_f32 = nullptr;     //                    accuracy_level 0
   AttendFn attend = nullptr;                  // kiln.PagedAttention
   AttendKvFn attend_kv = nullptr;             // kiln.PagedAttentionU8 / F16 (OpenVINO)
+  KvTaskQueriesFn kv_task_queries = nullptr;  //   its tasks' size (null: kKvMaxQueries)
   StoreTokenFn store_token = nullptr;         //   its cache rows
   // kiln.LinearI8 / kiln.GateUpI8 (OpenVINO): from avx512vnni up; null below
   QuantizeU8Fn quantize_u8 = nullptr;
@@ -113,6 +114,9 @@ void ScalarKernels(Kernels* k);       // microkernels_scalar.cc
 void Avx2Kernels(Kernels* k);         // microkernels_avx2.cc
 void Avx512VnniKernels(Kernels* k);   // microkernels_avx512vnni.cc
 void AmxKernels(Kernels* k);          // microkernels_amx.cc (weak in dispatch.cc)
+// kiln.PagedAttentionU8 / F16's runs of many queries on AMX-BF16 tiles, the rest on the table's vector
+// kernel (paged_kv_attention_amx.cc; AmxKernels calls it once Linux has granted the tile state).
+void AttendKvOnTiles(Kernels* k);
 
 // Int8Rows' qsum: each block's sum of int8 codes, for `blocks` blocks of 32.
 void BlockSums(const int8_t* xq, size_t blocks, int32_t* qsum);

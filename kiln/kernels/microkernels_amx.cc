@@ -1,5 +1,5 @@
-// The amx level's micro-kernels (AMX-TILE and AMX-INT8, and the avx512vnni level's flags; build.py
-// compiles this file with those): I8PerChannel's linears (the OpenVINO extension's kiln.LinearI8 and
+// The amx level's micro-kernels (AMX-TILE, AMX-INT8 and AMX-BF16, and the avx512vnni level's flags;
+// build.py compiles this file with those): I8PerChannel's linears (the OpenVINO extension's kiln.LinearI8 and
 // kiln.GateUpI8) on tiles, where one TDPBUSD multiplies 16 rows by 16 columns over 64 k, 16,384
 // multiply-adds where vpdpbusd does 64. Few rows (one stream's decode) keep the avx512vnni kernels: a
 // tile product costs the same for 1 row as for 16, and there the weights' bytes set the pace anyway.
@@ -235,6 +235,7 @@ void AmxKernels(Kernels* k) {
   vnni_gate_up = k->i8_gate_up;
   k->i8_linear = LinearI8;
   k->i8_gate_up = GateUpI8;
+  AttendKvOnTiles(k);
 }
 
 }  // namespace kiln

@@ -30,76 +30,12 @@ namespace {
 
 #include "attention_math.h"     // Lanes, Load, Total, ExpLanes, ExpAndSum (inside this anonymous namespace)
 
-typedef uint8_t Codes __attribute__((vector_size(16)));
-
 constexpr int kLanes = 16;
 constexpr int kQueryGroup = 4;      // query vectors whose sums one pass keeps in registers
 constexpr int kMaxBlockHalves = 4;  // blocks of up to 64 tokens, 16 at a time
 const Lanes kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
-// The element formats: 16 consecutive elements as floats, and what a stored token carries.
-struct U8Codes {
-  static constexpr KvFormat kFormat = KvFormat::kU8;
-  static constexpr int kBytes = 1;
-  static constexpr bool kAffine = true;     // a scale and a minimum per token
-  static constexpr bool kFromMemory = true;  // the next block is fetched ahead
-  static KILN_INLINE Lanes Widen(const uint8_t* codes) {
-#ifdef __AVX512F__
-    // NOTE: spelled out: GCC's generic conversion of 16 u8 lanes went through scalar code
-    const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
-    Lanes x;
-    std::memcpy(&x, &v, sizeof x);
-    return x;
-#else
-    Codes c;
-    std::memcpy(&c, codes, sizeof c);
-    return __builtin_convertvector(__builtin_convertvector(c, LaneIndex), Lanes);
-#endif
-  }
-};
-
-// An IEEE half float's value (the scalar copy's path; the others convert 8 or 16 at once).
-KILN_INLINE float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else {
-    float f = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign ? -f : f;
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-struct F16Values {
-  static constexpr KvFormat kFormat = KvFormat::kF16;
-  static constexpr int kBytes = 2;
-  static constexpr bool kAffine = false;
-  static constexpr bool kFromMemory = true;
-  static KILN_INLINE Lanes Widen(const uint8_t* halves) {
-    Lanes x;
-#if defined(__AVX512F__)
-    const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(halves)));
-    std::memcpy(&x, &v, sizeof x);
-#elif defined(__F16C__)
-    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves)));
-    const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves) + 1));
-    std::memcpy(&x, &lo, sizeof lo);
-    std::memcpy(reinterpret_cast<float*>(&x) + 8, &hi, sizeof hi);
-#else
-    for (int i = 0; i < kLanes; ++i) {
-      uint16_t h;
-      std::memcpy(&h, halves + 2 * i, sizeof h);
-      x[i] = HalfToFloat(h);
-    }
-#endif
-    return x;
-  }
-};
+#include "kv_elements.h"       // U8Codes, F16Values
 
 // A span already widened (a task of many queries reads it once per group of four).
 struct F32Values {
@@ -345,6 +281,33 @@ KILN_INLINE uint16_t FloatToHalf(float x) {
 #endif
 }
 
+#ifdef __AVX512F__
+// The same codes as the loop below (the same f32 operations, rounded to nearest even), 16 at a time:
+// a prefill stores every token of every kv head before it attends.
+void StoreU8(const float* x, int hd, int bs, uint8_t* segment, int slot, bool transposed) {
+  __m512 lowest = _mm512_loadu_ps(x), highest = lowest;
+  for (int d = kLanes; d < hd; d += kLanes) {
+    const __m512 v = _mm512_loadu_ps(x + d);
+    lowest = _mm512_min_ps(lowest, v);
+    highest = _mm512_max_ps(highest, v);
+  }
+  const float lo = _mm512_reduce_min_ps(lowest), hi = _mm512_reduce_max_ps(highest);
+  const float scale = (hi - lo) / 255.f, inverse = scale > 0.f ? 1.f / scale : 0.f;
+  for (int d = 0; d < hd; d += kLanes) {
+    const __m512 scaled = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + d), _mm512_set1_ps(lo)), _mm512_set1_ps(inverse));
+    const __m128i codes = _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_cvtps_epi32(scaled), _mm512_setzero_si512()));
+    if (!transposed) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(segment + static_cast<size_t>(slot) * hd + d), codes);
+      continue;
+    }
+    alignas(16) uint8_t lanes[kLanes];
+    _mm_store_si128(reinterpret_cast<__m128i*>(lanes), codes);
+    for (int i = 0; i < kLanes; ++i) segment[static_cast<size_t>(d + i) * bs + slot] = lanes[i];
+  }
+  std::memcpy(segment + static_cast<size_t>(hd) * bs + sizeof(float) * slot, &scale, sizeof scale);
+  std::memcpy(segment + static_cast<size_t>(hd) * bs + sizeof(float) * (bs + slot), &lo, sizeof lo);
+}
+#else
 void StoreU8(const float* x, int hd, int bs, uint8_t* segment, int slot, bool transposed) {
   float lo = x[0], hi = x[0];
   for (int d = 1; d < hd; ++d) {
@@ -360,6 +323,7 @@ void StoreU8(const float* x, int hd, int bs, uint8_t* segment, int slot, bool tr
   std::memcpy(segment + static_cast<size_t>(hd) * bs + sizeof(float) * slot, &scale, sizeof scale);
   std::memcpy(segment + static_cast<size_t>(hd) * bs + sizeof(float) * (bs + slot), &lo, sizeof lo);
 }
+#endif
 
 void StoreF16(const float* x, int hd, int bs, uint8_t* segment, int slot, bool transposed) {
   for (int d = 0; d < hd; ++d) {

@@ -35,6 +35,8 @@ enum class KvFormat { kU8, kF16, kF32 };
 
 constexpr int kU8RowExtra = 8;          // a u8 token's bytes after its codes: scale, minimum (f32 each)
 constexpr int kKvMaxQueries = 64;       // query vectors one task holds: its tokens times the group's heads
+constexpr int kKvTileQueries = 512;     // ... on the amx level's tiles (paged_kv_attention_amx.cc), where
+                                        // a task widens its span once for more queries
 
 // A token's bytes for one kv head (a cache row, the last dimension of the cache's shape).
 inline int RowBytes(int head_dim, KvFormat f) {
@@ -94,6 +96,9 @@ using StoreTokenFn = void (*)(KvFormat f, const float* x, int head_dim, int bloc
 using AttendKvFn = void (*)(KvFormat f, const PackedAttention& s, const AttentionParams& p, const float* q,
                             const float* k, const float* v, const uint8_t* key_cache, const uint8_t* value_cache,
                             const PackedSequence& seq, int g, int s0, int s1, float* out);
+
+// The query vectors one task may hold for a head width (the op's tasks; null: kKvMaxQueries).
+using KvTaskQueriesFn = int (*)(int head_dim);
 
 #define KILN_KV_ATTENTION_COPY(Level)                                                                        \
   void StoreToken##Level(KvFormat, const float*, int, int, uint8_t*, int, bool);                            \

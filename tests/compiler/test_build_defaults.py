@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from kiln.compiler.defaults import choose_quant, kiln_int8_is_faster_here, parameter_count
+from kiln.compiler.defaults import KILN_ATTENTION_ON_TILES, choose_quant, kiln_int8_is_faster_here, parameter_count
 from kiln.compiler.plan import BuildHost, BuildPlan
-from kiln.compiler.resolve import fallbacks, resolve
+from kiln.compiler.resolve import apply_to_config, fallbacks, resolve
 from kiln.config import BuildConfig
 from kiln.contract.cpu import describe
 from kiln.contract.model_spec import ModelSpec
@@ -78,8 +78,8 @@ TABLE = [
     ("avx512-vnni", "auto", "none", "ort", FP32, "native", {}),
     ("avx512-vnni", "ort", "int8", "ort", Q8, "native", {"activations": "int8"}),
     ("avx512-vnni", "openvino", "none", "openvino", FP32, "auto", {}),
-    ("amx", "auto", None, "openvino", KILN_OV, "auto", {"compute": "f32"}),
-    ("amx", "openvino", "int8", "openvino", KILN_OV, "auto", {"compute": "f32"}),
+    ("amx", "auto", None, "openvino", KILN_OV, "native", {"compute": "f32"}),
+    ("amx", "openvino", "int8", "openvino", KILN_OV, "native", {"compute": "f32"}),
     ("amx", "auto", "int4", "ort", Q4, "native", {}),
     ("amx", "auto", "w8a8", "ort", W8A8, "native", {"weight_range": 127}),
     ("amx", "ort", "int8", "ort", Q8, "native", {"activations": "int8"}),
@@ -137,6 +137,24 @@ def test_without_kilns_libraries_int8_goes_to_openvinos_own_linears():
     assert "kiln.engines.openvino.native.build" in plan_for("avx512-vnni", libraries=False).backend.reason
     assert ops(plan_for("amx", libraries=False)) == OV_INT8
     assert "kiln.engines.openvino.native.build" in plan_for("amx", libraries=False).backend.reason
+
+
+@needs_openvino
+def test_on_amx_the_openvino_int8_default_takes_kiln_attention_where_its_tiles_run():
+    plan = plan_for("amx")
+    assert plan.attention.to_dict() == {"value": "native", "chosen_by": "auto", "reason": KILN_ATTENTION_ON_TILES}
+    assert plan.kv_dtype.value == "u8" and "kiln's u8 cache" in plan.kv_dtype.reason
+    assert "native" == apply_to_config(BuildConfig(source="x", out="x"), plan).attention
+    # not where the prefill would run on vectors, the library is missing, the user chose, or the heads
+    # do not fit the tiles (48 values)
+    assert plan_for("avx512-vnni").attention.value == "auto"
+    assert plan_for("amx", libraries=False).attention.value == "auto"
+    assert plan_for("amx", attention="standard").attention.value == "standard"
+    odd_heads = resolve(BuildConfig(source="x", out="x"), spec(576, 30, 12, 3, 1536, 49152), host("amx"))
+    assert odd_heads.backend.value == "openvino" and odd_heads.attention.value == "auto"
+    # OpenVINO's own int8 linears (the ladder's next rung) keep kiln's attention and its cache
+    own = fallbacks(plan, BuildConfig(source="x", out="x"), SMOLLM2)[0]
+    assert own.plan.attention.value == "native" and own.plan.kv_dtype == plan.kv_dtype
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "ort-cuda"])

@@ -72,17 +72,32 @@ class Layer:
         return np.concatenate(blocks, axis=1)[:, :n].transpose(1, 0, 2)
 
 
-def attention(q, keys, values, past, window, head_dim):
-    """softmax(q k^T / sqrt(hd)) v per query token and head, causal, over the last `window` keys."""
+def bf16(x):
+    """x rounded to bfloat16 (to nearest, ties to even), as float32."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+
+def attention(q, keys, values, past, window, head_dim, rounded=lambda x: x):
+    """softmax(q k^T / sqrt(hd)) v per query token and head, causal, over the last `window` keys;
+    rounded (bf16 for the tiles' path) applies to the values and the unnormalized weights."""
     out = np.zeros_like(q)
+    values = rounded(values)
     for i in range(len(q)):
         first = max(0, past + i + 1 - window) if window else 0
         for h in range(HEADS):
             g = h // (HEADS // KV_HEADS)
             s = keys[first:past + i + 1, g] @ q[i, h] * head_dim ** -0.5
-            w = np.exp(s - s.max())
+            w = rounded(np.exp(s - s.max()))
             out[i, h] = (w / w.sum()) @ values[first:past + i + 1, g]
     return out
+
+
+def on_tiles(head_dim, new_tokens):
+    """Whether the library computes this sequence's call on AMX-BF16 tiles: a run of several tokens
+    (more than four query vectors) whose head width is a multiple of 32, where the CPU has them."""
+    return (native.attention_level() == "amx-bf16" and head_dim % 32 == 0 and new_tokens > 1
+            and new_tokens * HEADS // KV_HEADS > 4)
 
 
 def read(layer, b, n, keys, new):
@@ -92,6 +107,13 @@ def read(layer, b, n, keys, new):
     if len(new) > 1:
         seen[n - len(new):] = new
     return seen
+
+
+# On tiles the weights and the values are bf16: each unnormalized weight may differ from the rounded
+# reference's by one bf16 step (2^-8 of it: the scores agree to f32's precision, not bit for bit), so
+# the output by at most 2 * 2^-8 of the largest |value|; against exact attention the rounding itself
+# adds as much again.
+TILE_STEP = 2 * 2.0 ** -8
 
 
 # (format, bound on |kiln - exact f32 attention|): u8 codes step at 1/255 of a token's range
@@ -109,11 +131,16 @@ def test_the_operation_is_attention_over_what_it_stored(fmt, exact_bound, head_d
             all_k[b].append(k[b])
             all_v[b].append(v[b])
             n = past[b] + counts[b]
-            over_cache = attention(q[b], read(layer, b, n, True, k[b]), read(layer, b, n, False, v[b]), past[b],
-                                   window, head_dim)
+            seen_k, seen_v = read(layer, b, n, True, k[b]), read(layer, b, n, False, v[b])
             exact = attention(q[b], np.concatenate(all_k[b]), np.concatenate(all_v[b]), past[b], window, head_dim)
-            np.testing.assert_allclose(got[b], over_cache, atol=2e-5, rtol=0)
-            assert np.abs(got[b] - exact).max() < exact_bound
+            if on_tiles(head_dim, counts[b]):
+                over_cache = attention(q[b], seen_k, seen_v, past[b], window, head_dim, rounded=bf16)
+                np.testing.assert_allclose(got[b], over_cache, atol=TILE_STEP * np.abs(seen_v).max() + 1e-5, rtol=0)
+                assert np.abs(got[b] - exact).max() < exact_bound + 2 * TILE_STEP * np.abs(seen_v).max()
+            else:
+                over_cache = attention(q[b], seen_k, seen_v, past[b], window, head_dim)
+                np.testing.assert_allclose(got[b], over_cache, atol=2e-5, rtol=0)
+                assert np.abs(got[b] - exact).max() < exact_bound
             past[b] = n
 
 

@@ -75,9 +75,19 @@ def kernel_instructions(flags: frozenset[str] | None = None) -> str:
 def linear_level() -> str:
     """What the library's int8 linears run on in this process: "amx" (tiles), "avx512vnni", or "none"
     (a CPU, or KILN_MAX_ISA, below AVX-512 VNNI). Loads the library (require() says when it is missing)."""
+    return _level("kiln_i8_linear_level")
+
+
+def attention_level() -> str:
+    """What kiln's paged attention computes a prefill's queries on in this process: "amx-bf16" (tiles:
+    bf16 products, f32 sums) or "f32" (vectors throughout)."""
+    return _level("kiln_kv_attention_level")
+
+
+def _level(entry: str) -> str:
     import ctypes
 
-    fn = ctypes.CDLL(str(require())).kiln_i8_linear_level
+    fn = getattr(ctypes.CDLL(str(require())), entry)
     fn.restype = ctypes.c_char_p
     return fn().decode()
 

@@ -81,11 +81,12 @@ struct Task {
   int sequence, kv_head, s0, s1;
 };
 
-// Runs of a sequence's new tokens, each at most kKvMaxQueries query vectors with the group's heads,
+// Runs of a sequence's new tokens, each at most the kernel's query vectors per task with the group's heads,
 // for every kv head; the costliest first (queries times the keys they read), so that threads taking
 // the next task as they finish end together (a causal prefill's last runs read the most keys).
-std::vector<Task> Tasks(const PackedAttention& s, const std::vector<PackedSequence>& seqs) {
-  const int per_task = std::max(1, kKvMaxQueries / (s.heads / s.kv_heads));
+std::vector<Task> Tasks(const Kernels& run, const PackedAttention& s, const std::vector<PackedSequence>& seqs) {
+  const int queries = run.kv_task_queries != nullptr ? run.kv_task_queries(s.head_dim) : kKvMaxQueries;
+  const int per_task = std::max(1, queries / (s.heads / s.kv_heads));
   std::vector<Task> tasks;
   for (size_t b = 0; b < seqs.size(); ++b)
     for (int s0 = 0; s0 < seqs[b].count; s0 += per_task)
@@ -167,7 +168,7 @@ bool PagedKvAttention<kFormat>::evaluate(ov::TensorVector& out, const ov::Tensor
   out[0].set_shape(qs);
   float* result = out[0].data<float>();
   const float *q = in[kQ].data<const float>(), *k = in[kK].data<const float>(), *v = in[kV].data<const float>();
-  const std::vector<Task> tasks = Tasks(s, seqs);
+  const std::vector<Task> tasks = Tasks(run, s, seqs);
   RunTasks(tasks.size(), [&](size_t i) {
     const Task& t = tasks[i];
     run.attend_kv(kFormat, s, p, q, k, v, key_cache, value_cache, seqs[t.sequence], t.kv_head, t.s0, t.s1, result);
