@@ -4,6 +4,7 @@ targets, the greedy agreement line, and the JSON."""
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import asdict, dataclass, field
 
 from bench.peers import Run
@@ -190,7 +191,7 @@ def run_record(args) -> dict:
     model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                  "unknown")
     return {"date": now.strftime("%Y-%m-%d"), "time_utc": now.strftime("%H:%M"), "cpu": model,
-            "cpu_class": host().cpu_class, "command": " ".join(["python", "-m", "bench.bench_runtime", *sys.argv[1:]]),
+            "cpu_class": host().cpu_class, "command": shlex.join(["python", "-m", "bench.bench_runtime", *sys.argv[1:]]),
             "journal": args.journal}
 
 
