@@ -84,8 +84,8 @@ extern "C" __attribute__((visibility("default"))) const char* kiln_i8_linear_lev
 
 // What kiln.PagedAttentionU8 / F16 compute a prefill's run of queries on in this process: "amx-bf16"
 // (tiles: bf16 products, f32 sums) or "f32" (vectors throughout). For the Python side and its tests.
+// NOTE: only the tiles' install (AttendKvOnTiles) sizes the tasks, so kv_task_queries says it ran, at
+// whatever level KILN_MAX_ISA leaves.
 extern "C" __attribute__((visibility("default"))) const char* kiln_kv_attention_level() {
-  using kiln::Isa;
-  const kiln::Kernels& k = kiln::KernelsFor(kiln::HostIsa());
-  return k.attend_kv != kiln::KernelsFor(Isa::kAvx512Vnni).attend_kv ? "amx-bf16" : "f32";
+  return kiln::KernelsFor(kiln::HostIsa()).kv_task_queries != nullptr ? "amx-bf16" : "f32";
 }

@@ -372,27 +372,10 @@ void WidenBlock(const Segment& seg, int bs, int hd, bool keys, float* out) {
 // Many queries (a prefill's run of tokens): the span's blocks are widened to f32 once, into scratch
 // laid out as a pool of one kv head whose blocks are the span's in order, and every group of four
 // queries reads that copy (widening each block once per group cost more than the products).
-// The call's own tokens of kv head g in the widened copy, exact (their codes were written this call).
-void PutNewTokens(const PackedAttention& s, const float* k, const float* v, const PackedSequence& seq, int g,
-                  const Span& span, uint8_t* keys, uint8_t* values) {
-  const int bs = s.block_size, hd = s.head_dim;
-  const size_t segment = SegmentBytes(hd, bs, KvFormat::kF32);
-  for (int i = 0; i < seq.count && seq.past + i <= span.hi; ++i) {
-    const int64_t position = seq.past + i;
-    if (position < span.base) continue;
-    const size_t block = static_cast<size_t>((position - span.base) / bs);
-    const int slot = static_cast<int>(position % bs);
-    const size_t from = (static_cast<size_t>(seq.begin + i) * s.kv_heads + g) * hd;
-    auto* key = reinterpret_cast<float*>(keys + segment * block);
-    for (int d = 0; d < hd; ++d) key[static_cast<size_t>(d) * bs + slot] = k[from + d];
-    std::memcpy(values + segment * block + sizeof(float) * slot * hd, v + from, sizeof(float) * hd);
-  }
-}
-
 template <typename F>
-void AttendWidened(const PackedAttention& s, const AttentionParams& p, const float* k, const float* v,
-                   const uint8_t* key_cache, const uint8_t* value_cache, const PackedSequence& seq, int g,
-                   const Query* qs, int count, const Span& span) {
+void AttendWidened(const PackedAttention& s, const AttentionParams& p, const uint8_t* key_cache,
+                   const uint8_t* value_cache, const PackedSequence& seq, int g, const Query* qs, int count,
+                   const Span& span) {
   const int bs = s.block_size, hd = s.head_dim;
   const int first = static_cast<int>(span.base / bs), blocks = static_cast<int>(span.hi / bs) - first + 1;
   const size_t segment = SegmentBytes(hd, bs, KvFormat::kF32);
@@ -408,7 +391,6 @@ void AttendWidened(const PackedAttention& s, const AttentionParams& p, const flo
                   reinterpret_cast<float*>(values + segment * b));
     order[first + b] = b;
   }
-  PutNewTokens(s, k, v, seq, g, span, keys, values);
   PackedAttention one = s;
   one.kv_heads = 1;
   one.num_blocks = blocks;
@@ -418,8 +400,7 @@ void AttendWidened(const PackedAttention& s, const AttentionParams& p, const flo
 }
 
 template <typename F>
-void Attend(const PackedAttention& s, const AttentionParams& p, const float* q, const float* k, const float* v,
-            const uint8_t* key_cache, const uint8_t* value_cache, const PackedSequence& seq, int g, int s0, int s1,
+void Attend(const PackedAttention& s, const AttentionParams& p, const float* q, const uint8_t* key_cache, const uint8_t* value_cache, const PackedSequence& seq, int g, int s0, int s1,
             float* out) {
   const int hd = s.head_dim, group = s.heads / s.kv_heads;
   const int count = (s1 - s0) * group;          // query j: token s0 + j / group, head g * group + j % group
@@ -433,10 +414,11 @@ void Attend(const PackedAttention& s, const AttentionParams& p, const float* q, 
   }
   const int64_t lo = FirstKey(p, seq.past + s0), hi = seq.past + s1 - 1;
   const Span span{lo / s.block_size * s.block_size, lo, hi};
-  // A call of several tokens (a prefill's chunk, proposals to verify) reads its own tokens exactly; a
-  // decode reads its past through the cache, its own token too.
+  // Every query reads the keys and values as the cache holds them, the call's own tokens too (stored
+  // before any task attends): a prefill sees what the decodes after it will, as OpenVINO's operation
+  // does. Many queries read a widened copy of the span.
   if (count > kQueryGroup || seq.count > 1)
-    return AttendWidened<F>(s, p, k, v, key_cache, value_cache, seq, g, qs, count, span);
+    return AttendWidened<F>(s, p, key_cache, value_cache, seq, g, qs, count, span);
   AttendSpan<F>(s, p, key_cache, value_cache, seq, g, qs, count, span);
 }
 
@@ -450,8 +432,11 @@ void KILN_STORE_TOKEN(KvFormat f, const float* x, int hd, int bs, uint8_t* segme
 void KILN_ATTEND_KV(KvFormat f, const PackedAttention& s, const AttentionParams& p, const float* q, const float* k,
                     const float* v, const uint8_t* key_cache, const uint8_t* value_cache, const PackedSequence& seq,
                     int g, int s0, int s1, float* out) {
-  if (f == KvFormat::kU8) return Attend<U8Codes>(s, p, q, k, v, key_cache, value_cache, seq, g, s0, s1, out);
-  if (f == KvFormat::kF16) return Attend<F16Values>(s, p, q, k, v, key_cache, value_cache, seq, g, s0, s1, out);
+  // k and v were stored before any task attends; every query reads them through the cache (Attend)
+  (void)k;
+  (void)v;
+  if (f == KvFormat::kU8) return Attend<U8Codes>(s, p, q, key_cache, value_cache, seq, g, s0, s1, out);
+  if (f == KvFormat::kF16) return Attend<F16Values>(s, p, q, key_cache, value_cache, seq, g, s0, s1, out);
 }
 
 }  // namespace kiln

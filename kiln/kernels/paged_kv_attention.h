@@ -19,7 +19,7 @@
 //   out      [T, heads * hd]
 //
 // The call first stores its new keys and values into their blocks (StoreToken), then every query
-// reads all its keys from the cache: the keys it sees are its sequence's positions 0 .. past + s
+// reads all its keys from the cache, the call's own among them: the keys it sees are its sequence's positions 0 .. past + s
 // (causal), or the last `window` of them.
 #pragma once
 
@@ -90,9 +90,10 @@ using StoreTokenFn = void (*)(KvFormat f, const float* x, int head_dim, int bloc
                               bool transposed);
 
 // One task: sequence `seq`, kv head g, its new tokens [s0, s1) — every query head of the group, at
-// most kKvMaxQueries query vectors — writing out's rows of those tokens and heads. k and v are the
-// call's new keys and values (already stored): a task of several tokens reads the call's own tokens
-// from them exactly, as OpenVINO's operation does, and only the past through the cache's precision.
+// most the level's query vectors per task (kv_task_queries) — writing out's rows of those tokens and
+// heads. k and v are the call's new keys and values, already stored: every query reads keys and
+// values as the cache holds them, the call's own tokens too, so a prefill sees what the decodes after
+// it will (OpenVINO's operation does the same: kiln's and its greedy answers agree token for token).
 using AttendKvFn = void (*)(KvFormat f, const PackedAttention& s, const AttentionParams& p, const float* q,
                             const float* k, const float* v, const uint8_t* key_cache, const uint8_t* value_cache,
                             const PackedSequence& seq, int g, int s0, int s1, float* out);

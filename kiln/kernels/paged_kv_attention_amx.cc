@@ -8,8 +8,8 @@
 // A task (one sequence, one kv head, up to kKvMaxQueries query vectors):
 //   1. its span's keys and values, widened from the cache to bf16 once, in the layouts TDPBF16PS reads
 //      as its second operand: a pair of consecutive k in each 32-bit word (keys: two dimensions of a
-//      key; values: one dimension of two keys). The call's own new tokens come from k and v, as the
-//      vector kernel reads them.
+//      key; values: one dimension of two keys). The call's own tokens too, as the cache holds them
+//      (paged_kv_attention.h says why).
 //   2. per 16 queries: their rows times every key (tiles), the scores into memory. Queries and keys
 //      are each split into a bf16 value and the bf16 of what its rounding left out, and three products
 //      sum them: the scores are f32's to about 2^-16, as the vector kernel's are.
@@ -134,48 +134,23 @@ KILN_INLINE Lanes ValueRow(const Segment& seg, int hd, int slot, int c) {
   return x;
 }
 
-// 16 keys from `first` (inside one block), the lanes from `valid` on zero. A position the call
-// brings (past on) comes from k and v, as the vector kernel reads a call's own tokens.
+// 16 keys from `first` (inside one block) as the cache holds them, the lanes from `valid` on zero.
 template <typename F>
-void WidenKeyGroup(const PackedAttention& s, const float* k, const float* v, const uint8_t* key_cache,
-                   const uint8_t* value_cache, const PackedSequence& seq, int g, int64_t first, int group, int valid,
-                   Widened& w) {
+void WidenKeyGroup(const PackedAttention& s, const uint8_t* key_cache, const uint8_t* value_cache,
+                   const PackedSequence& seq, int g, int64_t first, int group, int valid, Widened& w) {
   const int bs = s.block_size, hd = s.head_dim;
   const int64_t block = seq.blocks[first / bs];
   const int h16 = static_cast<int>(first % bs);
   const Segment keys = SegmentOf(s, key_cache, block, g, F::kFormat);
   const Segment values = SegmentOf(s, value_cache, block, g, F::kFormat);
   const Lanes keep = kIota < static_cast<float>(valid) ? Lanes{} + 1.f : Lanes{};
-  const int from_call = seq.past > first ? static_cast<int>(seq.past - first) : 0;    // lanes from here: k, v
-  const size_t token_stride = static_cast<size_t>(s.kv_heads) * hd;
-  const auto call_row = [&](const float* x, int lane) {
-    return x + (static_cast<size_t>(seq.begin) + (first + lane - seq.past)) * token_stride + static_cast<size_t>(g) * hd;
-  };
   const size_t at_group = static_cast<size_t>(group) * (hd / kPairK) * kWordsPerTile;
   uint32_t *kt = w.key_tiles + at_group, *kl = w.key_low + at_group;
-  if (from_call >= valid) {           // the past alone: straight from the cache
-    for (int d = 0; d < hd; d += 2)   // tile d / 32, row (d % 32) / 2
-      StoreSplit(kt + static_cast<size_t>(d / 2) * kLanes, kl + static_cast<size_t>(d / 2) * kLanes,
-                 KeyDimension<F>(keys, bs, h16, d) * keep, KeyDimension<F>(keys, bs, h16, d + 1) * keep);
-  } else {                            // the call's keys by lane into a transposed copy first
-    alignas(64) float staged[kMaxHeadDim * kLanes];
-    for (int d = 0; d < hd; ++d) {
-      const Lanes x = from_call > 0 ? KeyDimension<F>(keys, bs, h16, d) : Lanes{};
-      std::memcpy(staged + d * kLanes, &x, sizeof x);
-    }
-    for (int lane = from_call; lane < valid; ++lane) {
-      const float* row = call_row(k, lane);
-      for (int d = 0; d < hd; ++d) staged[d * kLanes + lane] = row[d];
-    }
-    for (int d = 0; d < hd; d += 2)
-      StoreSplit(kt + static_cast<size_t>(d / 2) * kLanes, kl + static_cast<size_t>(d / 2) * kLanes,
-                 Load(staged + d * kLanes) * keep, Load(staged + (d + 1) * kLanes) * keep);
-  }
+  for (int d = 0; d < hd; d += 2)     // tile d / 32, row (d % 32) / 2
+    StoreSplit(kt + static_cast<size_t>(d / 2) * kLanes, kl + static_cast<size_t>(d / 2) * kLanes,
+               KeyDimension<F>(keys, bs, h16, d) * keep, KeyDimension<F>(keys, bs, h16, d + 1) * keep);
   // values: this group is rows 8 (group % 2) .. of its 32 keys' tiles
-  const auto value = [&](int lane, int c) {
-    if (lane >= valid) return Lanes{};
-    return lane >= from_call ? Load(call_row(v, lane) + c) : ValueRow<F>(values, hd, h16 + lane, c);
-  };
+  const auto value = [&](int lane, int c) { return lane < valid ? ValueRow<F>(values, hd, h16 + lane, c) : Lanes{}; };
   uint32_t* vt = w.value_tiles + static_cast<size_t>(group / 2) * (hd / kLanes) * kWordsPerTile;
   for (int pair = 0; pair < kLanes / 2; ++pair) {
     const int row = (group % 2) * (kLanes / 2) + pair;
@@ -186,13 +161,13 @@ void WidenKeyGroup(const PackedAttention& s, const float* k, const float* v, con
 }
 
 template <typename F>
-void Widen(const PackedAttention& s, const float* k, const float* v, const uint8_t* key_cache,
-           const uint8_t* value_cache, const PackedSequence& seq, int g, Widened& w) {
+void Widen(const PackedAttention& s, const uint8_t* key_cache, const uint8_t* value_cache, const PackedSequence& seq,
+           int g, Widened& w) {
   const int hd = s.head_dim;
   for (int group = 0; group * kLanes < w.padded; ++group) {
     const int valid = w.keys - group * kLanes;
     if (valid > 0) {
-      WidenKeyGroup<F>(s, k, v, key_cache, value_cache, seq, g, w.base + group * kLanes, group,
+      WidenKeyGroup<F>(s, key_cache, value_cache, seq, g, w.base + group * kLanes, group,
                        valid < kLanes ? valid : kLanes, w);
       continue;
     }
@@ -339,8 +314,7 @@ void WeightedValues(const uint16_t* weights, int hd, const Widened& w, float* su
 }
 
 template <typename F>
-void AttendOnTiles(const PackedAttention& s, const AttentionParams& p, const float* q, const float* k, const float* v,
-                   const uint8_t* key_cache, const uint8_t* value_cache, const PackedSequence& seq, int g, int s0,
+void AttendOnTiles(const PackedAttention& s, const AttentionParams& p, const float* q, const uint8_t* key_cache, const uint8_t* value_cache, const PackedSequence& seq, int g, int s0,
                    int s1, float* out) {
   const int hd = s.head_dim, group = s.heads / s.kv_heads, bs = s.block_size;
   const int count = (s1 - s0) * group;          // query j: token s0 + j / group, head g * group + j % group
@@ -355,7 +329,7 @@ void AttendOnTiles(const PackedAttention& s, const AttentionParams& p, const flo
   w.key_tiles = span;
   w.key_low = span + span_words;
   w.value_tiles = span + 2 * span_words;
-  Widen<F>(s, k, v, key_cache, value_cache, seq, g, w);
+  Widen<F>(s, key_cache, value_cache, seq, g, w);
 
   const size_t rows_bytes = static_cast<size_t>(row_groups) * kTileRows * hd * sizeof(uint16_t);
   const size_t scores_bytes = static_cast<size_t>(kTileRows) * w.padded * sizeof(float);
@@ -425,8 +399,8 @@ void AttendKvAmx(KvFormat f, const PackedAttention& s, const AttentionParams& p,
   const bool many_queries = seq.count > 1 && (s1 - s0) * (s.heads / s.kv_heads) > 4;
   if (!many_queries || s.head_dim % kPairK != 0)
     return vector_attend(f, s, p, q, k, v, key_cache, value_cache, seq, g, s0, s1, out);
-  if (f == KvFormat::kU8) return AttendOnTiles<U8Codes>(s, p, q, k, v, key_cache, value_cache, seq, g, s0, s1, out);
-  if (f == KvFormat::kF16) AttendOnTiles<F16Values>(s, p, q, k, v, key_cache, value_cache, seq, g, s0, s1, out);
+  if (f == KvFormat::kU8) return AttendOnTiles<U8Codes>(s, p, q, key_cache, value_cache, seq, g, s0, s1, out);
+  if (f == KvFormat::kF16) AttendOnTiles<F16Values>(s, p, q, key_cache, value_cache, seq, g, s0, s1, out);
 }
 
 int TileTaskQueries(int head_dim) { return head_dim % kPairK == 0 ? kKvTileQueries : kKvMaxQueries; }

@@ -100,13 +100,10 @@ def on_tiles(head_dim, new_tokens):
             and new_tokens * HEADS // KV_HEADS > 4)
 
 
-def read(layer, b, n, keys, new):
-    """What the call's queries read: the cache through its format, the call's own tokens exact when it
-    brought several (a decode reads its own token through the cache too)."""
-    seen = layer.cached(b, n, keys)
-    if len(new) > 1:
-        seen[n - len(new):] = new
-    return seen
+def read(layer, b, n, keys):
+    """What the call's queries read: the first n tokens as the cache holds them, the call's own among
+    them (stored before any query attends)."""
+    return layer.cached(b, n, keys)
 
 
 # On tiles the weights and the values are bf16: each unnormalized weight may differ from the rounded
@@ -131,7 +128,7 @@ def test_the_operation_is_attention_over_what_it_stored(fmt, exact_bound, head_d
             all_k[b].append(k[b])
             all_v[b].append(v[b])
             n = past[b] + counts[b]
-            seen_k, seen_v = read(layer, b, n, True, k[b]), read(layer, b, n, False, v[b])
+            seen_k, seen_v = read(layer, b, n, True), read(layer, b, n, False)
             exact = attention(q[b], np.concatenate(all_k[b]), np.concatenate(all_v[b]), past[b], window, head_dim)
             if on_tiles(head_dim, counts[b]):
                 over_cache = attention(q[b], seen_k, seen_v, past[b], window, head_dim, rounded=bf16)
