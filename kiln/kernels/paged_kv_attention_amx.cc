@@ -5,7 +5,7 @@
 // pace). build.py compiles this file with the amx level's flags; microkernels_amx.cc installs it once
 // Linux has granted the tile state.
 //
-// A task (one sequence, one kv head, up to kKvMaxQueries query vectors):
+// A task (one sequence, one kv head, up to kKvTileQueries query vectors):
 //   1. its span's keys and values, widened from the cache to bf16 once, in the layouts TDPBF16PS reads
 //      as its second operand: a pair of consecutive k in each 32-bit word (keys: two dimensions of a
 //      key; values: one dimension of two keys). The call's own tokens too, as the cache holds them
