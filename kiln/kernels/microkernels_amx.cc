@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "driver.h"
+#include "amx_tiles.h"
 #include "kernels.h"
 #include "swiglu.h"
 #include "u8s8.h"
@@ -51,15 +52,6 @@ bool TilesGranted() {
 #define kRows1 5
 #define kWeights0 6
 #define kWeights1 7
-
-// LDTILECFG's 64-byte operand, palette 1.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // The tile shapes for a call of `rows` rows, loaded when they differ from the last call's in this
 // linear (other code on the thread, oneDNN's among it, configures tiles too: each linear starts over).

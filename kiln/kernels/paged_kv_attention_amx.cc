@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "amx_tiles.h"
 #include "kernels.h"
 #include "paged_kv_attention.h"
 
@@ -56,14 +57,6 @@ const Lanes kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 #define kPair0 5      // keys or values in pairs; two, so a load need not wait for the last product
 #define kPair1 6
 #define kRowsLow 7    // what the queries' bf16 rows leave out (the scores' second product)
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 void LoadTileShapes() {
   TileConfig c;
