@@ -65,6 +65,7 @@ def kernel_units() -> list[Unit]:
               for level, name in ATTENTION_LEVELS.items()]
     units += [Unit("paged_kv_attention.cc", level, (f"-DKILN_ATTEND_KV=AttendKv{name}", f"-DKILN_STORE_TOKEN=StoreToken{name}"))
               for level, name in ATTENTION_LEVELS.items()]
+    units.append(Unit("paged_kv_decode_vnni.cc", "avx512vnni"))  # installed by microkernels_avx512vnni.cc's table
     units.append(Unit("paged_kv_attention_amx.cc", "amx"))      # installed by microkernels_amx.cc's table
     return units
 

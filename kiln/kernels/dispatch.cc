@@ -89,3 +89,10 @@ extern "C" __attribute__((visibility("default"))) const char* kiln_i8_linear_lev
 extern "C" __attribute__((visibility("default"))) const char* kiln_kv_attention_level() {
   return kiln::KernelsFor(kiln::HostIsa()).kv_task_queries != nullptr ? "amx-bf16" : "f32";
 }
+
+// What kiln.PagedAttentionU8 computes a decode on in this process: "avx512vnni" (the query and each
+// block's weights split into two signed bytes, integer products over the cache's code words) or "f32"
+// (vectors throughout). For the Python side and its tests.
+extern "C" __attribute__((visibility("default"))) const char* kiln_kv_decode_level() {
+  return kiln::KernelsFor(kiln::HostIsa()).decode_kv != nullptr ? "avx512vnni" : "f32";
+}

@@ -99,6 +99,7 @@ struct Kernels {
   AttendFn attend = nullptr;                  // kiln.PagedAttention
   AttendKvFn attend_kv = nullptr;             // kiln.PagedAttentionU8 / F16 (OpenVINO)
   KvTaskQueriesFn kv_task_queries = nullptr;  //   its tasks' size (null: kKvMaxQueries)
+  KvDecodeFn decode_kv = nullptr;             //   its u8 decodes, several kv heads a task (null: attend_kv's)
   StoreTokenFn store_token = nullptr;         //   its cache rows
   // kiln.LinearI8 / kiln.GateUpI8 (OpenVINO): from avx512vnni up; null below
   QuantizeU8Fn quantize_u8 = nullptr;
@@ -117,6 +118,9 @@ void AmxKernels(Kernels* k);          // microkernels_amx.cc (weak in dispatch.c
 // kiln.PagedAttentionU8 / F16's runs of many queries on AMX-BF16 tiles, the rest on the table's vector
 // kernel (paged_kv_attention_amx.cc; AmxKernels calls it once Linux has granted the tile state).
 void AttendKvOnTiles(Kernels* k);
+// kiln.PagedAttentionU8's decodes on vpdpbusd over the cache's code words (paged_kv_decode_vnni.cc;
+// Avx512VnniKernels calls it).
+void AttendDecodesOnVnni(Kernels* k);
 
 // Int8Rows' qsum: each block's sum of int8 codes, for `blocks` blocks of 32.
 void BlockSums(const int8_t* xq, size_t blocks, int32_t* qsum);

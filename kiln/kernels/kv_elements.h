@@ -1,30 +1,47 @@
-// kiln's KV cache elements as 16 floats at a time (paged_kv_attention.h's formats): u8 codes and
-// IEEE half floats. Included only by files build.py compiles once per level (paged_kv_attention.cc,
-// paged_kv_attention_amx.cc), inside their anonymous namespace and after attention_math.h, so each
-// copy widens with its level's instructions. The includer has <cmath>, <cstdint>, <cstring> and, from
-// F16C or AVX-512 up, <immintrin.h>; and kLanes (16).
+// kiln's KV cache elements as 16 floats at a time (paged_kv_attention.h's formats and layouts): u8
+// codes and IEEE half floats. Included only by files build.py compiles once per level
+// (paged_kv_attention.cc, paged_kv_attention_amx.cc), inside their anonymous namespace and after
+// attention_math.h, so each copy widens with its level's instructions. The includer has <cmath>,
+// <cstdint>, <cstring> and, from F16C or AVX-512 up, <immintrin.h>; and kLanes (16).
+//
+// Each format answers two questions of a block's segment: Keys(codes, bs, d, h16), dimension d of the
+// 16 keys from slot h16; Values(codes, hd, slot, c), dimensions c .. c + 15 of one token's value.
 #pragma once
 
-typedef uint8_t Codes __attribute__((vector_size(16)));
+typedef uint32_t CodeWords __attribute__((vector_size(64)));
 
-// The element formats: 16 consecutive elements as floats, and what a stored token carries.
+// Byte b of 16 consecutive 32-bit words, as floats.
+KILN_INLINE Lanes ByteOfWords(const uint8_t* words, int b) {
+#ifdef __AVX512F__
+  const __m512i w = _mm512_srlv_epi32(_mm512_loadu_si512(words), _mm512_set1_epi32(8 * b));
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(0xff)));
+  Lanes x;
+  std::memcpy(&x, &v, sizeof x);
+  return x;
+#else
+  CodeWords w;
+  std::memcpy(&w, words, sizeof w);
+  return __builtin_convertvector(__builtin_convertvector((w >> (8 * b)) & 0xff, LaneIndex), Lanes);
+#endif
+}
+
+// u8 codes in 32-bit words of four (the layout AVX-512 VNNI's vpdpbusd multiplies, 4 products per word):
+//   keys    [hd / 4][block_size][4]: a word holds 4 consecutive dimensions of one key
+//   values  [block_size / 4][hd][4]: a word holds one dimension of 4 consecutive keys
 struct U8Codes {
   static constexpr KvFormat kFormat = KvFormat::kU8;
-  static constexpr int kBytes = 1;
   static constexpr bool kAffine = true;     // a scale and a minimum per token
   static constexpr bool kFromMemory = true;  // the next block is fetched ahead
-  static KILN_INLINE Lanes Widen(const uint8_t* codes) {
-#ifdef __AVX512F__
-    // NOTE: spelled out: GCC's generic conversion of 16 u8 lanes went through scalar code
-    const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
-    Lanes x;
-    std::memcpy(&x, &v, sizeof x);
-    return x;
-#else
-    Codes c;
-    std::memcpy(&c, codes, sizeof c);
-    return __builtin_convertvector(__builtin_convertvector(c, LaneIndex), Lanes);
-#endif
+  static KILN_INLINE Lanes Keys(const uint8_t* codes, int bs, int d, int h16) {
+    return ByteOfWords(codes + (static_cast<size_t>(d / 4) * bs + h16) * 4, d % 4);
+  }
+  static KILN_INLINE Lanes Values(const uint8_t* codes, int hd, int slot, int c) {
+    return ByteOfWords(codes + (static_cast<size_t>(slot / 4) * hd + c) * 4, slot % 4);
+  }
+  // Where a code sits in its segment (the store's side of the layout).
+  static KILN_INLINE size_t KeyAt(int bs, int d, int slot) { return (static_cast<size_t>(d / 4) * bs + slot) * 4 + d % 4; }
+  static KILN_INLINE size_t ValueAt(int hd, int d, int slot) {
+    return (static_cast<size_t>(slot / 4) * hd + d) * 4 + slot % 4;
   }
 };
 
@@ -45,9 +62,10 @@ KILN_INLINE float HalfToFloat(uint16_t h) {
   return f;
 }
 
+// IEEE half floats: keys [hd][block_size] (16 keys of one dimension side by side), values
+// [block_size][hd].
 struct F16Values {
   static constexpr KvFormat kFormat = KvFormat::kF16;
-  static constexpr int kBytes = 2;
   static constexpr bool kAffine = false;
   static constexpr bool kFromMemory = true;
   static KILN_INLINE Lanes Widen(const uint8_t* halves) {
@@ -68,5 +86,11 @@ struct F16Values {
     }
 #endif
     return x;
+  }
+  static KILN_INLINE Lanes Keys(const uint8_t* codes, int bs, int d, int h16) {
+    return Widen(codes + (static_cast<size_t>(d) * bs + h16) * 2);
+  }
+  static KILN_INLINE Lanes Values(const uint8_t* codes, int hd, int slot, int c) {
+    return Widen(codes + (static_cast<size_t>(slot) * hd + c) * 2);
   }
 };

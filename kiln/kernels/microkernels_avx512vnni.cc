@@ -295,6 +295,7 @@ void Avx512VnniKernels(Kernels* k) {
   k->quantize_u8 = QuantizeU8;
   k->i8_linear = LinearI8;
   k->i8_gate_up = GateUpI8;
+  AttendDecodesOnVnni(k);
 }
 
 }  // namespace kiln

@@ -5,9 +5,9 @@
 //
 // A task is one sequence, one kv head and a run of its new tokens: every query head of the group
 // (GQA) meets each key and value once per task, so a decode step reads the cache once per kv head,
-// not once per query head. Keys are stored transposed in their block (paged_attention_u8.h), so 16
-// keys' codes of one head dimension are one load: a query's 16 scores are one multiply-add per head
-// dimension, with no sums across lanes. The softmax runs as the blocks come (flash decoding), so each
+// not once per query head. A block holds 16 keys' codes of one head dimension side by side (in
+// paged_kv_attention.h's layouts), so they are one load: a query's 16 scores are one multiply-add per
+// head dimension, with no sums across lanes. The softmax runs as the blocks come (flash decoding), so each
 // block's keys and values are read once. NOTE: like every per-level file it instantiates no std::
 // template.
 #include <cmath>
@@ -37,13 +37,18 @@ const Lanes kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 #include "kv_elements.h"       // U8Codes, F16Values
 
-// A span already widened (a task of many queries reads it once per group of four).
+// A span already widened (a task of many queries reads it once per group of four): keys [hd][bs],
+// values [bs][hd].
 struct F32Values {
   static constexpr KvFormat kFormat = KvFormat::kF32;
-  static constexpr int kBytes = 4;
   static constexpr bool kAffine = false;
   static constexpr bool kFromMemory = false;   // in cache already: asking ahead only costs
-  static KILN_INLINE Lanes Widen(const uint8_t* x) { return Load(reinterpret_cast<const float*>(x)); }
+  static KILN_INLINE Lanes Keys(const uint8_t* x, int bs, int d, int h16) {
+    return Load(reinterpret_cast<const float*>(x) + static_cast<size_t>(d) * bs + h16);
+  }
+  static KILN_INLINE Lanes Values(const uint8_t* x, int hd, int slot, int c) {
+    return Load(reinterpret_cast<const float*>(x) + static_cast<size_t>(slot) * hd + c);
+  }
 };
 
 KILN_INLINE int64_t FirstKey(const AttentionParams& p, int64_t position) {
@@ -110,7 +115,7 @@ KILN_INLINE void ScoreKeys(const AttentionParams& p, const Segment& seg, int bs,
   Lanes acc[J];
   for (int j = 0; j < J; ++j) acc[j] = Lanes{};
   for (int d = 0; d < hd; ++d) {
-    const Lanes c = F::Widen(seg.codes + (static_cast<size_t>(d) * bs + h16) * F::kBytes);
+    const Lanes c = F::Keys(seg.codes, bs, d, h16);
     for (int j = 0; j < J; ++j) acc[j] += qs[j].x[d] * c;
   }
   FinishScores<F, J>(p, seg, h16, t0, qs, acc, scores);
@@ -124,8 +129,7 @@ KILN_INLINE void ScoreKeyPairs(const AttentionParams& p, const Segment& seg, int
   Lanes acc[J], next[J];
   for (int j = 0; j < J; ++j) acc[j] = next[j] = Lanes{};
   for (int d = 0; d < hd; ++d) {
-    const uint8_t* at = seg.codes + (static_cast<size_t>(d) * bs + h16) * F::kBytes;
-    const Lanes c = F::Widen(at), c_next = F::Widen(at + kLanes * F::kBytes);
+    const Lanes c = F::Keys(seg.codes, bs, d, h16), c_next = F::Keys(seg.codes, bs, d, h16 + kLanes);
     for (int j = 0; j < J; ++j) {
       acc[j] += qs[j].x[d] * c;
       next[j] += qs[j].x[d] * c_next;
@@ -209,9 +213,8 @@ KILN_INLINE void TakeBlock(const PackedAttention& s, const AttentionParams& p, c
   for (int j = 0; j < J; ++j)
     for (int c = 0; c < C; ++c) acc[j][c] = run.acc[j][c];
   for (int i = i0; i < i1; ++i) {
-    const uint8_t* row = values.codes + static_cast<size_t>(i) * hd * F::kBytes;
     Lanes v[C];
-    for (int c = 0; c < C; ++c) v[c] = F::Widen(row + c * kLanes * F::kBytes);
+    for (int c = 0; c < C; ++c) v[c] = F::Values(values.codes, hd, i, c * kLanes);
     for (int j = 0; j < J; ++j)
       for (int c = 0; c < C; ++c) acc[j][c] += weight[j][i] * v[c];
   }
@@ -284,7 +287,7 @@ KILN_INLINE uint16_t FloatToHalf(float x) {
 #ifdef __AVX512F__
 // The same codes as the loop below (the same f32 operations, rounded to nearest even), 16 at a time:
 // a prefill stores every token of every kv head before it attends.
-void StoreU8(const float* x, int hd, int bs, uint8_t* segment, int slot, bool transposed) {
+void StoreU8(const float* x, int hd, int bs, uint8_t* segment, int slot, bool keys) {
   __m512 lowest = _mm512_loadu_ps(x), highest = lowest;
   for (int d = kLanes; d < hd; d += kLanes) {
     const __m512 v = _mm512_loadu_ps(x + d);
@@ -296,19 +299,18 @@ void StoreU8(const float* x, int hd, int bs, uint8_t* segment, int slot, bool tr
   for (int d = 0; d < hd; d += kLanes) {
     const __m512 scaled = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + d), _mm512_set1_ps(lo)), _mm512_set1_ps(inverse));
     const __m128i codes = _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_cvtps_epi32(scaled), _mm512_setzero_si512()));
-    if (!transposed) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(segment + static_cast<size_t>(slot) * hd + d), codes);
-      continue;
-    }
     alignas(16) uint8_t lanes[kLanes];
     _mm_store_si128(reinterpret_cast<__m128i*>(lanes), codes);
-    for (int i = 0; i < kLanes; ++i) segment[static_cast<size_t>(d + i) * bs + slot] = lanes[i];
+    if (keys)       // a key's 4 consecutive dimensions are one word
+      for (int i = 0; i < kLanes; i += 4) std::memcpy(segment + U8Codes::KeyAt(bs, d + i, slot), lanes + i, 4);
+    else
+      for (int i = 0; i < kLanes; ++i) segment[U8Codes::ValueAt(hd, d + i, slot)] = lanes[i];
   }
   std::memcpy(segment + static_cast<size_t>(hd) * bs + sizeof(float) * slot, &scale, sizeof scale);
   std::memcpy(segment + static_cast<size_t>(hd) * bs + sizeof(float) * (bs + slot), &lo, sizeof lo);
 }
 #else
-void StoreU8(const float* x, int hd, int bs, uint8_t* segment, int slot, bool transposed) {
+void StoreU8(const float* x, int hd, int bs, uint8_t* segment, int slot, bool keys) {
   float lo = x[0], hi = x[0];
   for (int d = 1; d < hd; ++d) {
     lo = x[d] < lo ? x[d] : lo;
@@ -317,7 +319,7 @@ void StoreU8(const float* x, int hd, int bs, uint8_t* segment, int slot, bool tr
   const float scale = (hi - lo) / 255.f, inverse = scale > 0.f ? 1.f / scale : 0.f;
   for (int d = 0; d < hd; ++d) {
     const float code = std::nearbyint((x[d] - lo) * inverse);
-    const size_t at = transposed ? static_cast<size_t>(d) * bs + slot : static_cast<size_t>(slot) * hd + d;
+    const size_t at = keys ? U8Codes::KeyAt(bs, d, slot) : U8Codes::ValueAt(hd, d, slot);
     segment[at] = static_cast<uint8_t>(code < 0.f ? 0.f : (code > 255.f ? 255.f : code));
   }
   std::memcpy(segment + static_cast<size_t>(hd) * bs + sizeof(float) * slot, &scale, sizeof scale);
@@ -325,10 +327,10 @@ void StoreU8(const float* x, int hd, int bs, uint8_t* segment, int slot, bool tr
 }
 #endif
 
-void StoreF16(const float* x, int hd, int bs, uint8_t* segment, int slot, bool transposed) {
+void StoreF16(const float* x, int hd, int bs, uint8_t* segment, int slot, bool keys) {
   for (int d = 0; d < hd; ++d) {
     const uint16_t h = FloatToHalf(x[d]);
-    const size_t at = transposed ? static_cast<size_t>(d) * bs + slot : static_cast<size_t>(slot) * hd + d;
+    const size_t at = keys ? static_cast<size_t>(d) * bs + slot : static_cast<size_t>(slot) * hd + d;
     std::memcpy(segment + 2 * at, &h, sizeof h);
   }
 }
@@ -349,13 +351,13 @@ void AttendSpan(const PackedAttention& s, const AttentionParams& p, const uint8_
   kByChunks[s.head_dim / kLanes](s, p, key_cache, value_cache, seq, g, qs, count, span);
 }
 
-// One block's keys (transposed) or values of kv head g as f32, in the same places of an f32 segment.
+// One block's keys or values of kv head g as f32, in F32Values' layout.
 template <typename F>
 void WidenBlock(const Segment& seg, int bs, int hd, bool keys, float* out) {
   if (keys) {
     for (int d = 0; d < hd; ++d)
       for (int h16 = 0; h16 < bs; h16 += kLanes) {
-        Lanes x = F::Widen(seg.codes + (static_cast<size_t>(d) * bs + h16) * F::kBytes);
+        Lanes x = F::Keys(seg.codes, bs, d, h16);
         if constexpr (F::kAffine) x = x * Load(seg.scale + h16) + Load(seg.minimum + h16);
         std::memcpy(out + static_cast<size_t>(d) * bs + h16, &x, sizeof x);
       }
@@ -363,7 +365,7 @@ void WidenBlock(const Segment& seg, int bs, int hd, bool keys, float* out) {
   }
   for (int i = 0; i < bs; ++i)
     for (int c = 0; c < hd; c += kLanes) {
-      Lanes x = F::Widen(seg.codes + (static_cast<size_t>(i) * hd + c) * F::kBytes);
+      Lanes x = F::Values(seg.codes, hd, i, c);
       if constexpr (F::kAffine) x = x * seg.scale[i] + seg.minimum[i];
       std::memcpy(out + static_cast<size_t>(i) * hd + c, &x, sizeof x);
     }
@@ -424,9 +426,9 @@ void Attend(const PackedAttention& s, const AttentionParams& p, const float* q, 
 
 }  // namespace
 
-void KILN_STORE_TOKEN(KvFormat f, const float* x, int hd, int bs, uint8_t* segment, int slot, bool transposed) {
-  if (f == KvFormat::kU8) return StoreU8(x, hd, bs, segment, slot, transposed);
-  if (f == KvFormat::kF16) StoreF16(x, hd, bs, segment, slot, transposed);
+void KILN_STORE_TOKEN(KvFormat f, const float* x, int hd, int bs, uint8_t* segment, int slot, bool keys) {
+  if (f == KvFormat::kU8) return StoreU8(x, hd, bs, segment, slot, keys);
+  if (f == KvFormat::kF16) StoreF16(x, hd, bs, segment, slot, keys);
 }
 
 void KILN_ATTEND_KV(KvFormat f, const PackedAttention& s, const AttentionParams& p, const float* q, const float* k,

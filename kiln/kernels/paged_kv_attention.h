@@ -8,11 +8,14 @@
 //   cache    [num_blocks, kv_heads, block_size, row bytes] u8, one for keys and one for values (u8 for
 //            either format: the CPU plugin hands an operation a u8 input as the memory bound to it).
 //            Each (block, kv head) is one segment of SegmentBytes():
-//              keys    elements [hd][block_size] (transposed: 16 keys of one dimension side by side)
-//              values  elements [block_size][hd]
-//            kU8: the elements are codes, then scale [block_size] f32 and minimum [block_size] f32
-//                 follow: a value is code * scale + minimum (asymmetric, per token and head)
-//            kF16: the elements are IEEE half floats
+//            kU8: the elements are codes in 32-bit words of four (the words AVX-512 VNNI's vpdpbusd
+//                 multiplies by four query or weight bytes at once):
+//                   keys    [hd / 4][block_size][4]: a word is 4 consecutive dimensions of one key
+//                   values  [block_size / 4][hd][4]: a word is one dimension of 4 consecutive keys
+//                 then scale [block_size] f32 and minimum [block_size] f32 follow: a value is
+//                 code * scale + minimum (asymmetric, per token and head)
+//            kF16: IEEE half floats, keys [hd][block_size] (16 keys of one dimension side by side),
+//                 values [block_size][hd]
 //   past_lens [B], subsequence_begins [B+1], block_indices, block_indices_begins [B+1]: int32, as
 //            OpenVINO's operation takes them (sequence b's new tokens are q rows begins[b] ..
 //            begins[b+1]; its blocks are block_indices[block_begins[b] ..])
@@ -85,9 +88,9 @@ inline const char* CheckPacked(const PackedAttention& s, const PackedSequence& s
   return nullptr;
 }
 
-// Writes one token's hd values into slot `slot` of a segment (keys: transposed).
+// Writes one token's hd values into slot `slot` of a segment, in the keys' or the values' layout.
 using StoreTokenFn = void (*)(KvFormat f, const float* x, int head_dim, int block_size, uint8_t* segment, int slot,
-                              bool transposed);
+                              bool keys);
 
 // One task: sequence `seq`, kv head g, its new tokens [s0, s1) — every query head of the group, at
 // most the level's query vectors per task (kv_task_queries) — writing out's rows of those tokens and
@@ -100,6 +103,12 @@ using AttendKvFn = void (*)(KvFormat f, const PackedAttention& s, const Attentio
 
 // The query vectors one task may hold for a head width (the op's tasks; null: kKvMaxQueries).
 using KvTaskQueriesFn = int (*)(int head_dim);
+
+// A u8 cache's decode (sequence `seq` has one new token, already stored) for kv heads [g0, g1) in one
+// pass over its blocks: a block's keys of consecutive heads are one run of the cache, read in order.
+using KvDecodeFn = void (*)(const PackedAttention& s, const AttentionParams& p, const float* q,
+                            const uint8_t* key_cache, const uint8_t* value_cache, const PackedSequence& seq, int g0,
+                            int g1, float* out);
 
 #define KILN_KV_ATTENTION_COPY(Level)                                                                        \
   void StoreToken##Level(KvFormat, const float*, int, int, uint8_t*, int, bool);                            \

@@ -115,14 +115,14 @@ struct Widened {
 
 template <typename F>
 KILN_INLINE Lanes KeyDimension(const Segment& seg, int bs, int h16, int d) {
-  Lanes x = F::Widen(seg.codes + (static_cast<size_t>(d) * bs + h16) * F::kBytes);
+  Lanes x = F::Keys(seg.codes, bs, d, h16);
   if constexpr (F::kAffine) x = x * Load(seg.scale + h16) + Load(seg.minimum + h16);
   return x;
 }
 
 template <typename F>
 KILN_INLINE Lanes ValueRow(const Segment& seg, int hd, int slot, int c) {
-  Lanes x = F::Widen(seg.codes + (static_cast<size_t>(slot) * hd + c) * F::kBytes);
+  Lanes x = F::Values(seg.codes, hd, slot, c);
   if constexpr (F::kAffine) x = x * seg.scale[slot] + seg.minimum[slot];
   return x;
 }

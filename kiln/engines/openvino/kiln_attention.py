@@ -108,9 +108,12 @@ def dequantize_block(cache: np.ndarray, block: int, head_dim: int, keys: bool, f
     segments = cache[block].reshape(kvh, -1)
     n = head_dim * bs * fmt.element_bytes
     elements = np.ascontiguousarray(segments[:, :n]).view(np.float16 if fmt is KILN_F16 else np.uint8)
-    elements = (elements.reshape(kvh, head_dim, bs).transpose(0, 2, 1) if keys
+    if fmt is KILN_F16:         # keys [hd][bs], values [bs][hd]
+        return (elements.reshape(kvh, head_dim, bs).transpose(0, 2, 1) if keys
                 else elements.reshape(kvh, bs, head_dim)).astype(np.float32)
-    if fmt is KILN_F16:
-        return elements
+    # u8 words of four: keys [hd/4][bs][4] (4 dimensions of a key), values [bs/4][hd][4] (4 keys)
+    elements = (elements.reshape(kvh, head_dim // 4, bs, 4).transpose(0, 2, 1, 3) if keys
+                else elements.reshape(kvh, bs // 4, head_dim, 4).transpose(0, 1, 3, 2)).reshape(kvh, bs, head_dim)
+    elements = elements.astype(np.float32)
     params = np.ascontiguousarray(segments[:, n:]).view(np.float32).reshape(kvh, 2, bs)
     return elements * params[:, 0, :, None] + params[:, 1, :, None]

@@ -84,6 +84,12 @@ def attention_level() -> str:
     return _level("kiln_kv_attention_level")
 
 
+def decode_level() -> str:
+    """What kiln's paged attention computes a u8 cache's decodes on in this process: "avx512vnni"
+    (queries and weights split into two signed bytes each, integer products) or "f32"."""
+    return _level("kiln_kv_decode_level")
+
+
 def _level(entry: str) -> str:
     import ctypes
 

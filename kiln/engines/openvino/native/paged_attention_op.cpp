@@ -78,21 +78,42 @@ void Store(const Kernels& run, KvFormat f, const PackedAttention& s, const std::
 }
 
 struct Task {
-  int sequence, kv_head, s0, s1;
+  int sequence, kv_head, kv_heads, s0, s1;
+  bool decode;        // a u8 decode on the level's decode_kv: kv heads [kv_head, kv_head + kv_heads)
 };
 
+// Decodes on decode_kv read a sequence's blocks once for all its kv heads (a block's keys of consecutive
+// heads are one run of the cache), where there are sequences enough to keep every thread busy; else a
+// task per kv head.
+int DecodeHeadsPerTask(const PackedAttention& s, const std::vector<PackedSequence>& seqs) {
+  const auto decodes = std::count_if(seqs.begin(), seqs.end(), [](const PackedSequence& q) { return q.count == 1; });
+  return decodes >= 2 * static_cast<int64_t>(::parallel_get_max_threads()) ? s.kv_heads : 1;
+}
+
 // Runs of a sequence's new tokens, each at most the kernel's query vectors per task with the group's heads,
-// for every kv head; the costliest first (queries times the keys they read), so that threads taking
-// the next task as they finish end together (a causal prefill's last runs read the most keys).
-std::vector<Task> Tasks(const Kernels& run, const PackedAttention& s, const std::vector<PackedSequence>& seqs) {
+// for every kv head (or several kv heads, for a decode); the costliest first (queries times the keys
+// they read), so that threads taking the next task as they finish end together (a causal prefill's
+// last runs read the most keys).
+std::vector<Task> Tasks(const Kernels& run, KvFormat f, const PackedAttention& s, const std::vector<PackedSequence>& seqs) {
   const int queries = run.kv_task_queries != nullptr ? run.kv_task_queries(s.head_dim) : kKvMaxQueries;
   const int per_task = std::max(1, queries / (s.heads / s.kv_heads));
+  const bool decodes = run.decode_kv != nullptr && f == KvFormat::kU8;
+  const int decode_heads = decodes ? DecodeHeadsPerTask(s, seqs) : 1;
   std::vector<Task> tasks;
-  for (size_t b = 0; b < seqs.size(); ++b)
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int sequence = static_cast<int>(b);
+    if (decodes && seqs[b].count == 1) {
+      for (int g = 0; g < s.kv_heads; g += decode_heads)
+        tasks.push_back({sequence, g, std::min(decode_heads, s.kv_heads - g), 0, 1, true});
+      continue;
+    }
     for (int s0 = 0; s0 < seqs[b].count; s0 += per_task)
       for (int g = 0; g < s.kv_heads; ++g)
-        tasks.push_back({static_cast<int>(b), g, s0, std::min(seqs[b].count, s0 + per_task)});
-  const auto cost = [&](const Task& t) { return static_cast<int64_t>(t.s1 - t.s0) * (seqs[t.sequence].past + t.s1); };
+        tasks.push_back({sequence, g, 1, s0, std::min(seqs[b].count, s0 + per_task), false});
+  }
+  const auto cost = [&](const Task& t) {
+    return static_cast<int64_t>(t.s1 - t.s0) * (seqs[t.sequence].past + t.s1) * t.kv_heads;
+  };
   std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) { return cost(a) > cost(b); });
   return tasks;
 }
@@ -168,9 +189,11 @@ bool PagedKvAttention<kFormat>::evaluate(ov::TensorVector& out, const ov::Tensor
   out[0].set_shape(qs);
   float* result = out[0].data<float>();
   const float *q = in[kQ].data<const float>(), *k = in[kK].data<const float>(), *v = in[kV].data<const float>();
-  const std::vector<Task> tasks = Tasks(run, s, seqs);
+  const std::vector<Task> tasks = Tasks(run, kFormat, s, seqs);
   RunTasks(tasks.size(), [&](size_t i) {
     const Task& t = tasks[i];
+    if (t.decode)
+      return run.decode_kv(s, p, q, key_cache, value_cache, seqs[t.sequence], t.kv_head, t.kv_head + t.kv_heads, result);
     run.attend_kv(kFormat, s, p, q, k, v, key_cache, value_cache, seqs[t.sequence], t.kv_head, t.s0, t.s1, result);
   });
   return true;
