@@ -13,7 +13,8 @@ new tokens each (1 = a decode), and shapes joined by `+` share one call (a mixed
 beside a prefill chunk, `15,300,1+1,300,28`); calls alternate between the variants, the first two of each are
 dropped, and the medians of wall and CPU time (all threads) are printed with their ratios to
 the first variant's. `--profile` also prints, per variant and shape, where the last call's time
-went (the plugin's per-node counters, summed by operation type and kernel).
+went (the plugin's per-node counters, summed by operation type and kernel). `--written` has a prefill
+write every sequence's past tokens first, so decodes read a cache in memory as a server's do.
 """
 
 from __future__ import annotations
@@ -81,15 +82,18 @@ def bind_caches(compiled: ov.CompiledModel, num_blocks: int) -> tuple[ov.InferRe
     return request, keep, _block_shape(cache_inputs(compiled)[1])[1]
 
 
-def batch_for(groups: list[tuple[int, int, int]], block_size: int) -> tuple[PagedBatch, int]:
+def batch_for(groups: list[tuple[int, int, int]], block_size: int, writing_past: bool = False) -> tuple[PagedBatch, int]:
     """One call's batch of (num_seqs, past, new) groups, each sequence on blocks of its own; returns
-    it and the blocks it spans."""
+    it and the blocks it spans. writing_past: the call that writes each sequence's past tokens
+    instead (a prefill of them, on the same blocks; sequences without a past take one token)."""
     seqs = [(past, new) for num_seqs, past, new in groups for _ in range(num_seqs)]
     tables, first = [], 0
     for past, new in seqs:
         count = -(-(past + new) // block_size)
         tables.append(np.arange(first, first + count))
         first += count
+    if writing_past:
+        seqs = [(0, max(past, 1)) for past, _ in seqs]
     slots = np.concatenate([t[np.arange(p, p + n) // block_size] * block_size + np.arange(p, p + n) % block_size
                             for t, (p, n) in zip(tables, seqs)])
     ends = np.cumsum([n for _, n in seqs])
@@ -111,6 +115,9 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["1,64,1", "8,64,1", "32,64,1", "32,512,1", "1,0,512"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="where each variant's last call went, by operation")
+    ap.add_argument("--written", action="store_true",
+                    help="a prefill writes each sequence's past tokens before the calls are timed (else the caches "
+                    "are zeros, read from the kernel's shared zero page: flattering to attention)")
     args = ap.parse_args()
     compiled = {v: compile_variant(v, args.threads, profile=args.profile) for v in args.variants}
     for shape in args.shapes:
@@ -128,6 +135,8 @@ def main() -> None:
                 print(f"{shape:>20}  static compile {time.perf_counter() - t0:.2f} s, "
                       f"resident memory +{resident_mb() - rss0:.0f} MB")
             request, keep, _ = bind_caches(model, num_blocks)
+            if args.written:
+                request.infer(paged_feeds(batch_for(groups, block_size, writing_past=True)[0], block_size, num_blocks))
             runs[variant] = (request, keep, feeds, [])
         tokens = sum(b * t for b, _, t in groups)
         for _ in range(8 if tokens > 64 else 25):
