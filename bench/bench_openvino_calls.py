@@ -135,8 +135,10 @@ def main() -> None:
                 print(f"{shape:>20}  static compile {time.perf_counter() - t0:.2f} s, "
                       f"resident memory +{resident_mb() - rss0:.0f} MB")
             request, keep, _ = bind_caches(model, num_blocks)
-            if args.written:
-                request.infer(paged_feeds(batch_for(groups, block_size, writing_past=True)[0], block_size, num_blocks))
+            if args.written:        # NOTE: its feeds stay referenced: the request may keep reading them
+                writing = paged_feeds(batch_for(groups, block_size, writing_past=True)[0], block_size, num_blocks)
+                request.infer(writing, share_inputs=True)
+                keep.append(writing)
             runs[variant] = (request, keep, feeds, [])
         tokens = sum(b * t for b, _, t in groups)
         for _ in range(8 if tokens > 64 else 25):
