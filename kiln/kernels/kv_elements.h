@@ -6,6 +6,7 @@
 //
 // Each format answers two questions of a block's segment: Keys(codes, bs, d, h16), dimension d of the
 // 16 keys from slot h16; Values(codes, hd, slot, c), dimensions c .. c + 15 of one token's value.
+// Prefetch asks for a segment's bytes ahead of their use.
 #pragma once
 
 typedef uint32_t CodeWords __attribute__((vector_size(64)));
@@ -94,3 +95,10 @@ struct F16Values {
     return Widen(codes + (static_cast<size_t>(slot) * hd + c) * 2);
   }
 };
+
+// Asks for bytes [from, from + bytes) of a cache ahead of their use, into the cache level `Locality`
+// names (__builtin_prefetch's: 3 is L1, 2 L2, 1 the last level).
+template <int Locality>
+KILN_INLINE void Prefetch(const uint8_t* from, size_t bytes) {
+  for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(from + at, 0, Locality);
+}

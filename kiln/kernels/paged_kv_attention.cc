@@ -35,7 +35,7 @@ constexpr int kQueryGroup = 4;      // query vectors whose sums one pass keeps i
 constexpr int kMaxBlockHalves = 4;  // blocks of up to 64 tokens, 16 at a time
 const Lanes kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
-#include "kv_elements.h"       // U8Codes, F16Values
+#include "kv_elements.h"       // U8Codes, F16Values, Prefetch
 
 // A span already widened (a task of many queries reads it once per group of four): keys [hd][bs],
 // values [bs][hd].
@@ -66,10 +66,6 @@ struct Query {
 struct Span {
   int64_t base, lo, hi;       // blocks from base (lo's block start); keys lo .. hi are read
 };
-
-KILN_INLINE void Prefetch(const uint8_t* from, size_t bytes) {
-  for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(from + at, 0, 3);
-}
 
 // The running softmax of J queries over the keys seen so far (flash decoding): the largest score,
 // the sum of e^(score - largest), and the weighted sums of values, all scaled to that largest.
@@ -233,8 +229,8 @@ void AttendGroup(const PackedAttention& s, const AttentionParams& p, const uint8
   for (int64_t b0 = span.base; b0 <= span.hi; b0 += bs) {
     if (F::kFromMemory && b0 + bs <= span.hi) {
       const int64_t next = seq.blocks[(b0 + bs) / bs];
-      Prefetch(SegmentOf(s, key_cache, next, g, F::kFormat).codes, segment);
-      Prefetch(SegmentOf(s, value_cache, next, g, F::kFormat).codes, segment);
+      Prefetch<3>(SegmentOf(s, key_cache, next, g, F::kFormat).codes, segment);
+      Prefetch<3>(SegmentOf(s, value_cache, next, g, F::kFormat).codes, segment);
     }
     const int64_t block = seq.blocks[b0 / bs];
     TakeBlock<F, J, C>(s, p, SegmentOf(s, key_cache, block, g, F::kFormat), SegmentOf(s, value_cache, block, g, F::kFormat),

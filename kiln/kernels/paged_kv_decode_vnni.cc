@@ -24,6 +24,7 @@
 
 #include "kernels.h"
 #include "paged_kv_attention.h"
+#include "u8s8.h"
 
 namespace kiln {
 namespace {
@@ -32,7 +33,7 @@ namespace {
 
 constexpr int kLanes = 16;
 
-#include "kv_elements.h"        // U8Codes (its layout), ByteOfWords
+#include "kv_elements.h"        // U8Codes (its layout), Prefetch
 
 constexpr int kMaxGroup = 8;            // query heads per kv head this kernel takes
 constexpr int kMaxTaskHeads = 8;        // kv heads one pass over a sequence's blocks keeps
@@ -83,9 +84,6 @@ struct DecodeQuery {
   float step;     // a high byte's unit
   float sum;      // of x in f32: a key's minimum times it is that key's rows' share of the score
   float* out;
-
-  int32_t HighWord(int quad) const { int32_t w; std::memcpy(&w, high + 4 * quad, 4); return w; }
-  int32_t LowWord(int quad) const { int32_t w; std::memcpy(&w, low + 4 * quad, 4); return w; }
 };
 
 // A block's weights for one query: the bytes of 4 consecutive keys per word.
@@ -93,9 +91,6 @@ struct BlockWeights {
   alignas(64) int8_t high[kMaxBlock];
   alignas(64) int8_t low[kMaxBlock];
   float step;
-
-  int32_t HighWord(int quad) const { int32_t w; std::memcpy(&w, high + 4 * quad, 4); return w; }
-  int32_t LowWord(int quad) const { int32_t w; std::memcpy(&w, low + 4 * quad, 4); return w; }
 };
 
 // The integer sums high and low as the f32 they stand for, times step.
@@ -116,7 +111,8 @@ KILN_INLINE void CodeDots(const uint8_t* codes, int bs, int hd, int h16, const D
     for (int g = 0; g < G; ++g)
       k[g] = _mm512_loadu_si512(codes + (static_cast<size_t>(quad) * bs + h16 + g * kLanes) * 4);
     for (int j = 0; j < J; ++j) {
-      const __m512i qh = _mm512_set1_epi32(qs[j].HighWord(quad)), ql = _mm512_set1_epi32(qs[j].LowWord(quad));
+      const __m512i qh = _mm512_set1_epi32(u8s8::Word(qs[j].high + 4 * quad));
+      const __m512i ql = _mm512_set1_epi32(u8s8::Word(qs[j].low + 4 * quad));
       for (int g = 0; g < G; ++g) {
         high[j][g] = _mm512_dpbusd_epi32(high[j][g], k[g], qh);
         low[j][g] = _mm512_dpbusd_epi32(low[j][g], k[g], ql);
@@ -250,8 +246,8 @@ class Decode {
       for (int quad = q0; quad < q1; ++quad) {
         const __m512i v = _mm512_loadu_si512(values.codes + (static_cast<size_t>(quad) * hd + c * kLanes) * 4);
         for (int j = 0; j < J; ++j) {
-          high[j] = _mm512_dpbusd_epi32(high[j], v, _mm512_set1_epi32(w[j].HighWord(quad)));
-          low[j] = _mm512_dpbusd_epi32(low[j], v, _mm512_set1_epi32(w[j].LowWord(quad)));
+          high[j] = _mm512_dpbusd_epi32(high[j], v, _mm512_set1_epi32(u8s8::Word(w[j].high + 4 * quad)));
+          low[j] = _mm512_dpbusd_epi32(low[j], v, _mm512_set1_epi32(u8s8::Word(w[j].low + 4 * quad)));
         }
       }
       for (int j = 0; j < J; ++j) run_.acc[j][c] += AsLanes(Combine(high[j], low[j], w[j].step));
@@ -264,13 +260,6 @@ class Decode {
   int64_t first_, last_;
   Running<J> run_;
 };
-
-// Asks for bytes [from, from + bytes) ahead of their use, into the cache level `Locality` names
-// (__builtin_prefetch's: 2 is L2, 1 the last level).
-template <int Locality>
-KILN_INLINE void Prefetch(const uint8_t* from, size_t bytes) {
-  for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(from + at, 0, Locality);
-}
 
 // Query vector j of kv head g's group (token `row` of the call), split into bytes.
 void SplitQuery(const PackedAttention& s, const float* q, int row, int g, int j, float* out, DecodeQuery& dq) {

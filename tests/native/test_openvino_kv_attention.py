@@ -33,8 +33,8 @@ def _parameter(name, element_type, shape):
 class Layer:
     """One compiled attention layer with its caches bound, as the engine binds them."""
 
-    def __init__(self, fmt, head_dim, window, tmp_path):
-        self.fmt, self.hd, self.window = fmt, head_dim, window
+    def __init__(self, fmt, head_dim, window, tmp_path, seqs=SEQS):
+        self.fmt, self.hd, self.window, self.seqs = fmt, head_dim, window, seqs
         q = _parameter("q", ov.Type.f32, [-1, HEADS * head_dim])
         k, v = (_parameter(n, ov.Type.f32, [-1, KV_HEADS * head_dim]) for n in "kv")
         row = fmt.row_bytes(head_dim)
@@ -47,12 +47,12 @@ class Layer:
         core.add_extension(str(native.LIBRARY))
         compiled = core.compile_model(core.read_model(tmp_path / "layer.xml"), "CPU", {"INFERENCE_NUM_THREADS": 2})
         self.request = compiled.create_infer_request()
-        shape = (SEQS * BLOCKS_PER_SEQ, KV_HEADS, BLOCK_SIZE, row)
+        shape = (seqs * BLOCKS_PER_SEQ, KV_HEADS, BLOCK_SIZE, row)
         self.keys, self.values = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
         self.request.set_tensor("key_cache", ov.Tensor(self.keys, shared_memory=True))
         self.request.set_tensor("value_cache", ov.Tensor(self.values, shared_memory=True))
         # each sequence's blocks, out of order and interleaved with the others'
-        self.tables = [list(range(SEQS * BLOCKS_PER_SEQ))[b::SEQS][::-1] for b in range(SEQS)]
+        self.tables = [list(range(seqs * BLOCKS_PER_SEQ))[b::seqs][::-1] for b in range(seqs)]
 
     def call(self, past, q, k, v, short_of_blocks=0):
         counts = [len(x) for x in q]
@@ -197,6 +197,31 @@ def test_the_operation_is_attention_over_what_it_stored(fmt, exact_bound, head_d
             past[b] = n
     # the split ran: its rounding leaves some decode outputs away from f32's
     assert not split_gaps or max(split_gaps) > 2e-5
+
+
+def test_a_decode_is_the_same_whatever_else_its_call_decodes(tmp_path):
+    """Eight sequences decoding together (on code words the op then runs a task per sequence over all
+    its kv heads) give bit for bit what they give three at a time (a task per kv head)."""
+    seqs, rng = 8, np.random.default_rng(7)
+    folders = [tmp_path / "together", tmp_path / "apart"]
+    for folder in folders:
+        folder.mkdir()
+    layers = [Layer(KILN_U8, 64, 0, folder, seqs) for folder in folders]
+    prompt = [rng.standard_normal((40 + 3 * b, n, 64)).astype(np.float32) for b in range(seqs)
+              for n in (HEADS, KV_HEADS, KV_HEADS)]
+    q, k, v = prompt[0::3], [2 * x for x in prompt[1::3]], prompt[2::3]
+    for layer in layers:
+        layer.call([0] * seqs, q, k, v)
+    past = [len(x) for x in q]
+    step = [rng.standard_normal((1, n, 64)).astype(np.float32) for _ in range(seqs) for n in (HEADS, KV_HEADS, KV_HEADS)]
+    q, k, v = step[0::3], step[1::3], step[2::3]
+    together = layers[0].call(past, q, k, v)
+    none = [np.zeros((0, n, 64), np.float32) for n in (HEADS, KV_HEADS, KV_HEADS)]
+    for group in (range(0, 3), range(3, 6), range(6, 8)):
+        pick = lambda xs, i: [xs[b] if b in group else none[i] for b in range(seqs)]   # noqa: E731
+        apart = layers[1].call(past, pick(q, 0), pick(k, 1), pick(v, 2))
+        for b in group:
+            np.testing.assert_array_equal(apart[b], together[b])
 
 
 @pytest.mark.parametrize("fmt", [KILN_U8, KILN_F16], ids=["u8", "f16"])
