@@ -1,7 +1,8 @@
 // The avx512vnni level's decodes of kiln.PagedAttentionU8 (paged_kv_attention.h): a sequence's one
 // new token, every query head of its kv head's group, over the u8 cache with integer dot products.
 // build.py compiles this file with the avx512vnni level's flags; microkernels_avx512vnni.cc installs
-// it (AttendDecodesOnVnni), and the amx level keeps it for decodes (its tiles take runs of many queries).
+// it (AttendDecodesOnVnni), and the amx level keeps it for what its tiles do not take (runs of few queries).
+// A u8 prefill token is a decode of its own position here: the keys it sees are its sequence's up to it.
 //
 // Why: decoding many sequences over long contexts reads the whole cache every step, and widening each
 // code to f32 before a multiply-add cost more than the cache's bytes take to arrive. The cache keeps
@@ -330,13 +331,16 @@ void DecodeKvVnni(const PackedAttention& s, const AttentionParams& p, const floa
     kByGroup[s.heads / s.kv_heads](s, p, q, key_cache, value_cache, seq, h0, h0 + kMaxTaskHeads < g1 ? h0 + kMaxTaskHeads : g1, out);
 }
 
-// One kv head's task: a u8 decode here, the rest on the level's vector kernel.
+// One kv head's task: a u8 cache's tokens here, each a decode of its own position (the call stored them
+// all first); an f16 cache on the level's vector kernel.
 void AttendKvVnni(KvFormat f, const PackedAttention& s, const AttentionParams& p, const float* q, const float* k,
                   const float* v, const uint8_t* key_cache, const uint8_t* value_cache, const PackedSequence& seq,
                   int g, int s0, int s1, float* out) {
-  if (f != KvFormat::kU8 || seq.count != 1)
-    return vector_attend(f, s, p, q, k, v, key_cache, value_cache, seq, g, s0, s1, out);
-  DecodeKvVnni(s, p, q, key_cache, value_cache, seq, g, g + 1, out);
+  if (f != KvFormat::kU8) return vector_attend(f, s, p, q, k, v, key_cache, value_cache, seq, g, s0, s1, out);
+  for (int t = s0; t < s1; ++t) {
+    const PackedSequence token{seq.past + t, seq.begin + t, 1, seq.blocks, seq.num_blocks};
+    DecodeKvVnni(s, p, q, key_cache, value_cache, token, g, g + 1, out);
+  }
 }
 
 }  // namespace

@@ -100,10 +100,11 @@ def on_tiles(head_dim, new_tokens):
             and new_tokens * HEADS // KV_HEADS > 4)
 
 
-def on_code_words(fmt, new_tokens):
+def on_code_words(fmt, head_dim, new_tokens):
     """Whether the library computes this sequence's call with integer products over the u8 cache's
-    code words: a decode (one new token), where the CPU has AVX-512 VNNI."""
-    return fmt is KILN_U8 and new_tokens == 1 and native.decode_level() == "avx512vnni"
+    code words, each new token as a decode of its own position: where the CPU has AVX-512 VNNI and
+    the call does not go to the tiles."""
+    return fmt is KILN_U8 and native.decode_level() == "avx512vnni" and not on_tiles(head_dim, new_tokens)
 
 
 # On code words a query vector, and each block's weights, are split into two signed bytes,
@@ -125,24 +126,30 @@ def split(x):
 
 
 def over_code_words(q, keys, values, past, window, head_dim):
-    """One decode's attention as the code-word kernel computes it, and a bound on its distance from
-    that: the queries split exactly as the kernel splits them; the weights' split moves each weight of
-    a block by at most SPLIT of the block's largest (relative to the final largest score; a code is at
-    most 255 value steps), over the weights' total."""
-    n, group = past + 1, HEADS // KV_HEADS
-    first = max(0, n - window) if window else 0
-    out, bound = np.zeros((1, HEADS, head_dim)), np.zeros((1, HEADS, 1))
+    """The call's attention as the code-word kernel computes it (token i a decode of position past + i),
+    and a bound on its distance from that: the queries split exactly as the kernel splits them; the
+    weights' split moves each weight of a block by at most SPLIT of the block's largest (relative to
+    the final largest score; a code is at most 255 value steps), over the weights' total."""
+    group = HEADS // KV_HEADS
+    out, bound = np.zeros((len(q), HEADS, head_dim)), np.zeros((len(q), HEADS, 1))
     step = (values.max(-1) - values.min(-1)) / 255                  # a value code's unit, [n, kv heads]
-    starts = range(first // BLOCK_SIZE * BLOCK_SIZE, n, BLOCK_SIZE)
-    for h in range(HEADS):
-        g = h // group
-        s = keys[first:n, g] @ split(q[0, h]) * head_dim ** -0.5
-        e = np.exp(s - s.max())
-        out[0, h] = (e / e.sum()) @ values[first:n, g]
-        weighted = np.zeros(n)
-        weighted[first:] = e * step[first:n, g]
-        blocks = [(weighted[max(b0, first):b0 + BLOCK_SIZE], min(n, b0 + BLOCK_SIZE) - max(b0, first)) for b0 in starts]
-        bound[0, h] = 255 * SPLIT * sum(count * w.max() for w, count in blocks) / e.sum()
+    for i in range(len(q)):
+        n = past + i + 1
+        first = max(0, n - window) if window else 0
+        starts = range(first // BLOCK_SIZE * BLOCK_SIZE, n, BLOCK_SIZE)
+        for h in range(HEADS):
+            g = h // group
+            # a key's minimum (its code 0) times the query's own sum, as the kernel adds it
+            qs = split(q[i, h])
+            s = (keys[first:n, g] @ qs + keys[first:n, g].min(-1) * (q[i, h].sum(dtype=np.float64) - qs.sum())) \
+                * head_dim ** -0.5
+            e = np.exp(s - s.max())
+            out[i, h] = (e / e.sum()) @ values[first:n, g]
+            weighted = np.zeros(n)
+            weighted[first:] = e * step[first:n, g]
+            blocks = [(weighted[max(b0, first):b0 + BLOCK_SIZE], min(n, b0 + BLOCK_SIZE) - max(b0, first))
+                      for b0 in starts]
+            bound[i, h] = 255 * SPLIT * sum(count * w.max() for w, count in blocks) / e.sum()
     return out, bound
 
 
@@ -177,7 +184,7 @@ def test_the_operation_is_attention_over_what_it_stored(fmt, exact_bound, head_d
             n = past[b] + counts[b]
             seen_k, seen_v = read(layer, b, n, True), read(layer, b, n, False)
             exact = attention(q[b], np.concatenate(all_k[b]), np.concatenate(all_v[b]), past[b], window, head_dim)
-            if on_code_words(fmt, counts[b]):
+            if on_code_words(fmt, head_dim, counts[b]):
                 over_cache, bound = over_code_words(q[b], seen_k, seen_v, past[b], window, head_dim)
                 assert np.all(np.abs(got[b] - over_cache) <= 1.001 * bound + 2e-5)
                 f32 = attention(q[b], seen_k, seen_v, past[b], window, head_dim)
@@ -195,7 +202,7 @@ def test_the_operation_is_attention_over_what_it_stored(fmt, exact_bound, head_d
                 np.testing.assert_allclose(got[b], over_cache, atol=2e-5, rtol=0)
                 assert np.abs(got[b] - exact).max() < exact_bound
             past[b] = n
-    # the split ran: its rounding leaves some decode outputs away from f32's
+    # the split ran: its rounding leaves some outputs away from f32's
     assert not split_gaps or max(split_gaps) > 2e-5
 
 
