@@ -133,29 +133,17 @@ def openvino_int8_runs_kiln_linears(host: BuildHost) -> bool:
 KILN_ATTENTION_ON_TILES = ("kiln's paged attention over its u8 cache (kiln.PagedAttentionU8) in place of the plugin's: "
                            "on this CPU's AMX tiles its prefill multiplies in bf16, and its decodes read each block "
                            "once per kv head; faster than the plugin's operation in both (docs/benchmarks.md)")
-KILN_ATTENTION_ON_CODE_WORDS = ("kiln's paged attention over its u8 cache (kiln.PagedAttentionU8) in place of the plugin's: "
-                                "on this CPU's AVX-512 VNNI (no AMX, so the plugin's runs on vectors too) its decodes "
-                                "and prefills multiply the cache's codes four at a time and read each block once for "
-                                "all a sequence's kv heads; decodes faster than the plugin's operation, prefills as fast "
-                                "(docs/benchmarks.md)")
 
 
-def openvino_kiln_attention(host: BuildHost, spec: ModelSpec) -> str:
-    """Why an openvino build here takes kiln's paged attention by default, or "" where it keeps the
-    plugin's: its op library is built, the model's attention fits it, and the CPU has AMX tiles for
-    bf16 with heads a multiple of 32 values (the tile kernel), or is of the AVX-512 VNNI class with
-    query groups the code-word kernel takes (paged_kv_decode_vnni.cc). An AMX CPU whose heads miss the
-    tiles keeps the plugin's, which has tiles of its own."""
+def openvino_attention_on_tiles(host: BuildHost, spec: ModelSpec) -> bool:
+    """Whether an openvino build here takes kiln's paged attention by default: its op library is built,
+    the CPU has AMX tiles for bf16 (where it lacks them kiln's prefill runs on vectors, slower than the
+    plugin's), and the model's heads fit the tile kernel (a multiple of 32 values, the paged layout)."""
     from kiln.compiler.backends.openvino.coverage import attention_core
     from kiln.engines.openvino import kiln_attention
 
-    if not host.openvino_ops or kiln_attention.supports(spec) or attention_core(spec)[0] == "paged-gather":
-        return ""
-    if host.cpu.has("amx_tile", "amx_bf16"):
-        return KILN_ATTENTION_ON_TILES if spec.head_dim % 32 == 0 else ""
-    if host.cpu.cpu_class == "avx512-vnni" and spec.num_heads // spec.num_kv_heads <= kiln_attention.CODE_WORD_MAX_GROUP:
-        return KILN_ATTENTION_ON_CODE_WORDS
-    return ""
+    return (host.openvino_ops and host.cpu.has("amx_tile", "amx_bf16") and spec.head_dim % 32 == 0
+            and not kiln_attention.supports(spec) and attention_core(spec)[0] != "paged-gather")
 
 
 def parameter_count(spec: ModelSpec) -> int:

@@ -23,9 +23,6 @@ from kiln.contract.model_spec import ModelSpec
 from kiln.engines.openvino.native.stand_in import stand_in
 
 BLOCK_SIZE = 32              # tokens per cache block (the plugin's own u8 block, so pools size alike)
-# Query heads per kv head the AVX-512 VNNI code-word kernel takes (paged_kv_decode_vnni.cc's kMaxGroup);
-# wider groups run on the f32 vector kernel.
-CODE_WORD_MAX_GROUP = 8
 
 
 @dataclass(frozen=True)
