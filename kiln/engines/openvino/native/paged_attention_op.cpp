@@ -97,12 +97,12 @@ int DecodeHeadsPerTask(const PackedAttention& s, const std::vector<PackedSequenc
 std::vector<Task> Tasks(const Kernels& run, KvFormat f, const PackedAttention& s, const std::vector<PackedSequence>& seqs) {
   const int queries = run.kv_task_queries != nullptr ? run.kv_task_queries(s.head_dim) : kKvMaxQueries;
   const int per_task = std::max(1, queries / (s.heads / s.kv_heads));
-  const bool decodes = run.decode_kv != nullptr && f == KvFormat::kU8;
-  const int decode_heads = decodes ? DecodeHeadsPerTask(s, seqs) : 1;
+  const bool on_decode_kv = run.decode_kv != nullptr && f == KvFormat::kU8;
+  const int decode_heads = on_decode_kv ? DecodeHeadsPerTask(s, seqs) : 1;
   std::vector<Task> tasks;
   for (size_t b = 0; b < seqs.size(); ++b) {
     const int sequence = static_cast<int>(b);
-    if (decodes && seqs[b].count == 1) {
+    if (on_decode_kv && seqs[b].count == 1) {
       for (int g = 0; g < s.kv_heads; g += decode_heads)
         tasks.push_back({sequence, g, std::min(decode_heads, s.kv_heads - g), 0, 1, true});
       continue;
