@@ -9,11 +9,13 @@ into their blocks itself, and only the rows in logits_indices reach the LM head.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import openvino as ov
 
 from kiln.contract.engine import BucketGrid, EngineResult, KvLayout, PagedBatch
+from kiln.engines.openvino.decode_models import DecodeModels, fixed_decode_shapes
 from kiln.engines.openvino.feeds import paged_feeds
 from kiln.engines.openvino.options import KV_DTYPES, OpenVinoOptions
 from kiln.engines.openvino import kiln_attention
@@ -35,12 +37,16 @@ def core_for(options: OpenVinoOptions) -> ov.Core:
     return core
 
 
-def compile_paged(xml: Path, spec: ModelSpec, options: OpenVinoOptions, threads: int) -> ov.CompiledModel:
-    """Read the standard IR, rewrite it to the paged model, compile it for this CPU."""
+def compile_paged(xml: Path, spec: ModelSpec, options: OpenVinoOptions, threads: int,
+                  decodes: int | None = None) -> ov.CompiledModel:
+    """Read the standard IR, rewrite it to the paged model, compile it for this CPU; decodes: a copy
+    for steps of that many decodes (decode_models.py)."""
     core = core_for(options)
     model = paged_model(core.read_model(xml), spec, options.attention)
     if options.attention:
         model = kiln_attention.with_library_operations(core, model)
+    if decodes is not None:
+        model.reshape(fixed_decode_shapes(decodes))
     return core.compile_model(model, "CPU", options.compile_properties(threads))
 
 
@@ -102,7 +108,10 @@ def _block_shape(port: ov.ConstOutput) -> list[int]:
 class OpenVinoEngine:
     def __init__(self, compiled: ov.CompiledModel, buckets: BucketGrid, kv_layout: KvLayout,
                  options: OpenVinoOptions, expected_kv: dict | None = None, blob: np.ndarray | None = None,
-                 loaded_from: str = "compiled"):
+                 loaded_from: str = "compiled", compile_decodes: Callable[[int], ov.CompiledModel] | None = None,
+                 decode_copies: int = 0):
+        """compile_decodes(b): the model compiled for steps of b decodes, for decode_copies of them at
+        most (decode_models.py); None or 0: every step runs on `compiled`."""
         self.compiled, self.buckets, self.options = compiled, buckets, options
         self._blob = blob                          # the imported blob's mapping, kept with the model
         self.loaded_from = loaded_from             # "blob" (imported) | "compiled" (rewrite + compile)
@@ -119,6 +128,8 @@ class OpenVinoEngine:
         self.num_blocks = 0
         self._caches: list[ov.Tensor] = []
         self._storage: list[np.ndarray] = []       # owns the memory the shared tensors view
+        self.decode_models = (DecodeModels(compile_decodes, self._bind_caches, decode_copies)
+                              if compile_decodes is not None and decode_copies > 0 else None)
 
     def io_spec(self) -> dict[str, list]:
         return {p.get_any_name(): [str(d) for d in p.get_partial_shape()]
@@ -133,11 +144,15 @@ class OpenVinoEngine:
             # so a large budget costs memory as it fills, and no slot ever holds garbage (a NaN in
             # the unused tail of a block would survive masking).
             storage = np.zeros(shape, KV_DTYPES[port.get_element_type().get_type_name()])
-            tensor = ov.Tensor(storage, shared_memory=True)
-            self.request.set_tensor(port, tensor)
-            self._caches.append(tensor)
+            self._caches.append(ov.Tensor(storage, shared_memory=True))
             self._storage.append(storage)
+        self._bind_caches(self.request)
         self.num_blocks = num_blocks
+
+    def _bind_caches(self, request: ov.InferRequest) -> None:
+        """Every compiled copy's request reads and writes the one cache."""
+        for port, tensor in zip(cache_inputs(self.compiled), self._caches):
+            request.set_tensor(port.get_any_name(), tensor)
 
     def execute(self, batch: PagedBatch) -> EngineResult:
         if not self._caches:
@@ -145,6 +160,15 @@ class OpenVinoEngine:
         # NOTE: share_outputs: infer() would otherwise copy every output into a fresh array (the
         # logits of 32 decodes are 6 MB), only for the copy below to be made again; that one stays,
         # since the next call overwrites the plugin's output tensor.
-        self.request.infer(paged_feeds(batch, self.block_size, self.num_blocks), share_inputs=True, share_outputs=True)
-        logits = self.request.get_output_tensor(0).data
+        request = self._request_for(batch)
+        request.infer(paged_feeds(batch, self.block_size, self.num_blocks), share_inputs=True, share_outputs=True)
+        logits = request.get_output_tensor(0).data
         return EngineResult(np.array(logits, np.float32, copy=True))
+
+    def _request_for(self, batch: PagedBatch) -> ov.InferRequest:
+        """A step of decodes only (one token and one row of logits per sequence) on the copy compiled
+        for its size, where there is one; any other step on the dynamic model."""
+        b = batch.num_seqs
+        if self.decode_models is not None and batch.num_tokens == b == len(batch.logits_indices):
+            return self.decode_models.request_for(b) or self.request
+        return self.request

@@ -16,6 +16,7 @@ import openvino as ov
 
 from kiln.contract.artifact import ArtifactError, EngineArtifact
 from kiln.contract.engine import BucketGrid, KvLayout, default_threads
+from kiln.engines.openvino.decode_models import copies_allowed
 from kiln.engines.openvino.engine import (GATHER_LAYOUT, KvCacheMismatch, OpenVinoEngine, compile_gathered,
                                           compile_paged, import_gathered, import_paged)
 from kiln.engines.openvino.gathered import OpenVinoGatherEngine, PoolMismatch
@@ -54,7 +55,8 @@ def open_openvino(root: Path, record: dict, spec: ModelSpec, buckets: BucketGrid
         if gather:
             return OpenVinoGatherEngine(compiled, buckets, kv_layout, options, blob=blob, loaded_from=loaded_from)
         return OpenVinoEngine(compiled, buckets, kv_layout, options, expected_kv=record["kv_cache"], blob=blob,
-                              loaded_from=loaded_from)
+                              loaded_from=loaded_from, decode_copies=copies_allowed(),
+                              compile_decodes=lambda b: compile_paged(root / record["file"], spec, options, threads, b))
     except (KvCacheMismatch, PoolMismatch) as e:
         raise ArtifactError(f"{root}: {e}; {REBUILD} on this machine") from None
 
