@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import Counter, OrderedDict, deque
 from typing import Callable
 
@@ -31,6 +32,8 @@ log = logging.getLogger("kiln")
 RECENT_STEPS = 64        # the decode steps a size's recurrence is counted over
 RECURS = 16              # steps of one size among the recent ones that earn it a copy
 MOST_COPIES = 4          # copies kept at once; beyond, the least recently used one is dropped
+SETTLE_STEPS = 2048      # with every place taken, decode steps between one copy and the next (a compile
+                         # costs about a second of both cores: a drifting batch size must not pay it often)
 COPIES_ENV = "KILN_DECODE_COPIES"     # how many copies an engine may keep; 0: none (every step dynamic)
 
 
@@ -64,6 +67,8 @@ class DecodeModels:
         self._ready: OrderedDict[int, ov.InferRequest] = OrderedDict()     # least recently used first
         self._failed: set[int] = set()
         self._compiling: int | None = None
+        self._steps = 0                                  # decode steps counted
+        self._made_at = -SETTLE_STEPS                    # the step count when the last copy was asked for
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -82,7 +87,7 @@ class DecodeModels:
                 self._ready.move_to_end(batch_size)
                 return request
             if self._wants(batch_size):
-                self._compiling = batch_size
+                self._compiling, self._made_at = batch_size, self._steps
                 self._thread = threading.Thread(target=self._make, args=(batch_size,), daemon=True,
                                                 name=f"kiln-decode-copy-{batch_size}")
                 self._thread.start()
@@ -95,6 +100,7 @@ class DecodeModels:
             thread.join()
 
     def _count(self, batch_size: int) -> None:
+        self._steps += 1
         if len(self._recent) == self._recent.maxlen:
             self._counts[self._recent[0]] -= 1
         self._recent.append(batch_size)
@@ -106,10 +112,12 @@ class DecodeModels:
             return False
         if len(self._ready) < self.most:
             return True
-        # full: the least recently used copy gives way only when its size no longer recurs
-        return self._counts[next(iter(self._ready))] == 0
+        # full: the least recently used copy gives way only when its size no longer recurs, and not
+        # sooner than SETTLE_STEPS after the last copy
+        return self._counts[next(iter(self._ready))] == 0 and self._steps - self._made_at >= SETTLE_STEPS
 
     def _make(self, batch_size: int) -> None:
+        started = time.perf_counter()
         try:
             request = self._compile(batch_size).create_infer_request()
             self._bind(request)
@@ -125,3 +133,6 @@ class DecodeModels:
                 self._ready.popitem(last=False)
             self._ready[batch_size] = request
             self._compiling = None
+            sizes = list(self._ready)
+        log.info("compiled a copy of the model for %d decodes in %.1f s; decode steps of %s sequences run on copies",
+                 batch_size, time.perf_counter() - started, ", ".join(map(str, sorted(sizes))))

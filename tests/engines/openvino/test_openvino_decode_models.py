@@ -2,7 +2,7 @@
 
 A copy must give the dynamic model's logits bit for bit (the same kernels on the same shapes), be
 made only for a size that recurs, never take a step that is not decodes only, and give way to a
-size that recurs when it no longer does. A copy that fails to compile leaves its steps on the
+size that recurs when it no longer does (not sooner than SETTLE_STEPS after the last copy). A copy that fails to compile leaves its steps on the
 dynamic model.
 """
 
@@ -46,7 +46,7 @@ class Decodes:
 
     def __init__(self, batch_size: int, past: int, block_size: int, first_block: int = 0):
         self.b, self.done, self.block_size = batch_size, past, block_size
-        per = 4                                        # blocks each sequence may span (up to 4 * 32 tokens)
+        per = 8                                        # blocks each sequence may span (up to 8 * 32 tokens)
         self.tables = [np.arange(first_block + i * per, first_block + (i + 1) * per) for i in range(batch_size)]
         rng = np.random.default_rng(batch_size)
         self.tokens = rng.integers(0, VOCAB_TOKENS, (batch_size, past + RECENT_STEPS * 3))
@@ -100,21 +100,21 @@ def test_steps_that_are_not_all_decodes_stay_on_the_dynamic_model(built, monkeyp
     assert engine.decode_models.sizes() == []
 
 
-def test_a_size_that_stops_recurring_gives_way(built, monkeypatch):
+def test_a_size_that_stops_recurring_gives_way_once_the_last_copy_settled(built, monkeypatch):
+    settle = RECENT_STEPS * 2
+    monkeypatch.setattr(decode_models, "SETTLE_STEPS", settle)
     engine = _engine(built, "1", monkeypatch)
     first = Decodes(2, past=3, block_size=engine.block_size)
     engine.execute(first.prefill())
-    _run(engine, first, RECURS)
+    _run(engine, first, RECURS)                     # the copy for 2 is asked for at step RECURS
     engine.decode_models.wait()
     assert engine.decode_models.sizes() == [2]
     second = Decodes(4, past=3, block_size=engine.block_size, first_block=16)
     engine.execute(second.prefill())
-    _run(engine, second, RECURS)                    # size 2 still among the recent steps: it keeps its place
+    _run(engine, second, RECENT_STEPS)              # size 2 has left the recent steps, but too soon after its copy
     engine.decode_models.wait()
     assert engine.decode_models.sizes() == [2]
-    _run(engine, second, RECENT_STEPS)              # now only size 4 recurs
-    engine.decode_models.wait()
-    _run(engine, second, 1)
+    _run(engine, second, RECURS + settle - RECENT_STEPS)
     engine.decode_models.wait()
     assert engine.decode_models.sizes() == [4]
 
