@@ -5,9 +5,10 @@ prepares its kernels for it and, for kiln's own operations (which it runs throug
 clones the node to infer its output. A step of B decodes always has B tokens, B sequences and B
 rows of logits, so a copy of the model with those dimensions fixed (only the block table's length
 left open) skips that work for every node but paged attention, and gives the same logits bit for
-bit. What a copy costs: one compile of the IR (well under a second for SmolLM2 on two cores) and
-its own activations and prepacked constants (tens of MB; the weights kiln's operations read stay
-shared).
+bit. What a copy costs: one compile of the IR (well under a second for SmolLM2 on two cores), its
+own activations and prepacked constants (tens of MB), and, where the engine came from the build's
+blob, a mapping of model.bin for the weights kiln's operations read (clean file pages, shared by
+every copy and process, which the kernel may reclaim).
 
 So the engine compiles a copy for a batch size once decode steps of that size recur, in a
 background thread while the dynamic model keeps serving them, and keeps a few: a serving loop's
