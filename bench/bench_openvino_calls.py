@@ -8,7 +8,8 @@ Each artifact may carry overrides after `@`: OpenVinoOptions fields (inference_p
 kv_cache_precision, dynamic_quantization_group_size) and raw CPU plugin properties prefixed with
 `+` (`+PERFORMANCE_HINT=THROUGHPUT`); the override `static` compiles the variant once per shape with
 every input's shape fixed to that call's (what a static-shape decode bucket would cost, against the
-engine's one dynamic-shape model). A shape B,PAST,T is B sequences of PAST cached tokens taking T
+engine's one dynamic-shape model), and `decodes` the copy the engine compiles for a recurring decode
+batch size (kiln/engines/openvino/decode_models.py; decode shapes only). A shape B,PAST,T is B sequences of PAST cached tokens taking T
 new tokens each (1 = a decode), and shapes joined by `+` share one call (a mixed step: decodes
 beside a prefill chunk, `15,300,1+1,300,28`); calls alternate between the variants, the first two of each are
 dropped, and the medians of wall and CPU time (all threads) are printed with their ratios to
@@ -32,6 +33,7 @@ import openvino as ov
 
 from kiln.contract.artifact import EngineArtifact
 from kiln.contract.engine import PagedBatch
+from kiln.engines.openvino.decode_models import fixed_decode_shapes
 from kiln.engines.openvino.engine import _block_shape, cache_inputs, core_for
 from kiln.engines.openvino.feeds import paged_feeds
 from kiln.engines.openvino.options import KV_DTYPES, OpenVinoOptions
@@ -40,16 +42,19 @@ from kiln.engines.openvino.paged_graph import paged_model
 
 OPTION_TYPES = {"dynamic_quantization_group_size": int}
 STATIC = "static"
+DECODES = "decodes"
 
 
 def compile_variant(variant: str, threads: int, static_feeds: dict | None = None,
-                    profile: bool = False) -> ov.CompiledModel:
-    """static_feeds (for a `static` variant): the call's feeds, whose shapes the inputs are fixed to."""
+                    profile: bool = False, decodes: int | None = None) -> ov.CompiledModel:
+    """static_feeds (for a `static` variant): the call's feeds, whose shapes the inputs are fixed to;
+    decodes (for a `decodes` variant): the engine's copy for that many decodes (decode_models.py)."""
     path, _, overrides = variant.partition("@")
     artifact = EngineArtifact.load(path)
     record = artifact.manifest.engines[0]
     pairs = dict(kv.split("=", 1) if "=" in kv else (kv, "") for kv in overrides.split(";") if kv)
     pairs.pop(STATIC, None)
+    pairs.pop(DECODES, None)
     options = replace(OpenVinoOptions.from_dict(record["options"]),
                       **{k: OPTION_TYPES.get(k, str)(v) for k, v in pairs.items() if not k.startswith("+")})
     raw = {k[1:]: v for k, v in pairs.items() if k.startswith("+")}
@@ -59,12 +64,18 @@ def compile_variant(variant: str, threads: int, static_feeds: dict | None = None
         model = with_library_operations(core, model)
     if static_feeds is not None:
         model.reshape({name: ov.PartialShape(list(np.shape(value))) for name, value in static_feeds.items()})
+    if decodes is not None:
+        model.reshape(fixed_decode_shapes(decodes))
     counters = {"PERF_COUNT": "YES"} if profile else {}
     return core.compile_model(model, "CPU", {**options.compile_properties(threads), **raw, **counters})
 
 
 def is_static(variant: str) -> bool:
     return STATIC in variant.partition("@")[2].split(";")
+
+
+def is_decode_copy(variant: str) -> bool:
+    return DECODES in variant.partition("@")[2].split(";")
 
 
 def bind_caches(compiled: ov.CompiledModel, num_blocks: int) -> tuple[ov.InferRequest, list, int]:
@@ -80,6 +91,14 @@ def bind_caches(compiled: ov.CompiledModel, num_blocks: int) -> tuple[ov.InferRe
         request.set_tensor(port, tensor)
         keep.append(tensor)
     return request, keep, _block_shape(cache_inputs(compiled)[1])[1]
+
+
+def _sharing_caches(compiled: ov.CompiledModel, other: ov.CompiledModel, request: ov.InferRequest) -> ov.InferRequest:
+    """A request of compiled bound to the caches of other's request (a copy's prefill runs on the dynamic model)."""
+    sharing = compiled.create_infer_request()
+    for port in cache_inputs(other):
+        sharing.set_tensor(port.get_any_name(), request.get_tensor(port.get_any_name()))
+    return sharing
 
 
 def batch_for(groups: list[tuple[int, int, int]], block_size: int, writing_past: bool = False) -> tuple[PagedBatch, int]:
@@ -134,11 +153,17 @@ def main() -> None:
                 model = compile_variant(variant, args.threads, {**feeds, **caches}, args.profile)
                 print(f"{shape:>20}  static compile {time.perf_counter() - t0:.2f} s, "
                       f"resident memory +{resident_mb() - rss0:.0f} MB")
+            writer = model
+            if is_decode_copy(variant):
+                if any(t != 1 for *_, t in groups):
+                    raise SystemExit(f"{variant}: a decode copy takes decodes only, not {shape}")
+                model = compile_variant(variant, args.threads, profile=args.profile, decodes=int(batch.num_seqs))
             request, keep, _ = bind_caches(model, num_blocks)
             if args.written:        # NOTE: its feeds stay referenced: the request may keep reading them
                 writing = paged_feeds(batch_for(groups, block_size, writing_past=True)[0], block_size, num_blocks)
-                request.infer(writing, share_inputs=True)
-                keep.append(writing)
+                writes = request if writer is model else _sharing_caches(writer, model, request)
+                writes.infer(writing, share_inputs=True)
+                keep += [writing, writes]
             runs[variant] = (request, keep, feeds, [])
         tokens = sum(b * t for b, _, t in groups)
         for _ in range(8 if tokens > 64 else 25):
