@@ -89,7 +89,11 @@ class DecodeModels:
                 return request
             if self._wants(batch_size):
                 self._compiling, self._made_at = batch_size, self._steps
-                self._thread = threading.Thread(target=self._make, args=(batch_size,), daemon=True,
+                # NOTE: never a daemon (which it would be by default where the engine steps on a daemon
+                # thread, as LLM's loop does): a process that ends while the plugin compiles aborts in
+                # the plugin's teardown ("terminate called without an active exception"); Python waits
+                # for this thread (well under a second) before it finalizes instead.
+                self._thread = threading.Thread(target=self._make, args=(batch_size,), daemon=False,
                                                 name=f"kiln-decode-copy-{batch_size}")
                 self._thread.start()
         return None

@@ -8,7 +8,12 @@ dynamic model.
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,3 +151,41 @@ def test_the_number_of_copies_is_a_count(monkeypatch):
         copies_allowed()
     monkeypatch.delenv(decode_models.COPIES_ENV)
     assert copies_allowed() == decode_models.MOST_COPIES
+
+
+def test_a_process_that_ends_while_a_copy_compiles_exits_cleanly(built, tmp_path):
+    """The steps run on a daemon thread, as LLM's engine loop does; the process ends right after the
+    step that starts a copy's compile (the plugin aborted the process here when the compile thread
+    was a daemon too)."""
+    spec, record, root = built
+    (tmp_path / "record.json").write_text(json.dumps(record))
+    script = tmp_path / "ends_while_compiling.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, pathlib, sys, threading
+        sys.path[:0] = {[str(Path(__file__).parent), *sys.path]!r}
+        from kiln.contract.engine import BucketGrid, KvLayout
+        from kiln.engines.openvino.loader import open_openvino
+        from kiln.engines.openvino.decode_models import RECURS
+        from openvino_testing import standard_graph
+        from test_openvino_decode_models import Decodes
+        spec, _ = standard_graph("tiny-llama")
+        record = json.loads(pathlib.Path({str(tmp_path / "record.json")!r}).read_text())
+        engine = open_openvino(pathlib.Path({str(root)!r}), record, spec, BucketGrid(),
+                               KvLayout(**record["kv_layout"]), threads=2)
+        engine.allocate_kv(64)
+
+        def steps():
+            decodes = Decodes(3, past=5, block_size=engine.block_size)
+            engine.execute(decodes.prefill())
+            for _ in range(RECURS):
+                engine.execute(decodes.step())
+
+        loop = threading.Thread(target=steps, daemon=True)
+        loop.start()
+        loop.join()
+        assert engine.decode_models._compiling == 3, "the copy should still be compiling"
+        print("ending", flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ending" in done.stdout
