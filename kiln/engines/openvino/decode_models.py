@@ -1,11 +1,10 @@
 """Decode steps on copies of the paged model compiled for their batch size.
 
-The engine's model has dynamic shapes: every call, the CPU plugin infers each node's shape again,
-prepares its kernels for it and, for kiln's own operations (which it runs through evaluate()),
-clones the node to infer its output. A step of B decodes always has B tokens, B sequences and B
-rows of logits, so a copy of the model with those dimensions fixed (only the block table's length
-left open) skips that work for every node but paged attention, and gives the same logits bit for
-bit. What a copy costs: one compile of the IR (well under a second for SmolLM2 on two cores), its
+The engine's model has dynamic shapes: every call, the CPU plugin infers each node's shape again
+and prepares its kernels for it, kiln's own operations (which it runs through evaluate()) included.
+A step of B decodes always has B tokens, B sequences and B rows of logits, so a copy of the model
+with those dimensions fixed (only the block table's length left open) skips most of that work, and
+gives the same logits bit for bit. What a copy costs: one compile of the IR (well under a second for SmolLM2 on two cores), its
 own activations and prepacked constants (tens of MB), and, where the engine came from the build's
 blob, a mapping of model.bin for the weights kiln's operations read (clean file pages, shared by
 every copy and process, which the kernel may reclaim).
