@@ -33,7 +33,7 @@ from bench.runtime_console import console
 from bench.runtime_kiln import _build_code_hash
 from bench.runtime_plot import plot
 from bench.runtime_report import METRICS, print_systems, summarize
-from bench.runtime_workloads import SIZES, make_prompts
+from bench.runtime_workloads import ANSWER, QUESTION, SIZES, make_prompts
 
 from kiln.tokenizer import Tokenizer
 
@@ -169,7 +169,7 @@ def main(argv=None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "mode": "quick" if args.quick else "full", "threads": args.threads, "rounds": args.rounds,
-        "load_avg": [load_start[0], load_end[0]],
+        "load_avg": [load_start[0], load_end[0]], "chat_question": QUESTION, "chat_expects": ANSWER,
         "models": {m: {"gguf": r["gguf"], "ratios_kiln_over_llamacpp": r["ratios"],
                        "ratios_by_round": r["by_round"],
                        "systems": {s.name: {"metrics": s.metrics, "chat_answer": s.chat, "error": s.error}

@@ -8,8 +8,8 @@ Systems: kiln (each `--kiln BACKEND:QUANT`), ONNX Runtime GenAI (`--genai`), Ope
 Each runs in a process of its own (runtime_worker.py), one after another, on the same threads,
 greedy, exactly N new tokens, the same token ids. Workloads: TTFT of a 512-token prompt;
 single-stream decode tokens/s (13-token prompt); 8-way and 32-way end-to-end tokens/s (distinct
-13-token prompts submitted together, prefill included); the greedy chat answer to "What is the
-capital of France?". Prints every system's medians, the engine-speed issue's ratios with target
+13-token prompts submitted together, prefill included); the greedy chat answer to
+runtime_workloads.QUESTION, and whether it names ANSWER. Prints every system's medians, the engine-speed issue's ratios with target
 met/missed, writes bench/results/runtime.json and runtime.png, and, where kiln misses a target,
 profiles where its time goes (runtime_profile.py). Benchmarks, not tests: nothing asserts a time.
 

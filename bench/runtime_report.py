@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from bench.peers import Run
 from rich.table import Table
 from bench.runtime_console import console
-from bench.runtime_workloads import Sizes, median
+from bench.runtime_workloads import ANSWER, QUESTION, Sizes, median
 
 METRICS = {"ttft_ms": ("TTFT 512", "ms"), "1-stream": ("1 stream", "tok/s"),
            "8-way": ("8-way", "tok/s"), "32-way": ("32-way", "tok/s")}
@@ -102,7 +102,7 @@ def target_rows(summaries: list[Summary]) -> list[Row]:
         weights = k.quant.split("@")[0].split("+")[0]     # int8+w8a8@gqa: int8, a w8a8 prefill engine, GQA decode
         for t in (t for t in TARGETS if t.kiln_quant == TARGET_QUANT.get(weights, weights)):
             rows.append(_ratio_row(t, k, by_spec.get(t.peer)))
-        rows.append(Row("chat answer names Paris", k.name, None, "", None, "", 1, True, "Paris" in k.chat))
+        rows.append(Row(f"chat answer names {ANSWER}", k.name, None, "", None, "", 1, True, ANSWER in k.chat))
         if k.overhead_pct is not None:
             rows.append(Row("Python overhead / decode step, B=32", k.name, k.overhead_pct, "", None, "%",
                             OVERHEAD_PCT, False, k.overhead_pct <= OVERHEAD_PCT, ((k.system, None, 32, "python"),)))
@@ -203,6 +203,7 @@ def to_json(args, sizes: Sizes, summaries: list[Summary], rows: list[Row], resul
                     for r in rs] for w, rs in result.get("runs", {}).items()}
 
     return {**run_record(args), "mode": "quick" if args.quick else "full", "sizes": asdict(sizes), "threads": args.threads,
+            "chat_question": QUESTION, "chat_expects": ANSWER,
             "machine": {"cpus": os.cpu_count(), "load_avg_start": load[0], "load_avg_end": load[1]},
             "systems": {s.system: {"name": s.name, "metrics": s.metrics, "chat_answer": s.chat,
                                    "python_overhead_pct": s.overhead_pct, "setup_s": s.setup_s, "error": s.error,

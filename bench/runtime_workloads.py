@@ -13,7 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 TEXT = Path(__file__).parent.parent / "tests" / "data" / "perplexity.txt"
-QUESTION = "What is the capital of France?"
+# The greedy chat answer's question and the word a faithful answer names. NOTE: not France's capital:
+# SmolLM2-135M's fp32 build puts "The" 0.08 nats above "L'" as that answer's first token, so any
+# int8 build's answer to it is a coin toss; Japan's answer keeps a margin of ~1 nat over its first
+# dozen tokens (docs/results/2026-12-07-serving-eleventh-round.md). Result files record both.
+QUESTION = "What is the capital of Japan?"
+ANSWER = "Tokyo"
 
 
 @dataclass(frozen=True)

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/kiln build smollm2-135m --out engines/smollm2 ${QUANT:+--quant "$QUANT"} --force
 .venv/bin/kiln inspect engines/smollm2
-.venv/bin/kiln generate engines/smollm2 --chat "What is the capital of France?" --max-tokens 64
+.venv/bin/kiln generate engines/smollm2 --chat "What is the capital of Japan?" --max-tokens 64

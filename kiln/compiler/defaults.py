@@ -133,17 +133,27 @@ def openvino_int8_runs_kiln_linears(host: BuildHost) -> bool:
 KILN_ATTENTION_ON_TILES = ("kiln's paged attention over its u8 cache (kiln.PagedAttentionU8) in place of the plugin's: "
                            "on this CPU's AMX tiles its prefill multiplies in bf16, and its decodes read each block "
                            "once per kv head; faster than the plugin's operation in both (docs/benchmarks.md)")
+KILN_ATTENTION_ON_VNNI = ("kiln's paged attention over its u8 cache (kiln.PagedAttentionU8) in place of the plugin's: "
+                          "on AVX-512 VNNI its decodes and prefill tokens multiply the cache's u8 codes in int8 and "
+                          "read each block once per kv head; batched decodes over long contexts take about half the "
+                          "plugin's time, a prefill as much (docs/benchmarks.md)")
 
 
-def openvino_attention_on_tiles(host: BuildHost, spec: ModelSpec) -> bool:
-    """Whether an openvino build here takes kiln's paged attention by default: its op library is built,
-    the CPU has AMX tiles for bf16 (where it lacks them kiln's prefill runs on vectors, slower than the
-    plugin's), and the model's heads fit the tile kernel (a multiple of 32 values, the paged layout)."""
+def openvino_kiln_attention(host: BuildHost, spec: ModelSpec) -> str:
+    """Why an openvino build here takes kiln's paged attention by default, or "" where it keeps the
+    plugin's: kiln's op library is built and the model's heads fit it; on AMX tiles for bf16 its
+    prefill runs on the tiles (heads a multiple of 32 values), elsewhere on AVX-512 VNNI its int8
+    products over the u8 codes. Below VNNI its prefill would run on f32 vectors, slower than the
+    plugin's. Greedy answers stay as close to fp32's as with the plugin's attention
+    (bench/bench_greedy_fidelity.py, docs/benchmarks.md)."""
     from kiln.compiler.backends.openvino.coverage import attention_core
-    from kiln.engines.openvino import kiln_attention
+    from kiln.engines.openvino import kiln_attention, native
 
-    return (host.openvino_ops and host.cpu.has("amx_tile", "amx_bf16") and spec.head_dim % 32 == 0
-            and not kiln_attention.supports(spec) and attention_core(spec)[0] != "paged-gather")
+    if not host.openvino_ops or kiln_attention.supports(spec) or attention_core(spec)[0] == "paged-gather":
+        return ""
+    if host.cpu.has("amx_tile", "amx_bf16"):
+        return KILN_ATTENTION_ON_TILES if spec.head_dim % 32 == 0 else ""
+    return KILN_ATTENTION_ON_VNNI if native.cpu_runs_kernels(host.cpu.flags or frozenset()) else ""
 
 
 def parameter_count(spec: ModelSpec) -> int:

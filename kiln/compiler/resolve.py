@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kiln.compiler.defaults import (AUTO, KILN_ATTENTION_ON_TILES, choose_attention, choose_backend, choose_quant,
-                                    openvino_attention_on_tiles, openvino_int8_runs_kiln_linears)
+from kiln.compiler.defaults import (AUTO, choose_attention, choose_backend, choose_quant,
+                                    openvino_int8_runs_kiln_linears, openvino_kiln_attention)
 from kiln.compiler.openvino_recipes import computes_bf16, openvino_recipe, uses_kiln_linears
 from kiln.compiler.passes.fusion import planned_fusions
 from kiln.compiler.plan import BuildHost, BuildPlan, Choice, Fallback, QuantRecipe
@@ -31,9 +31,9 @@ def resolve(config: BuildConfig, spec: ModelSpec, host: BuildHost) -> BuildPlan:
     backend = _backend(config, mode, spec, host)
     attention = choose_attention(config.attention, backend.value, config.kv_dtype, host, spec)
     recipe = _recipe(backend.value, mode, spec, host)
-    if attention.chosen_by == AUTO and backend.value == "openvino" and uses_kiln_linears(recipe) \
-            and openvino_attention_on_tiles(host, spec):
-        attention = Choice("native", AUTO, KILN_ATTENTION_ON_TILES)
+    kiln_attention = openvino_kiln_attention(host, spec) if backend.value == "openvino" else ""
+    if attention.chosen_by == AUTO and uses_kiln_linears(recipe) and kiln_attention:
+        attention = Choice("native", AUTO, kiln_attention)
     fusions = planned_fusions(get_backend(backend.value).skipped_fusions, mode.value, config.fuse)
     # another backend refuses the option itself (kiln.compiler.build), saying which backend takes it
     takes_prefill = config.prefill_engine and "prefill_engine" in get_backend(backend.value).options

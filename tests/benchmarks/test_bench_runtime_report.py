@@ -14,7 +14,7 @@ class FakeTokenizer:
     eos_token_id = EOS
 
     def decode(self, ids):
-        return " ".join({7: "Paris", 8: "Lyon"}.get(i, "x") for i in ids)
+        return " ".join({7: runtime_report.ANSWER, 8: "Lyon"}.get(i, "x") for i in ids)
 
 
 def run(first, total, tokens, **extra):
@@ -43,13 +43,13 @@ def test_targets_met_and_missed_from_ratios():
     assert summaries[0].metrics["ttft_ms"] == pytest.approx(300)
     assert summaries[0].metrics["1-stream"] == pytest.approx(5.0)
     assert summaries[0].overhead_pct == pytest.approx(10.0)
-    assert summaries[0].chat == "x Paris"                                  # cut at EOS
+    assert summaries[0].chat == "x " + runtime_report.ANSWER                # cut at EOS
     rows = {(r.kiln_name, r.metric, r.peer_name): r for r in runtime_report.target_rows(summaries)}
     assert rows[("kiln ort int8", "TTFT 512", "openvino int8")].met is True          # 0.75x <= 1.0x
     assert rows[("kiln ort int8", "1 stream", "openvino int8")].met is True          # 1.0x >= 1.0x
     assert rows[("kiln ort int8", "32-way", "openvino int8")].met is False           # 0.5x < 1.5x
     assert rows[("kiln ort int4", "1 stream", "genai int4")].ratio == pytest.approx(2.0)
-    assert rows[("kiln ort int4", "chat answer names Paris", "")].met is False
+    assert rows[("kiln ort int4", f"chat answer names {runtime_report.ANSWER}", "")].met is False
     assert rows[("kiln ort int8", "Python overhead / decode step, B=32", "")].met is True
 
 

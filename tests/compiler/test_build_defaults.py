@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from kiln.compiler.defaults import KILN_ATTENTION_ON_TILES, choose_quant, kiln_int8_is_faster_here, parameter_count
+from kiln.compiler.defaults import KILN_ATTENTION_ON_TILES, KILN_ATTENTION_ON_VNNI, choose_quant, kiln_int8_is_faster_here, parameter_count
 from kiln.compiler.plan import BuildHost, BuildPlan
 from kiln.compiler.resolve import apply_to_config, fallbacks, resolve
 from kiln.config import BuildConfig
@@ -72,7 +72,8 @@ TABLE = [
     ("avx2", "auto", "none", "ort", FP32, "native", {}),
     ("avx2", "openvino", "int8", "openvino", OV_INT8, "auto", {"compute": "f32"}),
     ("avx2", "openvino", "int4", "openvino", OV_INT8, "auto", {"compute": "bf16"}),
-    ("avx512-vnni", "auto", None, "openvino", KILN_OV, "auto", {"compute": "f32"}),
+    ("avx512-vnni", "auto", None, "openvino", KILN_OV, "native", {"compute": "f32"}),
+    ("avx512-vnni", "openvino", "int8", "openvino", KILN_OV, "native", {"compute": "f32"}),
     ("avx512-vnni", "auto", "int4", "ort", Q4, "native", {}),
     ("avx512-vnni", "auto", "w8a8", "ort", W8A8, "native", {"weight_range": 127}),
     ("avx512-vnni", "auto", "none", "ort", FP32, "native", {}),
@@ -140,16 +141,20 @@ def test_without_kilns_libraries_int8_goes_to_openvinos_own_linears():
 
 
 @needs_openvino
-def test_on_amx_the_openvino_int8_default_takes_kiln_attention_where_its_tiles_run():
+def test_the_openvino_int8_default_takes_kiln_attention_where_its_kernels_run():
     plan = plan_for("amx")
     assert plan.attention.to_dict() == {"value": "native", "chosen_by": "auto", "reason": KILN_ATTENTION_ON_TILES}
     assert plan.kv_dtype.value == "u8" and "kiln's u8 cache" in plan.kv_dtype.reason
     assert "native" == apply_to_config(BuildConfig(source="x", out="x"), plan).attention
-    # not where the prefill would run on vectors, the library is missing, the user chose, or the heads
-    # do not fit the tiles (48 values)
-    assert plan_for("avx512-vnni").attention.value == "auto"
+    # on AVX-512 VNNI without tiles, its prefill and decodes on int8 products over the u8 codes
+    vnni = plan_for("avx512-vnni")
+    assert vnni.attention.to_dict() == {"value": "native", "chosen_by": "auto", "reason": KILN_ATTENTION_ON_VNNI}
+    assert vnni.kv_dtype.value == "u8"
+    # not where the library is missing, the user chose, or the heads do not fit the tiles (48 values)
     assert plan_for("amx", libraries=False).attention.value == "auto"
+    assert plan_for("avx512-vnni", libraries=False).attention.value == "auto"
     assert plan_for("amx", attention="standard").attention.value == "standard"
+    assert plan_for("avx512-vnni", attention="standard").attention.value == "standard"
     odd_heads = resolve(BuildConfig(source="x", out="x"), spec(576, 30, 12, 3, 1536, 49152), host("amx"))
     assert odd_heads.backend.value == "openvino" and odd_heads.attention.value == "auto"
     # OpenVINO's own int8 linears (the ladder's next rung) keep kiln's attention and its cache

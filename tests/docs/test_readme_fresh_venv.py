@@ -99,12 +99,12 @@ def test_the_readme_install_and_quick_start_work_as_written(user):
         wait_ready(server, port, log)
         curl = with_port(code_blocks(quick, ("bash",))[1], port)
         reply = json.loads(run(curl, env, cwd=home, timeout=120))
-        assert "Paris" in reply["choices"][0]["message"]["content"]
+        assert "Tokyo" in reply["choices"][0]["message"]["content"]
 
         client = with_port(code_blocks(quick, ("python",))[0], port)
         install = re.search(r"#\s*(pip install \S+)", client)[1]          # what the snippet's comment says to run
         run(install, env, cwd=home)
-        assert "Paris" in run(f"python - <<'EOF'\n{client}\nEOF", env, cwd=home, timeout=120)
+        assert "Tokyo" in run(f"python - <<'EOF'\n{client}\nEOF", env, cwd=home, timeout=120)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)

@@ -110,6 +110,13 @@ def test_the_arithmetic_on_made_up_runs():
     assert "| kiln new | peer | 0.50x | 1.20x | 1.20x | 1.20x |" in page
     assert "| kiln old (superseded) | 1,000 ms | 50.0 tok/s | 100 | 250 | no (“L'Étoile”) |" in page
     assert "| 32-way, kiln new / peer | ≥ 1.2x | 1.20x | met |" in page
+    # a file that records its question's expected word is read by it; one without asked for Paris
+    tokyo = {**runtime, "superseded": {}, "targets": [], "chat_expects": "Tokyo", "systems": {
+        "a": _system("kiln new", 200.0, 120.0, 600.0, 1200.0, answer="The capital of Japan is Tokyo."),
+        "b": _system("peer", 400.0, 100.0, 500.0, 1000.0)}}
+    tokyo_page = rr.benchmarks_section({"runtime-x.json": tokyo})
+    assert "| kiln new | 200 ms | 120.0 tok/s | 600 | 1,200 | Tokyo |" in tokyo_page
+    assert "| peer | 400 ms | 100.0 tok/s | 500 | 1,000 | no (“The capital of France is Paris.”) |" in tokyo_page
     assert "| int8 | 50 s | 100 MB | 0.250 | 20.200 | +1.00 % |" in page
     assert "2026-01-02 10:00–10:10 UTC, Some CPU with AVX2 (class `avx2`)" in page
     readme = rr.readme_section(results)
