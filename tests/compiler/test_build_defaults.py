@@ -153,8 +153,9 @@ def test_the_openvino_int8_default_takes_kiln_attention_where_its_kernels_run():
     # not where the library is missing, the user chose, or the heads do not fit the tiles (48 values)
     assert plan_for("amx", libraries=False).attention.value == "auto"
     assert plan_for("avx512-vnni", libraries=False).attention.value == "auto"
-    assert plan_for("amx", attention="standard").attention.value == "standard"
-    assert plan_for("avx512-vnni", attention="standard").attention.value == "standard"
+    for cpu in ("amx", "avx512-vnni"):
+        chosen = plan_for(cpu, backend="openvino", attention="standard")
+        assert (chosen.backend.value, chosen.attention.value) == ("openvino", "standard")
     odd_heads = resolve(BuildConfig(source="x", out="x"), spec(576, 30, 12, 3, 1536, 49152), host("amx"))
     assert odd_heads.backend.value == "openvino" and odd_heads.attention.value == "auto"
     # OpenVINO's own int8 linears (the ladder's next rung) keep kiln's attention and its cache
