@@ -11,7 +11,8 @@ single-stream decode tokens/s (13-token prompt); 8-way and 32-way end-to-end tok
 13-token prompts submitted together, prefill included); the greedy chat answer to
 runtime_workloads.QUESTION, and whether it names ANSWER. Prints every system's medians, the
 engine-speed issue's ratios with target met/missed, writes bench/results/runtime.json and
-runtime.png, and, where kiln misses a target, profiles where its time goes (runtime_profile.py). Benchmarks, not tests: nothing asserts a time.
+runtime.png, and, where kiln misses a target, profiles where its time goes (runtime_profile.py).
+Benchmarks, not tests: nothing asserts a time.
 
 `--rounds N` runs the whole sequence N times, every other round in reverse order, and takes each
 system's medians over all its rounds' repetitions; it also prints each target's ratio round by
