@@ -128,6 +128,11 @@ def ratio(x: float | None) -> str:
 EARLIER_EXPECTS = "Paris"
 
 
+def expected_answer(data: dict) -> str:
+    """The word a result file's chat answer should name."""
+    return data.get("chat_expects", EARLIER_EXPECTS)
+
+
 def answer(text: str | None, expects: str) -> str:
     if not text:
         return "—"
@@ -210,7 +215,7 @@ def render_runtime(name: str, data: dict) -> list[str]:
     m, systems = meta(data), _named(data)
     out = [f"### {m.get('title') or 'kiln and its peers on ' + (m['cpu'] or 'an unrecorded CPU')}", ""] + header(name, m)
     out += table(["system", "TTFT 512", "1 stream", "8-way tok/s", "32-way tok/s", "chat answer"],
-                 [[mark(n, m), *_metric_cells(s["metrics"]), answer(s.get("chat_answer"), data.get("chat_expects", EARLIER_EXPECTS))]
+                 [[mark(n, m), *_metric_cells(s["metrics"]), answer(s.get("chat_answer"), expected_answer(data))]
                   for n, s in systems.items() if not s.get("error")])
     out += ["", "kiln / peer, from the same run (TTFT: below 1 is faster):", ""]
     out += table(["kiln build", "peer", "TTFT 512", "1 stream", "8-way", "32-way"],
@@ -236,7 +241,7 @@ def render_gguf(name: str, data: dict) -> list[str]:
     rows, ratio_rows = [], []
     for model in data["models"].values():
         for system, s in model["systems"].items():
-            rows.append([model["gguf"], mark(system, m), *_metric_cells(s["metrics"]), answer(s.get("chat_answer"), data.get("chat_expects", EARLIER_EXPECTS))])
+            rows.append([model["gguf"], mark(system, m), *_metric_cells(s["metrics"]), answer(s.get("chat_answer"), expected_answer(data))])
         for system, r in model["ratios_kiln_over_llamacpp"].items():
             ratio_rows.append([model["gguf"], mark(system, m), *(ratio(r.get(k)) for k, _ in METRICS)])
     out += table(["file", "system", "TTFT 512", "1 stream", "8-way tok/s", "32-way tok/s", "chat answer"], rows)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 TEXT = Path(__file__).parent.parent / "tests" / "data" / "perplexity.txt"
 # The greedy chat answer's question and the word a faithful answer names. NOTE: not France's capital:
-# SmolLM2-135M's fp32 build puts "The" 0.08 nats above "L'" as that answer's first token, so any
-# int8 build's answer to it is a coin toss; Japan's answer keeps a margin of ~1 nat over its first
-# dozen tokens (docs/results/2026-12-07-serving-eleventh-round.md). Result files record both.
+# SmolLM2-135M's fp32 build nearly ties two first tokens of that answer, so any quantized build's
+# answer to it is a coin toss; Japan's answer leads clearly at every early token
+# (docs/results/2026-12-07-serving-eleventh-round.md has the logprobs). Result files record both.
 QUESTION = "What is the capital of Japan?"
 ANSWER = "Tokyo"
 

@@ -135,8 +135,8 @@ KILN_ATTENTION_ON_TILES = ("kiln's paged attention over its u8 cache (kiln.Paged
                            "once per kv head; faster than the plugin's operation in both (docs/benchmarks.md)")
 KILN_ATTENTION_ON_VNNI = ("kiln's paged attention over its u8 cache (kiln.PagedAttentionU8) in place of the plugin's: "
                           "on AVX-512 VNNI its decodes and prefill tokens multiply the cache's u8 codes in int8 and "
-                          "read each block once per kv head; batched decodes over long contexts take about half the "
-                          "plugin's time, a prefill as much (docs/benchmarks.md)")
+                          "read each block once per kv head; faster than the plugin's operation for batched decodes "
+                          "over long contexts, as fast for a prefill (docs/benchmarks.md)")
 
 
 def openvino_kiln_attention(host: BuildHost, spec: ModelSpec) -> str:
